@@ -1,0 +1,1194 @@
+//! The targets file: one TOML document of `[[http]]` and `[[ssh]]` targets.
+//!
+//! Parsing is strict (`deny_unknown_fields`): a misspelled key in a security policy must
+//! fail loudly rather than silently fall back to a default. After parsing, every target
+//! is validated and normalized; each failure is a [`ConfigError`] naming the file, the
+//! target and the field.
+//!
+//! Each target has a [`TargetVersion`]: a digest of its *normalized* configuration, bound
+//! into every invocation's [`ConfigSnapshot`](crate::action::ConfigSnapshot) so that a
+//! reload which changes a target is detected before dispatch (seed 000, "Validation and
+//! injection fail before dispatch"). Key order, whitespace and comments do not affect it.
+//!
+//! # Target version encoding, format version 1
+//!
+//! BLAKE3 in key-derivation mode with context `"postern 2026 target-config v1"` over
+//! `0x01` followed by tagged fields, using the STR / OPT / LIST primitives documented in
+//! [`crate::action`] (`LIST = u64le(count) ‖ count × (u64le(len) ‖ bytes)`; integers are
+//! STR of their little-endian bytes; a bool is STR of one byte `0|1`; an optional group is
+//! `tag ‖ 0x00` or `tag ‖ 0x01` followed by the group's own tagged fields):
+//!
+//! ```text
+//! http: 0x02 "http", 0x40 name, 0x41 base_url (normalized), 0x42 LIST methods (sorted,
+//!       deduplicated), 0x43 credential, 0x44 injection mode (`header:<lowercase name>` |
+//!       `basic` | `query:<param>`), 0x45 OPT injection detail (header format | basic user
+//!       | absent for query), 0x46 approval (`none`|`session`|`per_call`), 0x47 LIST
+//!       idempotent_methods (sorted, deduplicated), 0x48 OPT ca_file (resolved path bytes),
+//!       0x49 timeout_ms u64, 0x4a max_response_bytes u64, 0x4b max_request_body_bytes u64,
+//!       0x4c follow_redirects bool,
+//!       0x4d group idempotency { 0x50 header (lowercase), 0x51 scope, 0x52 retention
+//!       seconds u64 },
+//!       0x4e group reconcile { 0x58 method, 0x59 path, 0x5a LIST committed_status (u16 LE,
+//!       sorted, deduplicated), 0x5b LIST not_applied_status (same) }
+//! ssh:  0x02 "ssh", 0x60 name, 0x61 host (normalized), 0x62 port u16, 0x63 user,
+//!       0x64 credential, 0x65 OPT host_key (`<algo> <base64>`), 0x66 approval,
+//!       0x67 timeout_ms u64, 0x68 max_output_bytes u64
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::{IpAddr, Ipv6Addr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+use url::Url;
+
+use crate::action::{Canonical, NormalizedHttp, is_token, normalize_path};
+use crate::contract::Code;
+
+const VERSION_CONTEXT: &str = "postern 2026 target-config v1";
+const VERSION_FORMAT: u8 = 1;
+
+const DEFAULT_TIMEOUT_MS: u64 = 30_000;
+const MAX_TIMEOUT_MS: u64 = 600_000;
+const DEFAULT_MAX_RESPONSE_BYTES: u64 = 10 * 1024 * 1024;
+const DEFAULT_MAX_REQUEST_BODY_BYTES: u64 = 1024 * 1024;
+const DEFAULT_MAX_OUTPUT_BYTES: u64 = 1024 * 1024;
+const DEFAULT_SSH_PORT: u16 = 22;
+const IDEMPOTENCY_KEY_PLACEHOLDER: &str = "{idempotency_key}";
+const SECRET_PLACEHOLDER: &str = "{secret}";
+
+/// The parsed, validated targets file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub http: Vec<HttpTarget>,
+    pub ssh: Vec<SshTarget>,
+    /// The file this configuration came from.
+    pub source: PathBuf,
+}
+
+/// A keychain entry id. Not secret itself, but never the secret.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct CredentialId(pub String);
+
+impl CredentialId {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for CredentialId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// How the secret is attached to an HTTP request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Injection {
+    /// `name` is stored lowercase (field names are case-insensitive, RFC 9110 §5.1);
+    /// `format` contains `{secret}` exactly once.
+    Header { name: String, format: String },
+    /// HTTP Basic (RFC 7617) with this user id and the secret as password.
+    Basic { user: String },
+    /// The secret as the value of this query parameter.
+    Query { param: String },
+}
+
+impl Injection {
+    /// The non-secret injection mode recorded in a snapshot: `header:<lowercase name>`,
+    /// `basic` or `query:<param>`.
+    pub fn mode(&self) -> String {
+        match self {
+            Injection::Header { name, .. } => format!("header:{name}"),
+            Injection::Basic { .. } => "basic".to_owned(),
+            Injection::Query { param } => format!("query:{param}"),
+        }
+    }
+}
+
+/// When a person must approve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalMode {
+    None,
+    Session,
+    PerCall,
+}
+
+impl ApprovalMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalMode::None => "none",
+            ApprovalMode::Session => "session",
+            ApprovalMode::PerCall => "per_call",
+        }
+    }
+}
+
+/// The API's documented idempotency-key contract (seed 000, "Idempotency is a remote
+/// contract"). Without it, a key proves nothing and is never sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyContract {
+    /// Stored lowercase.
+    pub header: String,
+    pub scope: String,
+    /// How long the remote retains keys; automatic retries stop before it runs out.
+    pub retention: Duration,
+}
+
+/// How to ask the remote whether an unknown outcome was applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReconcileQuery {
+    pub method: String,
+    /// Relative to the target's base URL; contains `{idempotency_key}` at most once,
+    /// or no placeholder at all.
+    pub path: String,
+    pub committed_status: Vec<u16>,
+    pub not_applied_status: Vec<u16>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpTarget {
+    pub name: String,
+    /// Origin plus path prefix; the path is normalized (RFC 3986 §6.2.2) and has no
+    /// trailing slash unless it is `/`.
+    pub base_url: Url,
+    /// Sorted, deduplicated.
+    pub methods: Vec<String>,
+    pub credential: CredentialId,
+    pub inject: Injection,
+    pub approval: ApprovalMode,
+    /// What this API guarantees, not what RFC 9110 says in general. Sorted, deduplicated.
+    pub idempotent_methods: Vec<String>,
+    /// Resolved against the config file's directory.
+    pub ca_file: Option<PathBuf>,
+    pub timeout_ms: u64,
+    pub max_response_bytes: u64,
+    pub max_request_body_bytes: u64,
+    pub follow_redirects: bool,
+    pub idempotency: Option<IdempotencyContract>,
+    pub reconcile: Option<ReconcileQuery>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SshTarget {
+    pub name: String,
+    /// Lowercase domain (IDNA) or an IP address (IPv6 without brackets).
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    pub credential: CredentialId,
+    /// Pinned `<algo> <base64>`; `None` requires first-seen approval.
+    pub host_key: Option<String>,
+    pub approval: ApprovalMode,
+    pub timeout_ms: u64,
+    pub max_output_bytes: u64,
+}
+
+/// The digest of a target's normalized configuration: `blake3:<64 hex>`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct TargetVersion(String);
+
+impl TargetVersion {
+    /// Wraps a raw 32-byte digest (from [`HttpTarget::version`] or a test fixture).
+    pub fn from_digest(d: [u8; 32]) -> Self {
+        Self(format!("blake3:{}", hex::encode(d)))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for TargetVersion {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        let ok = s.strip_prefix("blake3:").is_some_and(|h| {
+            h.len() == 64
+                && h.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        });
+        if ok {
+            Ok(Self(s))
+        } else {
+            Err(format!("not a target version: {s:?}"))
+        }
+    }
+}
+
+impl From<TargetVersion> for String {
+    fn from(v: TargetVersion) -> Self {
+        v.0
+    }
+}
+
+impl fmt::Display for TargetVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Which array a target is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Section {
+    Http,
+    Ssh,
+}
+
+/// A target as a person finds it in the file: by name, or by position when the name
+/// itself is what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetRef {
+    pub section: Section,
+    /// 0-based position within its array.
+    pub index: usize,
+    pub name: Option<String>,
+}
+
+impl fmt::Display for TargetRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let section = match self.section {
+            Section::Http => "[[http]]",
+            Section::Ssh => "[[ssh]]",
+        };
+        match &self.name {
+            Some(name) => write!(f, "{section} \"{name}\""),
+            None => write!(f, "{section} #{}", self.index),
+        }
+    }
+}
+
+/// What is wrong with a field. Closed, so tests and the console can branch on it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Problem {
+    #[error("must match [a-z0-9][a-z0-9_-]{{0,63}}")]
+    InvalidName,
+    #[error("the name is already used by {first}")]
+    DuplicateName { first: TargetRef },
+    #[error("not a valid URL: {reason}")]
+    InvalidUrl { reason: String },
+    #[error("scheme `{scheme}` is not allowed; use https (or http on loopback)")]
+    UnsupportedScheme { scheme: String },
+    #[error("plain http is allowed only for loopback hosts")]
+    PlainHttpNotLoopback,
+    #[error("credentials in the URL are not allowed; use `credential`")]
+    UserinfoInUrl,
+    #[error("a base URL may not have a query or fragment")]
+    QueryOrFragmentInUrl,
+    #[error("the same origin and path prefix is already claimed by [[http]] \"{other}\"")]
+    SamePrefix { other: String },
+    #[error("must not be empty")]
+    Empty,
+    #[error("`{value}` is not an uppercase RFC 9110 method token")]
+    InvalidMethod { value: String },
+    #[error("not a valid RFC 9110 field name")]
+    InvalidHeaderName,
+    #[error("header `{name}` is owned by the broker and cannot carry a credential")]
+    ReservedHeader { name: String },
+    #[error("must contain `{{secret}}` exactly once")]
+    SecretPlaceholder,
+    #[error("contains control characters or whitespace that are not allowed here")]
+    InvalidCharacters,
+    #[error("a Basic user id may not contain `:` (RFC 7617 §2)")]
+    ColonInBasicUser,
+    #[error("set exactly one of `header` (with optional `format`), `basic_user` or `query`")]
+    InjectionForm,
+    #[error("must be between {min} and {max}")]
+    OutOfRange { min: u64, max: u64 },
+    #[error("`{value}` is not a duration like 90s, 30m, 24h or 7d")]
+    InvalidDuration { value: String },
+    #[error("{status} is not an HTTP status code (100..=599)")]
+    InvalidStatus { status: u16 },
+    #[error("status {status} is listed as both committed and not applied")]
+    ConflictingStatus { status: u16 },
+    #[error("must start with `/` and contain no placeholder other than `{{idempotency_key}}`")]
+    InvalidReconcilePath,
+    #[error("`{{idempotency_key}}` needs an [http.idempotency] contract to mean anything")]
+    PlaceholderWithoutContract,
+    #[error("not a valid host name or IP address")]
+    InvalidHost,
+    #[error("not `<algorithm> <base64 key>`: {reason}")]
+    InvalidHostKey { reason: String },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{}: cannot read: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Not TOML, a wrong type or an unknown key. `message` is the TOML parser's text.
+    #[error("{}: {message}", file.display())]
+    Syntax { file: PathBuf, message: String },
+    /// A value that parsed but breaks a rule. Boxed: it is the cold path and large.
+    #[error(transparent)]
+    Invalid(Box<InvalidField>),
+}
+
+/// One field that breaks a validation rule, located by file, target and field path.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {target}: field `{field}`: {problem}", file.display())]
+pub struct InvalidField {
+    pub file: PathBuf,
+    pub target: TargetRef,
+    /// A dotted path with indexes, e.g. `inject.format` or `methods[1]`.
+    pub field: String,
+    pub problem: Problem,
+}
+
+/// Why a URL or host maps to no target. Always `INVALID_TARGET` on the wire.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResolveError {
+    #[error("`{url}` does not fall under any configured http target")]
+    NoHttpTarget { url: String },
+    #[error("`{host}` is not a configured ssh target name or host")]
+    NoSshTarget { host: String },
+    #[error("host `{host}` is shared by ssh targets {names:?}; name the target instead")]
+    AmbiguousSshHost { host: String, names: Vec<String> },
+    #[error("the URL path is malformed: {reason}")]
+    MalformedUrl { reason: String },
+}
+
+impl ResolveError {
+    pub fn code(&self) -> Code {
+        Code::InvalidTarget
+    }
+}
+
+// ---- raw TOML shapes -------------------------------------------------------------------
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    http: Vec<RawHttp>,
+    #[serde(default)]
+    ssh: Vec<RawSsh>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHttp {
+    name: String,
+    base_url: String,
+    methods: Vec<String>,
+    credential: String,
+    inject: RawInjection,
+    approval: ApprovalMode,
+    // Absent means the API guarantees nothing: the conservative reading.
+    #[serde(default)]
+    idempotent_methods: Vec<String>,
+    ca_file: Option<PathBuf>,
+    #[serde(default = "default_timeout")]
+    timeout_ms: u64,
+    #[serde(default = "default_max_response")]
+    max_response_bytes: u64,
+    #[serde(default = "default_max_request_body")]
+    max_request_body_bytes: u64,
+    #[serde(default)]
+    follow_redirects: bool,
+    idempotency: Option<RawIdempotency>,
+    reconcile: Option<RawReconcile>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawInjection {
+    header: Option<String>,
+    format: Option<String>,
+    basic_user: Option<String>,
+    query: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawIdempotency {
+    header: String,
+    scope: String,
+    retention: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReconcile {
+    method: String,
+    path: String,
+    committed_status: Vec<u16>,
+    #[serde(default)]
+    not_applied_status: Vec<u16>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSsh {
+    name: String,
+    host: String,
+    #[serde(default = "default_ssh_port")]
+    port: u16,
+    user: String,
+    credential: String,
+    host_key: Option<String>,
+    approval: ApprovalMode,
+    #[serde(default = "default_timeout")]
+    timeout_ms: u64,
+    #[serde(default = "default_max_output")]
+    max_output_bytes: u64,
+}
+
+fn default_timeout() -> u64 {
+    DEFAULT_TIMEOUT_MS
+}
+fn default_max_response() -> u64 {
+    DEFAULT_MAX_RESPONSE_BYTES
+}
+fn default_max_request_body() -> u64 {
+    DEFAULT_MAX_REQUEST_BODY_BYTES
+}
+fn default_max_output() -> u64 {
+    DEFAULT_MAX_OUTPUT_BYTES
+}
+fn default_ssh_port() -> u16 {
+    DEFAULT_SSH_PORT
+}
+
+// ---- loading and validation ------------------------------------------------------------
+
+/// Validation context of one target: builds errors that name file, target and field.
+struct Ctx<'a> {
+    file: &'a Path,
+    target: TargetRef,
+}
+
+impl Ctx<'_> {
+    fn err(&self, field: impl Into<String>, problem: Problem) -> ConfigError {
+        ConfigError::Invalid(Box::new(InvalidField {
+            file: self.file.to_path_buf(),
+            target: self.target.clone(),
+            field: field.into(),
+            problem,
+        }))
+    }
+}
+
+impl Config {
+    /// Reads and validates the targets file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses and validates `text` as if read from `path` (used in errors and to resolve
+    /// relative `ca_file` paths).
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Syntax {
+            file: path.to_path_buf(),
+            message: e.to_string().trim_end().to_owned(),
+        })?;
+        let base_dir = path.parent().unwrap_or(Path::new(""));
+
+        // Names are checked first and across both arrays: they are how snapshots, approvals
+        // and the journal refer to targets, so they must be unambiguous.
+        let mut names: BTreeMap<String, TargetRef> = BTreeMap::new();
+        let refs = raw
+            .http
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (Section::Http, i, &t.name))
+            .chain(
+                raw.ssh
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| (Section::Ssh, i, &t.name)),
+            );
+        for (section, index, name) in refs {
+            if !valid_name(name) {
+                let target = TargetRef {
+                    section,
+                    index,
+                    name: None,
+                };
+                return Err(Ctx { file: path, target }.err("name", Problem::InvalidName));
+            }
+            let target = TargetRef {
+                section,
+                index,
+                name: Some(name.clone()),
+            };
+            if let Some(first) = names.get(name) {
+                let problem = Problem::DuplicateName {
+                    first: first.clone(),
+                };
+                return Err(Ctx { file: path, target }.err("name", problem));
+            }
+            names.insert(name.clone(), target);
+        }
+
+        let mut http = Vec::with_capacity(raw.http.len());
+        for (index, t) in raw.http.into_iter().enumerate() {
+            let target = TargetRef {
+                section: Section::Http,
+                index,
+                name: Some(t.name.clone()),
+            };
+            let ctx = Ctx { file: path, target };
+            let t = validate_http(&ctx, t, base_dir)?;
+            // Two targets claiming the same prefix would make resolution depend on file
+            // order, so the tie is rejected here rather than broken silently.
+            if let Some(other) = http.iter().find(|o: &&HttpTarget| same_prefix(o, &t)) {
+                let problem = Problem::SamePrefix {
+                    other: other.name.clone(),
+                };
+                return Err(ctx.err("base_url", problem));
+            }
+            http.push(t);
+        }
+        let mut ssh = Vec::with_capacity(raw.ssh.len());
+        for (index, t) in raw.ssh.into_iter().enumerate() {
+            let target = TargetRef {
+                section: Section::Ssh,
+                index,
+                name: Some(t.name.clone()),
+            };
+            ssh.push(validate_ssh(&Ctx { file: path, target }, t)?);
+        }
+        Ok(Self {
+            http,
+            ssh,
+            source: path.to_path_buf(),
+        })
+    }
+
+    /// The target a URL falls under: same scheme, host and effective port, and the
+    /// target's path prefix matches on a segment boundary. The longest prefix wins.
+    pub fn resolve_http(&self, url: &Url) -> Result<&HttpTarget, ResolveError> {
+        let path = normalize_path(url.path()).map_err(|reason| ResolveError::MalformedUrl {
+            reason: reason.to_owned(),
+        })?;
+        self.resolve_parts(
+            url.scheme(),
+            url.host_str(),
+            url.port_or_known_default(),
+            &path,
+        )
+        .ok_or_else(|| ResolveError::NoHttpTarget {
+            url: url.as_str().to_owned(),
+        })
+    }
+
+    /// [`Config::resolve_http`] for an already normalized request.
+    pub fn resolve_normalized_http(
+        &self,
+        req: &NormalizedHttp,
+    ) -> Result<&HttpTarget, ResolveError> {
+        let port = req.port.or_else(|| default_port(&req.scheme));
+        self.resolve_parts(&req.scheme, Some(&req.host), port, &req.path)
+            .ok_or_else(|| ResolveError::NoHttpTarget { url: req.url() })
+    }
+
+    fn resolve_parts(
+        &self,
+        scheme: &str,
+        host: Option<&str>,
+        port: Option<u16>,
+        path: &str,
+    ) -> Option<&HttpTarget> {
+        let host = host?;
+        self.http
+            .iter()
+            .filter(|t| {
+                t.base_url.scheme() == scheme
+                    && t.base_url.host_str() == Some(host)
+                    && t.base_url.port_or_known_default() == port
+                    && prefix_matches(t.base_url.path(), path)
+            })
+            .max_by_key(|t| t.base_url.path().len())
+    }
+
+    /// An ssh target by name, or else by host. A host shared by several targets is
+    /// ambiguous: the caller must use the target name.
+    pub fn resolve_ssh(&self, host_or_name: &str) -> Result<&SshTarget, ResolveError> {
+        if let Some(t) = self.ssh.iter().find(|t| t.name == host_or_name) {
+            return Ok(t);
+        }
+        let wanted = normalize_ssh_host(host_or_name);
+        let matches: Vec<&SshTarget> = self
+            .ssh
+            .iter()
+            .filter(|t| Some(&t.host) == wanted.as_ref())
+            .collect();
+        match matches.as_slice() {
+            [one] => Ok(one),
+            [] => Err(ResolveError::NoSshTarget {
+                host: host_or_name.to_owned(),
+            }),
+            many => Err(ResolveError::AmbiguousSshHost {
+                host: host_or_name.to_owned(),
+                names: many.iter().map(|t| t.name.clone()).collect(),
+            }),
+        }
+    }
+
+    /// An http target by name.
+    pub fn http_target(&self, name: &str) -> Option<&HttpTarget> {
+        self.http.iter().find(|t| t.name == name)
+    }
+
+    /// An ssh target by name.
+    pub fn ssh_target(&self, name: &str) -> Option<&SshTarget> {
+        self.ssh.iter().find(|t| t.name == name)
+    }
+}
+
+/// `/v1` matches `/v1` and `/v1/x` but not `/v10`; `/` matches every path.
+fn prefix_matches(prefix: &str, path: &str) -> bool {
+    if prefix == "/" {
+        return true;
+    }
+    match path.strip_prefix(prefix) {
+        Some(rest) => rest.is_empty() || rest.starts_with('/'),
+        None => false,
+    }
+}
+
+fn same_prefix(a: &HttpTarget, b: &HttpTarget) -> bool {
+    a.base_url.scheme() == b.base_url.scheme()
+        && a.base_url.host_str() == b.base_url.host_str()
+        && a.base_url.port_or_known_default() == b.base_url.port_or_known_default()
+        && a.base_url.path() == b.base_url.path()
+}
+
+fn default_port(scheme: &str) -> Option<u16> {
+    match scheme {
+        "http" => Some(80),
+        "https" => Some(443),
+        _ => None,
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    let ok_first = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    (1..=64).contains(&b.len())
+        && ok_first(b[0])
+        && b[1..]
+            .iter()
+            .all(|&c| ok_first(c) || c == b'_' || c == b'-')
+}
+
+/// Free text that ends up in a header, URL or command line: no whitespace, no controls.
+fn plain_text(s: &str) -> bool {
+    !s.is_empty() && s.chars().all(|c| !c.is_whitespace() && !c.is_control())
+}
+
+fn check_credential(ctx: &Ctx<'_>, credential: String) -> Result<CredentialId, ConfigError> {
+    if credential.is_empty() {
+        return Err(ctx.err("credential", Problem::Empty));
+    }
+    // The id is a keychain lookup key; the message never echoes it (seed 000).
+    if !plain_text(&credential) || credential.len() > 128 {
+        return Err(ctx.err("credential", Problem::InvalidCharacters));
+    }
+    Ok(CredentialId(credential))
+}
+
+fn check_range(ctx: &Ctx<'_>, field: &str, v: u64, min: u64, max: u64) -> Result<(), ConfigError> {
+    if (min..=max).contains(&v) {
+        Ok(())
+    } else {
+        Err(ctx.err(field, Problem::OutOfRange { min, max }))
+    }
+}
+
+/// Methods are case-sensitive tokens (RFC 9110 §9.1); requiring uppercase keeps `get`
+/// from silently never matching a request for `GET`.
+fn is_uppercase_token(m: &str) -> bool {
+    is_token(m) && !m.bytes().any(|b| b.is_ascii_lowercase())
+}
+
+fn check_methods(
+    ctx: &Ctx<'_>,
+    field: &str,
+    methods: Vec<String>,
+) -> Result<Vec<String>, ConfigError> {
+    for (i, m) in methods.iter().enumerate() {
+        if !is_uppercase_token(m) {
+            let problem = Problem::InvalidMethod { value: m.clone() };
+            return Err(ctx.err(format!("{field}[{i}]"), problem));
+        }
+    }
+    let mut methods = methods;
+    methods.sort();
+    methods.dedup();
+    Ok(methods)
+}
+
+fn is_loopback(host: &url::Host<&str>) -> bool {
+    match host {
+        url::Host::Domain(d) => d.eq_ignore_ascii_case("localhost"),
+        url::Host::Ipv4(ip) => ip.is_loopback(),
+        url::Host::Ipv6(ip) => ip.is_loopback(),
+    }
+}
+
+fn check_base_url(ctx: &Ctx<'_>, raw: &str) -> Result<Url, ConfigError> {
+    let field = "base_url";
+    let mut url = Url::parse(raw).map_err(|e| {
+        ctx.err(
+            field,
+            Problem::InvalidUrl {
+                reason: e.to_string(),
+            },
+        )
+    })?;
+    match url.scheme() {
+        "https" => {}
+        "http" => {
+            // Plain http would expose the injected credential on the network.
+            if !url.host().is_some_and(|h| is_loopback(&h)) {
+                return Err(ctx.err(field, Problem::PlainHttpNotLoopback));
+            }
+        }
+        other => {
+            let problem = Problem::UnsupportedScheme {
+                scheme: other.to_owned(),
+            };
+            return Err(ctx.err(field, problem));
+        }
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(ctx.err(field, Problem::UserinfoInUrl));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(ctx.err(field, Problem::QueryOrFragmentInUrl));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(ctx.err(
+            field,
+            Problem::InvalidUrl {
+                reason: "no host".to_owned(),
+            },
+        ));
+    }
+    // Normalize like request paths so prefix matching compares like with like; a
+    // trailing slash is dropped so `/v1/` and `/v1` claim the same prefix.
+    let path = normalize_path(url.path()).map_err(|r| {
+        ctx.err(
+            field,
+            Problem::InvalidUrl {
+                reason: r.to_owned(),
+            },
+        )
+    })?;
+    let trimmed = path.trim_end_matches('/');
+    url.set_path(if trimmed.is_empty() { "/" } else { trimmed });
+    Ok(url)
+}
+
+/// Headers the transport owns (RFC 9110 §7.2, §7.6.1; RFC 9112 §6): a credential placed
+/// there would break framing or routing.
+const RESERVED_HEADERS: &[&str] = &[
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "te",
+    "trailer",
+    "upgrade",
+    "keep-alive",
+    "proxy-connection",
+];
+
+fn check_header_name(ctx: &Ctx<'_>, field: &str, name: &str) -> Result<String, ConfigError> {
+    if !is_token(name) {
+        return Err(ctx.err(field, Problem::InvalidHeaderName));
+    }
+    let lower = name.to_ascii_lowercase();
+    if RESERVED_HEADERS.contains(&lower.as_str()) {
+        return Err(ctx.err(field, Problem::ReservedHeader { name: lower }));
+    }
+    Ok(lower)
+}
+
+fn check_injection(ctx: &Ctx<'_>, raw: RawInjection) -> Result<Injection, ConfigError> {
+    match raw {
+        RawInjection {
+            header: Some(name),
+            format,
+            basic_user: None,
+            query: None,
+        } => {
+            let name = check_header_name(ctx, "inject.header", &name)?;
+            let format = format.unwrap_or_else(|| SECRET_PLACEHOLDER.to_owned());
+            if format.matches(SECRET_PLACEHOLDER).count() != 1 {
+                return Err(ctx.err("inject.format", Problem::SecretPlaceholder));
+            }
+            // A CR or LF here would split the header line (RFC 9110 §5.5).
+            if format.chars().any(|c| c.is_control() && c != '\t') {
+                return Err(ctx.err("inject.format", Problem::InvalidCharacters));
+            }
+            Ok(Injection::Header { name, format })
+        }
+        RawInjection {
+            header: None,
+            format: None,
+            basic_user: Some(user),
+            query: None,
+        } => {
+            if user.is_empty() {
+                return Err(ctx.err("inject.basic_user", Problem::Empty));
+            }
+            if user.contains(':') {
+                return Err(ctx.err("inject.basic_user", Problem::ColonInBasicUser));
+            }
+            if user.chars().any(char::is_control) {
+                return Err(ctx.err("inject.basic_user", Problem::InvalidCharacters));
+            }
+            Ok(Injection::Basic { user })
+        }
+        RawInjection {
+            header: None,
+            format: None,
+            basic_user: None,
+            query: Some(param),
+        } => {
+            if param.is_empty() {
+                return Err(ctx.err("inject.query", Problem::Empty));
+            }
+            if !plain_text(&param) {
+                return Err(ctx.err("inject.query", Problem::InvalidCharacters));
+            }
+            Ok(Injection::Query { param })
+        }
+        _ => Err(ctx.err("inject", Problem::InjectionForm)),
+    }
+}
+
+/// `<digits><unit>` with unit s, m, h or d; zero is no retention at all and is rejected.
+fn parse_duration(s: &str) -> Option<Duration> {
+    let unit = match s.as_bytes().last()? {
+        b's' => 1,
+        b'm' => 60,
+        b'h' => 3600,
+        b'd' => 86_400,
+        _ => return None,
+    };
+    let digits = &s[..s.len() - 1];
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    let secs = n.checked_mul(unit)?;
+    (secs > 0).then(|| Duration::from_secs(secs))
+}
+
+fn check_idempotency(
+    ctx: &Ctx<'_>,
+    raw: RawIdempotency,
+) -> Result<IdempotencyContract, ConfigError> {
+    let header = check_header_name(ctx, "idempotency.header", &raw.header)?;
+    if raw.scope.is_empty() {
+        return Err(ctx.err("idempotency.scope", Problem::Empty));
+    }
+    if raw.scope.chars().any(char::is_control) {
+        return Err(ctx.err("idempotency.scope", Problem::InvalidCharacters));
+    }
+    let retention = parse_duration(&raw.retention).ok_or_else(|| {
+        ctx.err(
+            "idempotency.retention",
+            Problem::InvalidDuration {
+                value: raw.retention.clone(),
+            },
+        )
+    })?;
+    Ok(IdempotencyContract {
+        header,
+        scope: raw.scope,
+        retention,
+    })
+}
+
+fn check_statuses(ctx: &Ctx<'_>, field: &str, list: Vec<u16>) -> Result<Vec<u16>, ConfigError> {
+    for (i, &status) in list.iter().enumerate() {
+        if !(100..=599).contains(&status) {
+            return Err(ctx.err(format!("{field}[{i}]"), Problem::InvalidStatus { status }));
+        }
+    }
+    let mut list = list;
+    list.sort_unstable();
+    list.dedup();
+    Ok(list)
+}
+
+fn check_reconcile(
+    ctx: &Ctx<'_>,
+    raw: RawReconcile,
+    has_contract: bool,
+) -> Result<ReconcileQuery, ConfigError> {
+    let method = raw.method;
+    if !is_uppercase_token(&method) {
+        let problem = Problem::InvalidMethod { value: method };
+        return Err(ctx.err("reconcile.method", problem));
+    }
+    let path = raw.path;
+    let placeholders = path.matches(IDEMPOTENCY_KEY_PLACEHOLDER).count();
+    let rest = path.replace(IDEMPOTENCY_KEY_PLACEHOLDER, "");
+    let path_ok = path.starts_with('/')
+        && placeholders <= 1
+        && !rest.contains(['{', '}', '#'])
+        && !path.chars().any(|c| c.is_whitespace() || c.is_control());
+    if !path_ok {
+        return Err(ctx.err("reconcile.path", Problem::InvalidReconcilePath));
+    }
+    // The key only identifies the operation at the remote if the remote was sent it.
+    if placeholders == 1 && !has_contract {
+        return Err(ctx.err("reconcile.path", Problem::PlaceholderWithoutContract));
+    }
+    if raw.committed_status.is_empty() {
+        return Err(ctx.err("reconcile.committed_status", Problem::Empty));
+    }
+    let committed = check_statuses(ctx, "reconcile.committed_status", raw.committed_status)?;
+    let not_applied = check_statuses(ctx, "reconcile.not_applied_status", raw.not_applied_status)?;
+    if let Some(&status) = committed.iter().find(|s| not_applied.contains(s)) {
+        return Err(ctx.err(
+            "reconcile.not_applied_status",
+            Problem::ConflictingStatus { status },
+        ));
+    }
+    Ok(ReconcileQuery {
+        method,
+        path,
+        committed_status: committed,
+        not_applied_status: not_applied,
+    })
+}
+
+fn validate_http(ctx: &Ctx<'_>, raw: RawHttp, base_dir: &Path) -> Result<HttpTarget, ConfigError> {
+    let base_url = check_base_url(ctx, &raw.base_url)?;
+    if raw.methods.is_empty() {
+        return Err(ctx.err("methods", Problem::Empty));
+    }
+    let methods = check_methods(ctx, "methods", raw.methods)?;
+    let credential = check_credential(ctx, raw.credential)?;
+    let inject = check_injection(ctx, raw.inject)?;
+    let idempotent_methods = check_methods(ctx, "idempotent_methods", raw.idempotent_methods)?;
+    let ca_file = match raw.ca_file {
+        Some(p) if p.as_os_str().is_empty() => return Err(ctx.err("ca_file", Problem::Empty)),
+        Some(p) => Some(base_dir.join(p)),
+        None => None,
+    };
+    check_range(ctx, "timeout_ms", raw.timeout_ms, 1, MAX_TIMEOUT_MS)?;
+    check_range(
+        ctx,
+        "max_response_bytes",
+        raw.max_response_bytes,
+        1,
+        u64::MAX,
+    )?;
+    check_range(
+        ctx,
+        "max_request_body_bytes",
+        raw.max_request_body_bytes,
+        1,
+        u64::MAX,
+    )?;
+    let idempotency = raw
+        .idempotency
+        .map(|i| check_idempotency(ctx, i))
+        .transpose()?;
+    let reconcile = raw
+        .reconcile
+        .map(|r| check_reconcile(ctx, r, idempotency.is_some()))
+        .transpose()?;
+    Ok(HttpTarget {
+        name: raw.name,
+        base_url,
+        methods,
+        credential,
+        inject,
+        approval: raw.approval,
+        idempotent_methods,
+        ca_file,
+        timeout_ms: raw.timeout_ms,
+        max_response_bytes: raw.max_response_bytes,
+        max_request_body_bytes: raw.max_request_body_bytes,
+        follow_redirects: raw.follow_redirects,
+        idempotency,
+        reconcile,
+    })
+}
+
+/// A host name (IDNA-mapped, lowercase) or an IP address; IPv6 may come bracketed.
+fn normalize_ssh_host(host: &str) -> Option<String> {
+    let unbracketed = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if let Ok(ip) = unbracketed.parse::<Ipv6Addr>() {
+        return Some(ip.to_string());
+    }
+    match url::Host::parse(host).ok()? {
+        url::Host::Domain(d) => Some(d),
+        url::Host::Ipv4(ip) => Some(IpAddr::V4(ip).to_string()),
+        url::Host::Ipv6(ip) => Some(ip.to_string()),
+    }
+}
+
+/// Known host key algorithms (RFC 4253 §6.6, RFC 5656 §6.2, RFC 8709 §4, OpenSSH
+/// PROTOCOL.u2f).
+const HOST_KEY_ALGORITHMS: &[&str] = &[
+    "ssh-ed25519",
+    "ssh-rsa",
+    "ecdsa-sha2-nistp256",
+    "ecdsa-sha2-nistp384",
+    "ecdsa-sha2-nistp521",
+    "ssh-ed448",
+    "sk-ssh-ed25519@openssh.com",
+    "sk-ecdsa-sha2-nistp256@openssh.com",
+];
+
+/// Checks `<algo> <base64>` and that the key blob names the same algorithm: an SSH public
+/// key blob starts with the length-prefixed algorithm string (RFC 4253 §6.6).
+fn check_host_key(s: &str) -> Result<String, String> {
+    let mut parts = s.split_whitespace();
+    let (Some(algo), Some(b64), None) = (parts.next(), parts.next(), parts.next()) else {
+        return Err("expected exactly two fields".to_owned());
+    };
+    if !HOST_KEY_ALGORITHMS.contains(&algo) {
+        return Err(format!("unknown algorithm `{algo}`"));
+    }
+    let blob = base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .map_err(|e| format!("key is not base64: {e}"))?;
+    let named = blob
+        .get(..4)
+        .and_then(|l| <[u8; 4]>::try_from(l).ok())
+        .map(|l| u32::from_be_bytes(l) as usize)
+        .and_then(|n| blob.get(4..4 + n));
+    if named != Some(algo.as_bytes()) {
+        return Err(format!("key blob is not an `{algo}` key"));
+    }
+    Ok(format!("{algo} {b64}"))
+}
+
+fn validate_ssh(ctx: &Ctx<'_>, raw: RawSsh) -> Result<SshTarget, ConfigError> {
+    if raw.host.is_empty() {
+        return Err(ctx.err("host", Problem::Empty));
+    }
+    let host =
+        normalize_ssh_host(&raw.host).ok_or_else(|| ctx.err("host", Problem::InvalidHost))?;
+    check_range(ctx, "port", u64::from(raw.port), 1, u64::from(u16::MAX))?;
+    if raw.user.is_empty() {
+        return Err(ctx.err("user", Problem::Empty));
+    }
+    if !plain_text(&raw.user) {
+        return Err(ctx.err("user", Problem::InvalidCharacters));
+    }
+    let credential = check_credential(ctx, raw.credential)?;
+    let host_key = raw
+        .host_key
+        .map(|k| check_host_key(&k))
+        .transpose()
+        .map_err(|reason| ctx.err("host_key", Problem::InvalidHostKey { reason }))?;
+    check_range(ctx, "timeout_ms", raw.timeout_ms, 1, MAX_TIMEOUT_MS)?;
+    check_range(ctx, "max_output_bytes", raw.max_output_bytes, 1, u64::MAX)?;
+    Ok(SshTarget {
+        name: raw.name,
+        host,
+        port: raw.port,
+        user: raw.user,
+        credential,
+        host_key,
+        approval: raw.approval,
+        timeout_ms: raw.timeout_ms,
+        max_output_bytes: raw.max_output_bytes,
+    })
+}
+
+// ---- version digests -------------------------------------------------------------------
+
+fn sorted_list<'a>(c: &mut Canonical, tag: u8, items: &'a [String]) {
+    let mut v: Vec<&'a [u8]> = items.iter().map(|s| s.as_bytes()).collect();
+    v.sort_unstable();
+    v.dedup();
+    c.list(tag, v.into_iter());
+}
+
+fn status_list(c: &mut Canonical, tag: u8, items: &[u16]) {
+    let mut v: Vec<u16> = items.to_vec();
+    v.sort_unstable();
+    v.dedup();
+    let bytes: Vec<[u8; 2]> = v.iter().map(|s| s.to_le_bytes()).collect();
+    c.list(tag, bytes.iter().map(|b| &b[..]));
+}
+
+impl HttpTarget {
+    /// The digest of this target's normalized configuration (see the module doc).
+    pub fn version(&self) -> TargetVersion {
+        let mut c = Canonical::new(VERSION_CONTEXT, VERSION_FORMAT);
+        c.str(0x02, "http");
+        c.str(0x40, &self.name);
+        c.str(0x41, self.base_url.as_str());
+        sorted_list(&mut c, 0x42, &self.methods);
+        c.str(0x43, self.credential.as_str());
+        c.str(0x44, &self.inject.mode());
+        match &self.inject {
+            Injection::Header { format, .. } => c.opt(0x45, Some(format.as_bytes())),
+            Injection::Basic { user } => c.opt(0x45, Some(user.as_bytes())),
+            Injection::Query { .. } => c.opt(0x45, None),
+        }
+        c.str(0x46, self.approval.as_str());
+        sorted_list(&mut c, 0x47, &self.idempotent_methods);
+        c.opt(
+            0x48,
+            self.ca_file
+                .as_ref()
+                .map(|p| p.as_os_str().as_encoded_bytes()),
+        );
+        c.u64(0x49, self.timeout_ms);
+        c.u64(0x4a, self.max_response_bytes);
+        c.u64(0x4b, self.max_request_body_bytes);
+        c.bytes(0x4c, &[u8::from(self.follow_redirects)]);
+        c.presence(0x4d, self.idempotency.is_some());
+        if let Some(i) = &self.idempotency {
+            c.str(0x50, &i.header.to_ascii_lowercase());
+            c.str(0x51, &i.scope);
+            c.u64(0x52, i.retention.as_secs());
+        }
+        c.presence(0x4e, self.reconcile.is_some());
+        if let Some(r) = &self.reconcile {
+            c.str(0x58, &r.method);
+            c.str(0x59, &r.path);
+            status_list(&mut c, 0x5a, &r.committed_status);
+            status_list(&mut c, 0x5b, &r.not_applied_status);
+        }
+        TargetVersion::from_digest(c.finish())
+    }
+}
+
+impl SshTarget {
+    /// The digest of this target's normalized configuration (see the module doc).
+    pub fn version(&self) -> TargetVersion {
+        let mut c = Canonical::new(VERSION_CONTEXT, VERSION_FORMAT);
+        c.str(0x02, "ssh");
+        c.str(0x60, &self.name);
+        c.str(0x61, &self.host);
+        c.bytes(0x62, &self.port.to_le_bytes());
+        c.str(0x63, &self.user);
+        c.str(0x64, self.credential.as_str());
+        c.opt(0x65, self.host_key.as_deref().map(str::as_bytes));
+        c.str(0x66, self.approval.as_str());
+        c.u64(0x67, self.timeout_ms);
+        c.u64(0x68, self.max_output_bytes);
+        TargetVersion::from_digest(c.finish())
+    }
+}

@@ -1,0 +1,406 @@
+//! The lifecycle API the channels drive: one method per durable transition, in the order
+//! of DESIGN.md's "One action, end to end".
+//!
+//! The recorder, not the channel, decides what a failure proves: [`Recorder::fail`]
+//! reads the projection and records `unknown` once the current attempt has dispatched,
+//! whatever the caller's error looked like. That keeps "classify by the last proved
+//! boundary, not by the function whose stack frame caught it" in one place.
+
+use crate::action::ConfigSnapshot;
+use crate::contract::{Code, ConfidenceSource, Envelope, Outcome, Phase, Retry, Stage};
+use crate::journal::events::{EventBody, OperationFacts, Settlement};
+use crate::journal::projection::Projection;
+use crate::journal::{Appended, Journal, JournalError, NewInvocation, ResultToStore, Settle};
+use crate::retry::{self, Decision, RetryManifest, RetryRequest};
+
+/// Why a step did not go ahead.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    /// The journal could not record the step; nothing after it may happen.
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    /// The invocation ended with a recorded failure; here is what the record proves.
+    #[error("{}: {}", .0.error.code, .0.error.message)]
+    Stopped(Box<Envelope>),
+}
+
+/// A fresh invocation id: `inv_` and 128 random bits in hex.
+pub fn new_invocation_id() -> Result<String, JournalError> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| JournalError::Storage(format!("no randomness for an invocation id: {e}")))?;
+    Ok(format!("inv_{}", hex::encode(bytes)))
+}
+
+/// Drives one invocation through the journal.
+pub struct Recorder {
+    journal: Journal,
+    id: String,
+    generation: u32,
+}
+
+/// What a retry decision produced.
+#[derive(Debug, Clone)]
+pub struct RetryPlan {
+    pub decision: Decision,
+    pub manifest: RetryManifest,
+    /// The generation the next attempt will carry, when the decision allows one.
+    pub next_generation: u32,
+}
+
+impl Recorder {
+    /// ACTION_ACCEPTED.
+    pub fn accept(journal: &Journal, new: NewInvocation) -> Result<Recorder, JournalError> {
+        let id = new.invocation_id.clone();
+        journal.accept(new)?;
+        Ok(Recorder {
+            journal: journal.clone(),
+            id,
+            generation: 0,
+        })
+    }
+
+    /// Picks up an existing invocation (a retry, a reconciliation, a restart).
+    pub fn resume(journal: &Journal, invocation_id: &str) -> Result<Recorder, JournalError> {
+        let p = journal.projection(invocation_id)?;
+        Ok(Recorder {
+            journal: journal.clone(),
+            id: invocation_id.to_string(),
+            generation: p.attempt.generation,
+        })
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn generation(&self) -> u32 {
+        self.generation
+    }
+
+    pub fn projection(&self) -> Result<Projection, JournalError> {
+        self.journal.projection(&self.id)
+    }
+
+    /// The envelope for the current state.
+    pub fn envelope(&self) -> Result<Option<Envelope>, JournalError> {
+        Ok(self.projection()?.envelope(self.journal.now_ms()))
+    }
+
+    fn append(&self, body: EventBody) -> Result<Appended, JournalError> {
+        self.journal.append(&self.id, body)
+    }
+
+    fn stopped(&self, appended: &Appended) -> StepError {
+        match appended.projection.envelope(self.journal.now_ms()) {
+            Some(env) => StepError::Stopped(Box::new(env)),
+            None => StepError::Journal(JournalError::Storage(
+                "a failure was recorded without a code".into(),
+            )),
+        }
+    }
+
+    /// PREFLIGHT_VALIDATED: binds the fingerprint, configuration snapshot and operation
+    /// facts. An idempotency key already bound to a different fingerprint on the same
+    /// target ends this invocation with IDEMPOTENCY_MISMATCH; nothing is sent.
+    pub fn preflight(
+        &self,
+        fingerprint: &str,
+        snapshot: ConfigSnapshot,
+        operation: OperationFacts,
+    ) -> Result<Appended, StepError> {
+        if let Some(key) = operation.idempotency.as_ref().map(|i| i.key.clone()) {
+            let target = self.projection()?.target.unwrap_or_default();
+            if let Some(other) = self.journal.find_by_idempotency_key(&target, &key)? {
+                if other != self.id {
+                    let bound = self.journal.projection(&other)?.fingerprint;
+                    if bound.as_deref().is_some_and(|b| b != fingerprint) {
+                        let failed = self.fail(
+                            Phase::Validation,
+                            Code::IdempotencyMismatch,
+                            Retry::AfterCorrection,
+                            "This idempotency key was already used with a different request; nothing was sent.",
+                        )?;
+                        return Err(self.stopped(&failed));
+                    }
+                }
+            }
+        }
+        Ok(self.append(EventBody::PreflightValidated {
+            fingerprint: fingerprint.to_string(),
+            snapshot,
+            operation,
+        })?)
+    }
+
+    pub fn approval_requested(
+        &self,
+        fingerprint: &str,
+        mode: &str,
+    ) -> Result<Appended, JournalError> {
+        self.append(EventBody::ApprovalRequested {
+            fingerprint: fingerprint.to_string(),
+            mode: mode.to_string(),
+        })
+    }
+
+    /// Records an approval of exactly `fingerprint`. A stale fingerprint is refused with
+    /// FINGERPRINT_MISMATCH and the invocation ends; nothing is sent.
+    pub fn approval_granted(
+        &self,
+        fingerprint: &str,
+        approver: &str,
+    ) -> Result<Appended, StepError> {
+        let bound = self.projection()?.fingerprint;
+        if bound.as_deref() != Some(fingerprint) {
+            return Err(self.fingerprint_mismatch()?);
+        }
+        Ok(self.append(EventBody::ApprovalGranted {
+            fingerprint: fingerprint.to_string(),
+            approver: approver.to_string(),
+        })?)
+    }
+
+    /// A person denied the invocation: APPROVAL_DENIED, retry never.
+    pub fn approval_denied(
+        &self,
+        fingerprint: &str,
+        approver: &str,
+    ) -> Result<StepError, JournalError> {
+        self.append(EventBody::ApprovalDenied {
+            fingerprint: fingerprint.to_string(),
+            approver: approver.to_string(),
+        })?;
+        let failed = self.fail(
+            Phase::CredentialInjection,
+            Code::ApprovalDenied,
+            Retry::Never,
+            "A person denied this request; do not repeat it.",
+        )?;
+        Ok(self.stopped(&failed))
+    }
+
+    fn fingerprint_mismatch(&self) -> Result<StepError, JournalError> {
+        let failed = self.fail(
+            Phase::Validation,
+            Code::FingerprintMismatch,
+            Retry::AfterCorrection,
+            "The request or its configuration changed after it was bound; nothing was sent.",
+        )?;
+        Ok(self.stopped(&failed))
+    }
+
+    /// CREDENTIAL_AUTHORIZED: id and non-secret version tag only.
+    pub fn credential_authorized(
+        &self,
+        credential_id: &str,
+        version: &str,
+    ) -> Result<Appended, JournalError> {
+        self.append(EventBody::CredentialAuthorized {
+            credential_id: credential_id.to_string(),
+            credential_version: version.to_string(),
+        })
+    }
+
+    /// Takes the lease for the next attempt; the generation guards dispatch.
+    pub fn start_attempt(&mut self, holder: &str, ttl_ms: i64) -> Result<Appended, JournalError> {
+        let appended = self.journal.start_attempt(&self.id, holder, ttl_ms)?;
+        self.generation = appended.projection.attempt.generation;
+        Ok(appended)
+    }
+
+    /// A connection-setup stage failed; it proves not_attempted for this attempt.
+    pub fn connection_attempt(
+        &self,
+        n: u32,
+        stage: Stage,
+        code: Code,
+    ) -> Result<Appended, JournalError> {
+        self.append(EventBody::ConnectionAttempt {
+            n,
+            stage,
+            outcome: Outcome::NotAttempted,
+            code,
+        })
+    }
+
+    /// DISPATCH_STARTED, fsynced, immediately before the first byte goes to the
+    /// transport. `fingerprint_now` is recomputed by the channel from what it is about to
+    /// send; if it differs from the bound fingerprint, nothing is sent.
+    pub fn dispatch_started(
+        &self,
+        fingerprint_now: &str,
+        connection_id: Option<String>,
+        peer_identity: Option<String>,
+    ) -> Result<Appended, StepError> {
+        let bound = self.projection()?.fingerprint;
+        if bound.as_deref() != Some(fingerprint_now) {
+            return Err(self.fingerprint_mismatch()?);
+        }
+        match self.journal.dispatch_started(
+            &self.id,
+            self.generation,
+            fingerprint_now,
+            connection_id,
+            peer_identity,
+        ) {
+            Ok(a) => Ok(a),
+            Err(JournalError::LeaseLost { .. }) => {
+                // Another holder owns the invocation now. Record nothing on its record
+                // beyond what the generation check already refused.
+                Err(StepError::Stopped(Box::new(self.lease_lost_envelope()?)))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn lease_lost_envelope(&self) -> Result<Envelope, JournalError> {
+        let p = self.projection()?;
+        let mut evidence = p.evidence();
+        evidence.attempt_generation = self.generation;
+        Ok(Envelope {
+            invocation_id: self.id.clone(),
+            error: crate::contract::ErrorBody {
+                code: Code::LeaseLost,
+                phase: Phase::Validation,
+                // This attempt never dispatched; the invocation's own outcome is
+                // whatever the current holder's record says.
+                outcome: if p.ever_dispatched {
+                    p.outcome
+                } else {
+                    Outcome::NotAttempted
+                },
+                retry: Retry::Never,
+                message: Code::LeaseLost.spec().meaning.to_string(),
+            },
+            evidence,
+        })
+    }
+
+    pub fn request_sent(
+        &self,
+        headers_sent: bool,
+        body_complete: bool,
+    ) -> Result<Appended, JournalError> {
+        self.append(EventBody::RequestSent {
+            headers_sent,
+            body_complete,
+        })
+    }
+
+    pub fn response_started(
+        &self,
+        http_status: Option<u16>,
+        remote_request_id: Option<String>,
+    ) -> Result<Appended, JournalError> {
+        self.append(EventBody::RemoteResponseStarted {
+            http_status,
+            remote_request_id,
+        })
+    }
+
+    pub fn response_complete(&self, digest: &str) -> Result<Appended, JournalError> {
+        self.append(EventBody::RemoteResponseComplete {
+            digest: digest.to_string(),
+        })
+    }
+
+    /// RESULT_COMMITTED with the stored result, fsynced, before anything is returned.
+    pub fn commit_result(
+        &self,
+        result: ResultToStore,
+        settle: Settle,
+    ) -> Result<Appended, JournalError> {
+        self.journal.commit_result(&self.id, result, settle)
+    }
+
+    /// RESULT_DELIVERED, after the caller-facing protocol confirmed the handoff.
+    pub fn delivered(&self) -> Result<Appended, JournalError> {
+        self.append(EventBody::ResultDelivered)
+    }
+
+    /// The result could not be handed over; it stays retrievable with fetch_result.
+    pub fn delivery_failed(&self, message: &str) -> Result<Appended, JournalError> {
+        self.append(EventBody::DeliveryFailed {
+            code: Code::ResultDeliveryFailed,
+            message: message.to_string(),
+        })
+    }
+
+    /// Ends the current attempt with a failure. The outcome and, after dispatch, the
+    /// phase and retry come from the record: once this attempt dispatched, the outcome
+    /// is unknown and the retry disposition is derived from the bound operation facts,
+    /// whatever `phase` and `retry` the caller suggested.
+    pub fn fail(
+        &self,
+        phase: Phase,
+        code: Code,
+        retry: Retry,
+        message: &str,
+    ) -> Result<Appended, JournalError> {
+        let p = self.projection()?;
+        let dispatched = p.attempt.dispatched && !p.attempt.closed;
+        let body = if dispatched {
+            EventBody::Failed {
+                phase: Phase::RemoteExecution,
+                outcome: Outcome::Unknown,
+                retry: p.retry(self.journal.now_ms()),
+                code,
+                message: message.to_string(),
+            }
+        } else {
+            EventBody::Failed {
+                phase,
+                outcome: Outcome::NotAttempted,
+                retry,
+                code,
+                message: message.to_string(),
+            }
+        };
+        self.append(body)
+    }
+
+    /// Runs `decide()` on the record and appends the retry manifest (fsynced) before any
+    /// retry can happen.
+    pub fn plan_retry(&self, request: &RetryRequest) -> Result<RetryPlan, JournalError> {
+        // A stalled holder's attempt is closed first, so the decision sees what it proves.
+        self.journal.reap_expired(&self.id)?;
+        let now = self.journal.now_ms();
+        let p = self.projection()?;
+        let facts = p.record_facts(now);
+        let decision = retry::decide(&facts, request, now);
+        let next_generation = p.attempt.generation + 1;
+        let manifest = retry::manifest(&facts, decision, next_generation, now);
+        self.append(EventBody::RetryManifest {
+            for_generation: next_generation,
+            verdict: manifest.verdict,
+            decision,
+            directive: manifest.directive.clone(),
+            digest: manifest.digest.clone(),
+        })?;
+        Ok(RetryPlan {
+            decision,
+            manifest,
+            next_generation,
+        })
+    }
+
+    /// Settles an unknown outcome from a remote query or an operator's attestation. The
+    /// original attempt stays as recorded.
+    pub fn reconcile(
+        &self,
+        source: ConfidenceSource,
+        settlement: Settlement,
+        by: &str,
+        note: &str,
+        http_status: Option<u16>,
+    ) -> Result<Appended, JournalError> {
+        self.append(EventBody::Reconciled {
+            source,
+            settlement,
+            by: by.to_string(),
+            note: note.to_string(),
+            http_status,
+        })
+    }
+}

@@ -1,0 +1,228 @@
+//! The journal's event vocabulary: the nine transitions of seed 000 plus connection
+//! attempts, approvals, attempt leases, retry manifests, reconciliation and imported
+//! evidence. Bodies are stored as canonical JSON (serde field order, no maps with
+//! unordered keys) and that exact text is what the audit chain hashes.
+
+use serde::{Deserialize, Serialize};
+
+use crate::action::ConfigSnapshot;
+use crate::contract::{
+    Code, ConfidenceSource, IdempotencyEvidence, Outcome, Phase, RemoteContract, Retry, Stage,
+};
+use crate::retry::{Decision, Verdict};
+
+/// Which channel an invocation runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Channel {
+    Http,
+    Ssh,
+}
+
+/// What the configuration says about repeating this operation, bound at preflight so a
+/// later config edit cannot change the retry basis of an invocation already recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperationFacts {
+    /// The target declares this method idempotent (configured knowledge, not the token).
+    pub idempotent: bool,
+    pub remote_contract: RemoteContract,
+    pub idempotency: Option<IdempotencyEvidence>,
+    /// A reconcile query is configured, so an unknown outcome can be queried first.
+    pub reconcile_configured: bool,
+    /// How many dispatches this invocation may make in total, across restarts.
+    pub retry_budget: u32,
+}
+
+/// How a reconciliation settled an unknown outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Settlement {
+    /// The remote applied the operation.
+    Committed,
+    /// The remote did not apply it.
+    NotApplied,
+}
+
+/// Non-secret facts about a settled remote result.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResultFacts {
+    pub http_status: Option<u16>,
+    pub exit_status: Option<i32>,
+    pub exit_signal: Option<String>,
+    pub remote_request_id: Option<String>,
+}
+
+/// One journal transition. The `kind` tag is also stored in its own column.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "SCREAMING_SNAKE_CASE", deny_unknown_fields)]
+pub enum EventBody {
+    /// Request parsed, invocation id assigned.
+    ActionAccepted {
+        channel: Channel,
+        target: String,
+        /// A short, secret-free description (method and normalized URL, or host and
+        /// command digest) for people reading the log.
+        summary: String,
+        session: Option<String>,
+    },
+    /// Target resolved, request normalized, configuration snapshot and fingerprint bound.
+    PreflightValidated {
+        fingerprint: String,
+        snapshot: ConfigSnapshot,
+        operation: OperationFacts,
+    },
+    ApprovalRequested {
+        fingerprint: String,
+        mode: String,
+    },
+    ApprovalGranted {
+        fingerprint: String,
+        approver: String,
+    },
+    ApprovalDenied {
+        fingerprint: String,
+        approver: String,
+    },
+    /// The credential was read from the keychain into a private buffer (id and version
+    /// tag only here).
+    CredentialAuthorized {
+        credential_id: String,
+        credential_version: String,
+    },
+    /// A lease on the invocation for one attempt; the generation guards dispatch.
+    AttemptStarted {
+        generation: u32,
+        holder: String,
+        lease_expires_at_ms: i64,
+    },
+    /// One connection-setup stage that failed (or the stage reached when it succeeded,
+    /// with outcome not_attempted: nothing crossed dispatch during setup).
+    ConnectionAttempt {
+        n: u32,
+        stage: Stage,
+        outcome: Outcome,
+        code: Code,
+    },
+    /// Appended and fsynced before the first request byte is handed to the transport.
+    DispatchStarted {
+        generation: u32,
+        fingerprint: String,
+        connection_id: Option<String>,
+        peer_identity: Option<String>,
+    },
+    RequestSent {
+        headers_sent: bool,
+        body_complete: bool,
+    },
+    /// Final response headers (HTTP) or exec accepted (SSH). 1xx never lands here.
+    RemoteResponseStarted {
+        http_status: Option<u16>,
+        remote_request_id: Option<String>,
+    },
+    /// The protocol's completion marker was observed (declared length, chunked
+    /// terminator, exit status and channel close).
+    RemoteResponseComplete {
+        digest: String,
+    },
+    /// The settled result is stored under `result_id` in the same transaction.
+    ResultCommitted {
+        outcome: Outcome,
+        code: Option<Code>,
+        retry: Retry,
+        result_id: String,
+        digest: String,
+        facts: ResultFacts,
+        confidence: ConfidenceSource,
+        redactions: u32,
+    },
+    /// The caller-facing protocol confirmed the complete handoff.
+    ResultDelivered,
+    /// The record could not be handed to the caller; it stays retrievable.
+    DeliveryFailed {
+        code: Code,
+        message: String,
+    },
+    /// The current attempt ended without a settled result. `outcome` is this attempt's
+    /// outcome; the invocation's outcome is the projection's.
+    Failed {
+        phase: Phase,
+        outcome: Outcome,
+        retry: Retry,
+        code: Code,
+        message: String,
+    },
+    /// Seed 003's retry manifest: appended before any retry happens.
+    RetryManifest {
+        for_generation: u32,
+        verdict: Verdict,
+        decision: Decision,
+        directive: String,
+        digest: String,
+    },
+    /// A later observer settled an unknown outcome. Never rewrites the attempt.
+    Reconciled {
+        source: ConfidenceSource,
+        settlement: Settlement,
+        by: String,
+        note: String,
+        http_status: Option<u16>,
+    },
+    /// Evidence from another broker, attached with its origin, never spliced in.
+    ImportedEvidence {
+        source: String,
+        source_seq: u64,
+        summary: serde_json::Value,
+    },
+}
+
+impl EventBody {
+    /// The tag stored in the `kind` column.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EventBody::ActionAccepted { .. } => "ACTION_ACCEPTED",
+            EventBody::PreflightValidated { .. } => "PREFLIGHT_VALIDATED",
+            EventBody::ApprovalRequested { .. } => "APPROVAL_REQUESTED",
+            EventBody::ApprovalGranted { .. } => "APPROVAL_GRANTED",
+            EventBody::ApprovalDenied { .. } => "APPROVAL_DENIED",
+            EventBody::CredentialAuthorized { .. } => "CREDENTIAL_AUTHORIZED",
+            EventBody::AttemptStarted { .. } => "ATTEMPT_STARTED",
+            EventBody::ConnectionAttempt { .. } => "CONNECTION_ATTEMPT",
+            EventBody::DispatchStarted { .. } => "DISPATCH_STARTED",
+            EventBody::RequestSent { .. } => "REQUEST_SENT",
+            EventBody::RemoteResponseStarted { .. } => "REMOTE_RESPONSE_STARTED",
+            EventBody::RemoteResponseComplete { .. } => "REMOTE_RESPONSE_COMPLETE",
+            EventBody::ResultCommitted { .. } => "RESULT_COMMITTED",
+            EventBody::ResultDelivered => "RESULT_DELIVERED",
+            EventBody::DeliveryFailed { .. } => "DELIVERY_FAILED",
+            EventBody::Failed { .. } => "FAILED",
+            EventBody::RetryManifest { .. } => "RETRY_MANIFEST",
+            EventBody::Reconciled { .. } => "RECONCILED",
+            EventBody::ImportedEvidence { .. } => "IMPORTED_EVIDENCE",
+        }
+    }
+
+    /// Whether the call that appends this event must not return before it is on disk.
+    /// Seed 000: DISPATCH_STARTED before the first byte, RESULT_COMMITTED before anything
+    /// is returned. Settling records (failures, reconciliations, manifests) are durable
+    /// too, since a retry decision may be taken on them after a crash.
+    pub fn must_be_durable(&self) -> bool {
+        matches!(
+            self,
+            EventBody::DispatchStarted { .. }
+                | EventBody::ResultCommitted { .. }
+                | EventBody::Failed { .. }
+                | EventBody::RetryManifest { .. }
+                | EventBody::Reconciled { .. }
+        )
+    }
+}
+
+/// A stored event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// Global, gap-free, monotonic order of durable transitions.
+    pub seq: u64,
+    pub invocation_id: String,
+    pub recorded_at_ms: i64,
+    pub body: EventBody,
+}

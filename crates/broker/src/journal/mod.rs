@@ -1,0 +1,881 @@
+//! The evidence journal: invocations, append-only events, results and attempt leases in
+//! SQLite, behind a single writer thread that group-commits.
+//!
+//! # Durability promise
+//! The database runs in WAL mode. Every append returns only after its transaction has
+//! committed. An append of an event whose [`EventBody::must_be_durable`] is true (notably
+//! DISPATCH_STARTED and RESULT_COMMITTED) returns only after the WAL has been fsynced:
+//! the writer switches the connection to `synchronous=FULL` for any batch that holds
+//! such an event. Other batches commit with `synchronous=NORMAL` (no fsync); because the
+//! WAL is append-only and ordered, the next fsync makes them durable too, and a process
+//! crash (as opposed to a power loss) never loses a committed transaction.
+//!
+//! # Group commit
+//! Appenders hand closures to the writer thread over a channel. The writer drains every
+//! job waiting, runs each inside its own SAVEPOINT of one IMMEDIATE transaction (a
+//! failing job rolls back alone), commits once, and only then answers all of them. With
+//! 64 concurrent invocations, 64 durable appends share one fsync.
+//!
+//! # Layout
+//! - [`events`]: the event vocabulary.
+//! - [`projection`]: folding events into the current status; refuses impossible ones.
+//! - [`schema`]: numbered migrations embedded in the binary.
+//! - [`results`]: the settled-result store (chunked, with a completeness marker).
+
+pub mod events;
+pub mod projection;
+pub mod results;
+pub mod schema;
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use ed25519_dalek::SigningKey;
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::audit::{ChainHasher, ChainedRow, Checkpoint, GENESIS, witness_path};
+use crate::clock::Clock;
+use events::{Channel, Event, EventBody};
+use projection::{Projection, ProjectionError};
+pub use results::{ResultToStore, Settle, StoredResult};
+
+/// How many events between signed checkpoints, unless configured otherwise.
+pub const DEFAULT_CHECKPOINT_EVERY: u64 = 1024;
+/// Jobs drained into one transaction at most; bounds the latency of the first job.
+const MAX_BATCH: usize = 512;
+
+/// Errors of the journal. Messages name the file and never contain secret bytes (the
+/// journal never holds any).
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    #[error("cannot open journal {path}: {detail}")]
+    Open { path: PathBuf, detail: String },
+    #[error("journal {path} is not a readable Postern database ({detail}); it was left untouched")]
+    Corrupt { path: PathBuf, detail: String },
+    #[error(
+        "journal {path} has schema version {found}, newer than this build supports ({supported}); upgrade Postern — the file was left untouched"
+    )]
+    NewerSchema {
+        path: PathBuf,
+        found: i64,
+        supported: i64,
+    },
+    #[error("{path} is a SQLite database of another application; it was left untouched")]
+    Foreign { path: PathBuf },
+    #[error("journal storage failed: {0}")]
+    Storage(String),
+    #[error("the journal writer has stopped")]
+    Closed,
+    #[error(transparent)]
+    Impossible(#[from] ProjectionError),
+    #[error("invocation {0} does not exist")]
+    UnknownInvocation(String),
+    #[error("invocation {0} already exists")]
+    DuplicateInvocation(String),
+    #[error("invocation {invocation_id}: lease generation {generation} is no longer current")]
+    LeaseLost {
+        invocation_id: String,
+        generation: u32,
+    },
+    #[error("invocation {invocation_id}: another attempt holds the lease until {until_ms}")]
+    LeaseHeld {
+        invocation_id: String,
+        until_ms: i64,
+    },
+    #[error("invocation {invocation_id}: retry budget of {budget} dispatches is spent")]
+    BudgetExhausted { invocation_id: String, budget: u32 },
+    #[error("invocation {0}: the stored result is missing or incomplete")]
+    ResultIncomplete(String),
+    #[error("event body in the journal does not parse at sequence {seq}: {detail}")]
+    BadEvent { seq: u64, detail: String },
+}
+
+impl From<rusqlite::Error> for JournalError {
+    fn from(e: rusqlite::Error) -> Self {
+        JournalError::Storage(e.to_string())
+    }
+}
+
+/// Settings of an open journal.
+pub struct JournalOptions {
+    pub clock: Arc<dyn Clock>,
+    /// Signs audit checkpoints. Kept in the OS keychain by the broker.
+    pub signing_key: SigningKey,
+    pub checkpoint_every: u64,
+}
+
+/// A handle to the journal; cheap to clone, shared by every channel and interface.
+#[derive(Clone)]
+pub struct Journal {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    sender: Mutex<Option<SyncSender<Job>>>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    reader: Mutex<Connection>,
+    clock: Arc<dyn Clock>,
+}
+
+/// The result of an append: where it landed and the invocation's new status.
+#[derive(Debug, Clone)]
+pub struct Appended {
+    pub seq: u64,
+    pub projection: Projection,
+}
+
+/// Facts recorded when an invocation is accepted.
+#[derive(Debug, Clone)]
+pub struct NewInvocation {
+    pub invocation_id: String,
+    pub channel: Channel,
+    pub target: String,
+    pub summary: String,
+    pub session: Option<String>,
+    pub idempotency_key: Option<String>,
+}
+
+type Finish = Box<dyn FnOnce(Result<(), JournalError>) + Send>;
+struct JobOutcome {
+    ok: bool,
+    finish: Finish,
+}
+/// A job runs inside the batch transaction, or with `None` when the transaction could
+/// not begin (it then only reports the failure).
+type JobFn = Box<dyn FnOnce(Option<&mut WriteCtx<'_>>) -> JobOutcome + Send>;
+struct Job {
+    durable: bool,
+    run: JobFn,
+}
+
+/// The chain position, saved and restored around each job.
+#[derive(Clone, Copy)]
+struct ChainPos {
+    last_seq: u64,
+    head: [u8; 32],
+}
+
+/// What a job sees inside the writer's transaction.
+pub struct WriteCtx<'a> {
+    conn: &'a Connection,
+    pos: ChainPos,
+    hasher: &'a mut ChainHasher,
+    now_ms: i64,
+    checkpoint_every: u64,
+    signing_key: &'a SigningKey,
+    checkpoint: Option<Checkpoint>,
+}
+
+impl WriteCtx<'_> {
+    /// The connection, inside the batch transaction.
+    pub fn conn(&self) -> &Connection {
+        self.conn
+    }
+
+    pub fn now_ms(&self) -> i64 {
+        self.now_ms
+    }
+
+    /// Appends one event with the next sequence number and chain hash. Callers that
+    /// write invocation events go through [`WriteCtx::append_checked`].
+    fn append_raw(&mut self, invocation_id: &str, body: &EventBody) -> Result<u64, JournalError> {
+        let seq = self.pos.last_seq + 1;
+        let text = serde_json::to_string(body)
+            .map_err(|e| JournalError::Storage(format!("event encoding: {e}")))?;
+        let kind = body.kind();
+        let hash = self.hasher.link(
+            &self.pos.head,
+            &ChainedRow {
+                seq,
+                invocation_id,
+                kind,
+                body: &text,
+                recorded_at_ms: self.now_ms,
+            },
+        );
+        self.conn
+            .prepare_cached(
+                "INSERT INTO events (seq, invocation_id, kind, body, recorded_at_ms, hash)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?
+            .execute(params![
+                seq as i64,
+                invocation_id,
+                kind,
+                text,
+                self.now_ms,
+                &hash[..]
+            ])?;
+        self.pos = ChainPos {
+            last_seq: seq,
+            head: hash,
+        };
+        if self.checkpoint_every > 0 && seq % self.checkpoint_every == 0 {
+            self.write_checkpoint()?;
+        }
+        Ok(seq)
+    }
+
+    fn write_checkpoint(&mut self) -> Result<(), JournalError> {
+        let ChainPos { last_seq, head } = self.pos;
+        let cp = Checkpoint::sign(self.signing_key, last_seq, head, last_seq, self.now_ms);
+        insert_checkpoint(self.conn, &cp)?;
+        self.checkpoint = Some(cp);
+        Ok(())
+    }
+
+    /// Folds the invocation's stored events.
+    pub fn projection(&self, invocation_id: &str) -> Result<Projection, JournalError> {
+        let events = load_events(self.conn, invocation_id)?;
+        Ok(Projection::fold(invocation_id, &events)?)
+    }
+
+    /// Appends an invocation event after checking it against the current projection.
+    pub fn append_checked(
+        &mut self,
+        invocation_id: &str,
+        body: &EventBody,
+    ) -> Result<Appended, JournalError> {
+        let mut projection = self.projection(invocation_id)?;
+        if !projection.exists() && !matches!(body, EventBody::ActionAccepted { .. }) {
+            return Err(JournalError::UnknownInvocation(invocation_id.to_string()));
+        }
+        projection.apply(self.pos.last_seq + 1, body)?;
+        let seq = self.append_raw(invocation_id, body)?;
+        Ok(Appended { seq, projection })
+    }
+}
+
+fn insert_checkpoint(conn: &Connection, cp: &Checkpoint) -> Result<(), JournalError> {
+    conn.prepare_cached(
+        "INSERT OR REPLACE INTO checkpoints (seq, head, count, public_key, signature, made_at_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute(params![
+        cp.seq as i64,
+        &cp.head[..],
+        cp.count as i64,
+        &cp.public_key[..],
+        &cp.signature[..],
+        cp.made_at_ms
+    ])?;
+    Ok(())
+}
+
+pub(crate) fn load_events(
+    conn: &Connection,
+    invocation_id: &str,
+) -> Result<Vec<Event>, JournalError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT seq, body, recorded_at_ms FROM events WHERE invocation_id = ?1 ORDER BY seq",
+    )?;
+    let rows = stmt.query_map([invocation_id], |r| {
+        Ok((
+            r.get::<_, i64>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, i64>(2)?,
+        ))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (seq, body, recorded_at_ms) = row?;
+        let seq = u64::try_from(seq).unwrap_or(0);
+        let body: EventBody = serde_json::from_str(&body).map_err(|e| JournalError::BadEvent {
+            seq,
+            detail: e.to_string(),
+        })?;
+        out.push(Event {
+            seq,
+            invocation_id: invocation_id.to_string(),
+            recorded_at_ms,
+            body,
+        });
+    }
+    Ok(out)
+}
+
+impl Journal {
+    /// Opens (creating or migrating) the journal at `path` and starts its writer.
+    pub fn open(path: &Path, options: JournalOptions) -> Result<Journal, JournalError> {
+        let conn = schema::open_and_migrate(path)?;
+        let (last_seq, head) = chain_tail(&conn)?;
+        let reader = schema::open_reader(path)?;
+        let (sender, receiver) = mpsc::sync_channel::<Job>(4096);
+        let state = WriterState {
+            conn,
+            pos: ChainPos { last_seq, head },
+            hasher: ChainHasher::new(),
+            clock: options.clock.clone(),
+            signing_key: options.signing_key,
+            checkpoint_every: options.checkpoint_every,
+            witness: witness_path(path),
+            last_checkpoint_seq: 0,
+            sync_full: None,
+        };
+        let writer = std::thread::Builder::new()
+            .name("postern-journal-writer".into())
+            .spawn(move || state.run(receiver))
+            .map_err(|e| JournalError::Open {
+                path: path.to_path_buf(),
+                detail: e.to_string(),
+            })?;
+        Ok(Journal {
+            inner: Arc::new(Inner {
+                path: path.to_path_buf(),
+                sender: Mutex::new(Some(sender)),
+                writer: Mutex::new(Some(writer)),
+                reader: Mutex::new(reader),
+                clock: options.clock,
+            }),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    pub fn now_ms(&self) -> i64 {
+        self.inner.clock.now_ms()
+    }
+
+    /// Runs `f` inside the writer's transaction. Returns after commit, and after fsync
+    /// when `durable`. If `f` fails its writes are rolled back and nothing else is.
+    pub fn write<T, F>(&self, durable: bool, f: F) -> Result<T, JournalError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut WriteCtx<'_>) -> Result<T, JournalError> + Send + 'static,
+    {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let run: JobFn = Box::new(move |ctx| {
+            let result = match ctx {
+                Some(ctx) => f(ctx),
+                None => Err(JournalError::Storage(
+                    "the write transaction could not begin".into(),
+                )),
+            };
+            JobOutcome {
+                ok: result.is_ok(),
+                finish: Box::new(move |commit: Result<(), JournalError>| {
+                    // The caller may have gone away; the commit stands either way.
+                    let _ = tx.send(commit.and(result));
+                }),
+            }
+        });
+        let sender = self
+            .inner
+            .sender
+            .lock()
+            .map_err(|_| JournalError::Closed)?
+            .clone()
+            .ok_or(JournalError::Closed)?;
+        sender
+            .send(Job { durable, run })
+            .map_err(|_| JournalError::Closed)?;
+        rx.recv().map_err(|_| JournalError::Closed)?
+    }
+
+    /// Records a new invocation (ACTION_ACCEPTED) and its identity row.
+    pub fn accept(&self, new: NewInvocation) -> Result<Appended, JournalError> {
+        self.write(false, move |ctx| {
+            let exists: Option<i64> = ctx
+                .conn()
+                .query_row("SELECT 1 FROM invocations WHERE id = ?1", [&new.invocation_id], |r| {
+                    r.get(0)
+                })
+                .optional()?;
+            if exists.is_some() {
+                return Err(JournalError::DuplicateInvocation(new.invocation_id));
+            }
+            let body = EventBody::ActionAccepted {
+                channel: new.channel,
+                target: new.target.clone(),
+                summary: new.summary.clone(),
+                session: new.session.clone(),
+            };
+            let appended = ctx.append_checked(&new.invocation_id, &body)?;
+            let channel = match new.channel {
+                Channel::Http => "http",
+                Channel::Ssh => "ssh",
+            };
+            ctx.conn()
+                .prepare_cached(
+                    "INSERT INTO invocations
+                     (id, accepted_seq, accepted_at_ms, channel, target, session_id, idempotency_key)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                )?
+                .execute(params![
+                    new.invocation_id,
+                    appended.seq as i64,
+                    ctx.now_ms(),
+                    channel,
+                    new.target,
+                    new.session,
+                    new.idempotency_key
+                ])?;
+            Ok(appended)
+        })
+    }
+
+    /// Appends one event to an existing invocation, checked against its projection;
+    /// durable events return only after fsync.
+    pub fn append(&self, invocation_id: &str, body: EventBody) -> Result<Appended, JournalError> {
+        let id = invocation_id.to_string();
+        self.write(body.must_be_durable(), move |ctx| {
+            ctx.append_checked(&id, &body)
+        })
+    }
+
+    /// Takes the lease for the next attempt. Fails with `LeaseHeld` while another holder's
+    /// lease is live.
+    pub fn start_attempt(
+        &self,
+        invocation_id: &str,
+        holder: &str,
+        ttl_ms: i64,
+    ) -> Result<Appended, JournalError> {
+        let id = invocation_id.to_string();
+        let holder = holder.to_string();
+        self.write(false, move |ctx| {
+            let now = ctx.now_ms();
+            let lease: Option<(i64, String, i64)> = ctx
+                .conn()
+                .query_row(
+                    "SELECT generation, holder, expires_at_ms FROM leases WHERE invocation_id = ?1",
+                    [&id],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                )
+                .optional()?;
+            if let Some((_, current, until)) = &lease {
+                if *until > now && *current != holder {
+                    return Err(JournalError::LeaseHeld {
+                        invocation_id: id,
+                        until_ms: *until,
+                    });
+                }
+            }
+            reap_expired(ctx, &id)?;
+            let projection = ctx.projection(&id)?;
+            let generation = projection.attempt.generation + 1;
+            let expires = now.saturating_add(ttl_ms);
+            let appended = ctx.append_checked(
+                &id,
+                &EventBody::AttemptStarted {
+                    generation,
+                    holder: holder.clone(),
+                    lease_expires_at_ms: expires,
+                },
+            )?;
+            ctx.conn()
+                .prepare_cached(
+                    "INSERT INTO leases (invocation_id, generation, holder, expires_at_ms)
+                     VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT (invocation_id) DO UPDATE SET
+                       generation = excluded.generation, holder = excluded.holder,
+                       expires_at_ms = excluded.expires_at_ms",
+                )?
+                .execute(params![id, generation, holder, expires])?;
+            Ok(appended)
+        })
+    }
+
+    /// Closes the current attempt if its lease expired before it ended, recording what
+    /// it proves (unknown if it dispatched, not_attempted otherwise). Returns whether it
+    /// closed one.
+    pub fn reap_expired(&self, invocation_id: &str) -> Result<bool, JournalError> {
+        let id = invocation_id.to_string();
+        self.write(true, move |ctx| reap_expired(ctx, &id))
+    }
+
+    /// Appends DISPATCH_STARTED (fsynced) if and only if `generation` still holds a live
+    /// lease, the fingerprint is the bound one and the retry budget allows another
+    /// dispatch. The checks and the append are one transaction, so a holder whose lease
+    /// expired is stopped here, before any byte is sent.
+    pub fn dispatch_started(
+        &self,
+        invocation_id: &str,
+        generation: u32,
+        fingerprint: &str,
+        connection_id: Option<String>,
+        peer_identity: Option<String>,
+    ) -> Result<Appended, JournalError> {
+        let id = invocation_id.to_string();
+        let body = EventBody::DispatchStarted {
+            generation,
+            fingerprint: fingerprint.to_string(),
+            connection_id,
+            peer_identity,
+        };
+        self.write(true, move |ctx| {
+            let now = ctx.now_ms();
+            let lease: Option<(u32, i64)> = ctx
+                .conn()
+                .query_row(
+                    "SELECT generation, expires_at_ms FROM leases WHERE invocation_id = ?1",
+                    [&id],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()?;
+            match lease {
+                Some((current, until)) if current == generation && until > now => {}
+                _ => {
+                    return Err(JournalError::LeaseLost {
+                        invocation_id: id,
+                        generation,
+                    });
+                }
+            }
+            let projection = ctx.projection(&id)?;
+            let budget = projection.operation.as_ref().map_or(1, |o| o.retry_budget);
+            if projection.dispatches >= budget {
+                return Err(JournalError::BudgetExhausted {
+                    invocation_id: id,
+                    budget,
+                });
+            }
+            ctx.append_checked(&id, &body)
+        })
+    }
+
+    /// Stores a settled result and appends RESULT_COMMITTED in one fsynced transaction.
+    pub fn commit_result(
+        &self,
+        invocation_id: &str,
+        result: ResultToStore,
+        settle: Settle,
+    ) -> Result<Appended, JournalError> {
+        let id = invocation_id.to_string();
+        self.write(true, move |ctx| results::commit(ctx, &id, &result, &settle))
+    }
+
+    /// All events of one invocation, in sequence order.
+    pub fn events(&self, invocation_id: &str) -> Result<Vec<Event>, JournalError> {
+        let conn = self.inner.reader.lock().map_err(|_| JournalError::Closed)?;
+        load_events(&conn, invocation_id)
+    }
+
+    /// The current status of one invocation.
+    pub fn projection(&self, invocation_id: &str) -> Result<Projection, JournalError> {
+        let events = self.events(invocation_id)?;
+        if events.is_empty() {
+            return Err(JournalError::UnknownInvocation(invocation_id.to_string()));
+        }
+        Ok(Projection::fold(invocation_id, &events)?)
+    }
+
+    /// Reads a stored result back, checking its completeness marker and digest.
+    pub fn read_result(&self, result_id: &str) -> Result<StoredResult, JournalError> {
+        let conn = self.inner.reader.lock().map_err(|_| JournalError::Closed)?;
+        results::read(&conn, result_id)
+    }
+
+    /// Finds an invocation by target and idempotency key.
+    pub fn find_by_idempotency_key(
+        &self,
+        target: &str,
+        key: &str,
+    ) -> Result<Option<String>, JournalError> {
+        let conn = self.inner.reader.lock().map_err(|_| JournalError::Closed)?;
+        Ok(conn
+            .query_row(
+                "SELECT id FROM invocations WHERE target = ?1 AND idempotency_key = ?2
+                 ORDER BY accepted_seq LIMIT 1",
+                [target, key],
+                |r| r.get(0),
+            )
+            .optional()?)
+    }
+
+    /// Invocations whose last attempt never reached a terminal record: what a crash
+    /// interrupted.
+    pub fn interrupted(&self) -> Result<Vec<Projection>, JournalError> {
+        let ids: Vec<String> = {
+            let conn = self.inner.reader.lock().map_err(|_| JournalError::Closed)?;
+            let mut stmt = conn.prepare(
+                "SELECT invocation_id FROM events WHERE seq IN
+                   (SELECT max(seq) FROM events GROUP BY invocation_id)
+                 AND kind NOT IN ('RESULT_COMMITTED', 'RESULT_DELIVERED', 'DELIVERY_FAILED',
+                                  'FAILED', 'RECONCILED', 'RETRY_MANIFEST', 'IMPORTED_EVIDENCE')
+                 ORDER BY seq",
+            )?;
+            stmt.query_map([], |r| r.get(0))?
+                .collect::<Result<_, _>>()?
+        };
+        let mut out = Vec::new();
+        for id in ids {
+            let p = self.projection(&id)?;
+            if !p.terminal {
+                out.push(p);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Closes every interrupted invocation with a FAILED record that says what the
+    /// evidence proves: unknown after dispatch, not_attempted before. Run at startup.
+    pub fn recover_interrupted(&self) -> Result<Vec<String>, JournalError> {
+        let now = self.now_ms();
+        let mut closed = Vec::new();
+        for p in self.interrupted()? {
+            let (code, retry, message) = if p.attempt.dispatched {
+                (
+                    Code::RemoteOutcomeUnknown,
+                    p.retry(now),
+                    "The broker stopped after dispatch and before a complete response; the remote may have acted.",
+                )
+            } else {
+                (
+                    Code::BrokerInterrupted,
+                    Retry::Backoff,
+                    "The broker stopped before dispatch; nothing was sent.",
+                )
+            };
+            let outcome = if p.attempt.dispatched {
+                Outcome::Unknown
+            } else {
+                Outcome::NotAttempted
+            };
+            let body = EventBody::Failed {
+                phase: p.phase,
+                outcome,
+                retry,
+                code,
+                message: message.to_string(),
+            };
+            self.append(&p.invocation_id, body)?;
+            closed.push(p.invocation_id);
+        }
+        Ok(closed)
+    }
+
+    /// Stops the writer after it has drained, signing a final checkpoint.
+    pub fn close(self) -> Result<(), JournalError> {
+        self.inner.shutdown()
+    }
+}
+
+use crate::contract::{Code, Outcome, Phase, Retry};
+
+impl Inner {
+    fn shutdown(&self) -> Result<(), JournalError> {
+        if let Ok(mut sender) = self.sender.lock() {
+            sender.take();
+        }
+        let handle = self.writer.lock().map_err(|_| JournalError::Closed)?.take();
+        if let Some(handle) = handle {
+            handle
+                .join()
+                .map_err(|_| JournalError::Storage("journal writer panicked".into()))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // A clean shutdown signs a final checkpoint; errors have nowhere to go here.
+        let _ = self.shutdown();
+    }
+}
+
+fn reap_expired(ctx: &mut WriteCtx<'_>, id: &str) -> Result<bool, JournalError> {
+    let p = ctx.projection(id)?;
+    if p.attempt.generation == 0 || p.attempt.closed {
+        return Ok(false);
+    }
+    let until: Option<i64> = ctx
+        .conn()
+        .query_row(
+            "SELECT expires_at_ms FROM leases WHERE invocation_id = ?1",
+            [id],
+            |r| r.get(0),
+        )
+        .optional()?;
+    if until.is_some_and(|u| u > ctx.now_ms()) {
+        return Ok(false);
+    }
+    let body = if p.attempt.dispatched {
+        EventBody::Failed {
+            phase: Phase::RemoteExecution,
+            outcome: Outcome::Unknown,
+            retry: p.retry(ctx.now_ms()),
+            code: Code::RemoteOutcomeUnknown,
+            message: "The attempt's lease expired after dispatch and before a complete response; the remote may have acted.".into(),
+        }
+    } else {
+        EventBody::Failed {
+            phase: p.phase,
+            outcome: Outcome::NotAttempted,
+            retry: Retry::Backoff,
+            code: Code::BrokerInterrupted,
+            message: "The attempt's lease expired before dispatch; nothing was sent.".into(),
+        }
+    };
+    ctx.append_checked(id, &body)?;
+    Ok(true)
+}
+
+fn chain_tail(conn: &Connection) -> Result<(u64, [u8; 32]), JournalError> {
+    let tail: Option<(i64, Vec<u8>)> = conn
+        .query_row(
+            "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    match tail {
+        None => Ok((0, GENESIS)),
+        Some((seq, hash)) => {
+            let head: [u8; 32] = hash
+                .try_into()
+                .map_err(|_| JournalError::Storage(format!("malformed chain hash at {seq}")))?;
+            Ok((u64::try_from(seq).unwrap_or(0), head))
+        }
+    }
+}
+
+struct WriterState {
+    conn: Connection,
+    pos: ChainPos,
+    hasher: ChainHasher,
+    clock: Arc<dyn Clock>,
+    signing_key: SigningKey,
+    checkpoint_every: u64,
+    witness: PathBuf,
+    last_checkpoint_seq: u64,
+    /// The synchronous mode currently set, to avoid re-issuing the pragma.
+    sync_full: Option<bool>,
+}
+
+impl WriterState {
+    fn run(mut self, receiver: Receiver<Job>) {
+        self.last_checkpoint_seq = self
+            .conn
+            .query_row("SELECT coalesce(max(seq), 0) FROM checkpoints", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .map(|s| u64::try_from(s).unwrap_or(0))
+            .unwrap_or(0);
+        while let Ok(first) = receiver.recv() {
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match receiver.try_recv() {
+                    Ok(job) => batch.push(job),
+                    Err(_) => break,
+                }
+            }
+            self.run_batch(batch);
+        }
+        // Clean shutdown: sign where the chain ends, if anything is unsigned.
+        if self.pos.last_seq > self.last_checkpoint_seq {
+            let now = self.clock.now_ms();
+            let cp = Checkpoint::sign(
+                &self.signing_key,
+                self.pos.last_seq,
+                self.pos.head,
+                self.pos.last_seq,
+                now,
+            );
+            if self.set_sync(true).is_ok() && insert_checkpoint(&self.conn, &cp).is_ok() {
+                self.write_witness(&cp);
+            }
+        }
+    }
+
+    fn set_sync(&mut self, full: bool) -> Result<(), rusqlite::Error> {
+        if self.sync_full != Some(full) {
+            let mode = if full { "FULL" } else { "NORMAL" };
+            self.conn
+                .execute_batch(&format!("PRAGMA synchronous = {mode}"))?;
+            self.sync_full = Some(full);
+        }
+        Ok(())
+    }
+
+    fn run_batch(&mut self, batch: Vec<Job>) {
+        let durable = batch.iter().any(|j| j.durable);
+        let start = self.pos;
+        let now_ms = self.clock.now_ms();
+        let mut finishes: Vec<Finish> = Vec::with_capacity(batch.len());
+        let mut checkpoint = None;
+
+        let begun = self
+            .set_sync(durable)
+            .and_then(|_| self.conn.execute_batch("BEGIN IMMEDIATE"));
+        if let Err(e) = begun {
+            for job in batch {
+                // The job never ran; tell its caller why.
+                let outcome = (job.run)(None);
+                (outcome.finish)(Err(JournalError::Storage(e.to_string())));
+            }
+            return;
+        }
+
+        for job in batch {
+            let before = self.pos;
+            let savepoint = self.conn.execute_batch("SAVEPOINT job");
+            let mut ctx = WriteCtx {
+                conn: &self.conn,
+                pos: before,
+                hasher: &mut self.hasher,
+                now_ms,
+                checkpoint_every: self.checkpoint_every,
+                signing_key: &self.signing_key,
+                checkpoint: None,
+            };
+            let outcome = (job.run)(Some(&mut ctx));
+            let (pos, cp) = (ctx.pos, ctx.checkpoint.take());
+            let kept =
+                savepoint.is_ok() && outcome.ok && self.conn.execute_batch("RELEASE job").is_ok();
+            if kept {
+                self.pos = pos;
+                if cp.is_some() {
+                    checkpoint = cp;
+                }
+            } else {
+                // Undo only this job's writes; the chain position stays where it was.
+                let _ = self.conn.execute_batch("ROLLBACK TO job; RELEASE job");
+                self.pos = before;
+            }
+            finishes.push(outcome.finish);
+        }
+
+        match self.conn.execute_batch("COMMIT") {
+            Ok(()) => {
+                if let Some(cp) = checkpoint {
+                    self.last_checkpoint_seq = cp.seq;
+                    self.write_witness(&cp);
+                }
+                for finish in finishes {
+                    finish(Ok(()));
+                }
+            }
+            Err(e) => {
+                let _ = self.conn.execute_batch("ROLLBACK");
+                self.pos = start;
+                for finish in finishes {
+                    finish(Err(JournalError::Storage(format!("commit failed: {e}"))));
+                }
+            }
+        }
+    }
+
+    /// Replaces the witness file atomically (write, fsync, rename). Best effort: the
+    /// signed checkpoint rows in the database remain the primary record.
+    fn write_witness(&self, cp: &Checkpoint) {
+        use std::io::Write;
+        let Ok(text) = serde_json::to_vec(cp) else {
+            return;
+        };
+        let tmp = self.witness.with_extension("checkpoint.tmp");
+        let written = std::fs::File::create(&tmp).and_then(|mut f| {
+            f.write_all(&text)?;
+            f.sync_all()
+        });
+        if written.is_ok() {
+            let _ = std::fs::rename(&tmp, &self.witness);
+        }
+    }
+}

@@ -1,0 +1,604 @@
+//! The current status of an invocation, folded from its events.
+//!
+//! The fold refuses impossible transitions rather than papering over them, so the same
+//! code guards appends (the writer refuses an event the projection rejects) and reads (a
+//! tampered or corrupt record surfaces as an error, not a plausible status). The rules
+//! are seed 000's: after DISPATCH_STARTED the outcome is `unknown` until authoritative
+//! evidence settles it and never `not_attempted`; `unknown` may become `rejected` or
+//! `committed`; `committed` never changes.
+
+use crate::contract::{
+    AttemptEvidence, Code, ConfidenceSource, Envelope, ErrorBody, Evidence, Outcome, Phase,
+    RemoteContract, Retry,
+};
+use crate::journal::events::{Channel, Event, EventBody, OperationFacts, ResultFacts, Settlement};
+use crate::retry::{RecordFacts, disposition_for_unknown};
+
+/// Why an event cannot follow the ones before it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invocation {invocation_id}: {kind} at sequence {seq} is impossible here: {reason}")]
+pub struct ProjectionError {
+    pub invocation_id: String,
+    pub seq: u64,
+    pub kind: &'static str,
+    pub reason: &'static str,
+}
+
+/// Markers of the current attempt (seed 000, "Dispatch changes the burden of proof").
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AttemptMarkers {
+    pub generation: u32,
+    pub dispatched: bool,
+    pub dispatch_seq: Option<u64>,
+    pub headers_sent: bool,
+    pub request_complete: bool,
+    pub response_headers_received: bool,
+    pub response_complete: bool,
+    /// The attempt ended (settled or failed); no further transport events belong to it.
+    pub closed: bool,
+    pub connection_id: Option<String>,
+    pub peer_identity: Option<String>,
+    pub remote_request_id: Option<String>,
+    pub http_status: Option<u16>,
+    pub response_digest: Option<String>,
+}
+
+/// The folded status of one invocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Projection {
+    pub invocation_id: String,
+    pub channel: Option<Channel>,
+    pub target: Option<String>,
+    pub summary: Option<String>,
+    pub session: Option<String>,
+    pub phase: Phase,
+    pub outcome: Outcome,
+    /// The retry disposition recorded by the last terminal event, if any. For an
+    /// unsettled unknown outcome, [`Projection::retry`] derives it from the operation.
+    recorded_retry: Option<Retry>,
+    pub code: Option<Code>,
+    pub message: Option<String>,
+    pub fingerprint: Option<String>,
+    pub operation: Option<OperationFacts>,
+    pub credential: Option<(String, String)>,
+    pub approved: bool,
+    pub denied: bool,
+    /// Some attempt of this invocation crossed dispatch. Sticky.
+    pub ever_dispatched: bool,
+    /// Total dispatches, counted against the retry budget.
+    pub dispatches: u32,
+    pub attempt: AttemptMarkers,
+    pub attempts: Vec<AttemptEvidence>,
+    /// The generation a retry manifest authorized, if one is outstanding.
+    pub authorized_generation: Option<u32>,
+    pub result_id: Option<String>,
+    pub result_facts: Option<ResultFacts>,
+    pub confidence: Option<ConfidenceSource>,
+    pub redactions: u32,
+    pub delivered: bool,
+    pub delivery_failed: bool,
+    /// The attempt or the invocation reached a terminal record.
+    pub terminal: bool,
+    pub reconciled: Option<Settlement>,
+    pub last_seq: u64,
+}
+
+impl Projection {
+    fn empty(invocation_id: &str) -> Self {
+        Projection {
+            invocation_id: invocation_id.to_string(),
+            channel: None,
+            target: None,
+            summary: None,
+            session: None,
+            phase: Phase::Validation,
+            outcome: Outcome::NotAttempted,
+            recorded_retry: None,
+            code: None,
+            message: None,
+            fingerprint: None,
+            operation: None,
+            credential: None,
+            approved: false,
+            denied: false,
+            ever_dispatched: false,
+            dispatches: 0,
+            attempt: AttemptMarkers::default(),
+            attempts: Vec::new(),
+            authorized_generation: None,
+            result_id: None,
+            result_facts: None,
+            confidence: None,
+            redactions: 0,
+            delivered: false,
+            delivery_failed: false,
+            terminal: false,
+            reconciled: None,
+            last_seq: 0,
+        }
+    }
+
+    /// Folds a whole event list; the first impossible event is an error.
+    pub fn fold<'a>(
+        invocation_id: &str,
+        events: impl IntoIterator<Item = &'a Event>,
+    ) -> Result<Self, ProjectionError> {
+        let mut p = Projection::empty(invocation_id);
+        for event in events {
+            p.apply(event.seq, &event.body)?;
+        }
+        Ok(p)
+    }
+
+    /// A projection with no events yet, for validating the first append.
+    pub fn new(invocation_id: &str) -> Self {
+        Projection::empty(invocation_id)
+    }
+
+    /// Whether any event has been applied.
+    pub fn exists(&self) -> bool {
+        self.channel.is_some()
+    }
+
+    /// Applies one event, or explains why it cannot follow the current state. On error
+    /// the projection is unchanged.
+    pub fn apply(&mut self, seq: u64, body: &EventBody) -> Result<(), ProjectionError> {
+        let mut next = self.clone();
+        next.apply_in_place(seq, body)?;
+        *self = next;
+        Ok(())
+    }
+
+    fn refuse(&self, seq: u64, body: &EventBody, reason: &'static str) -> ProjectionError {
+        ProjectionError {
+            invocation_id: self.invocation_id.clone(),
+            seq,
+            kind: body.kind(),
+            reason,
+        }
+    }
+
+    fn apply_in_place(&mut self, seq: u64, body: &EventBody) -> Result<(), ProjectionError> {
+        let refuse = |p: &Projection, reason| Err(p.refuse(seq, body, reason));
+        if seq <= self.last_seq {
+            return refuse(self, "sequence numbers must increase");
+        }
+        let accepted = self.exists();
+        if !accepted && !matches!(body, EventBody::ActionAccepted { .. }) {
+            return refuse(self, "the first event must be ACTION_ACCEPTED");
+        }
+        let attempt_open = self.attempt.generation > 0 && !self.attempt.closed;
+        match body {
+            EventBody::ActionAccepted {
+                channel,
+                target,
+                summary,
+                session,
+            } => {
+                if accepted {
+                    return refuse(self, "an invocation is accepted once");
+                }
+                self.channel = Some(*channel);
+                self.target = Some(target.clone());
+                self.summary = Some(summary.clone());
+                self.session = session.clone();
+            }
+            EventBody::PreflightValidated {
+                fingerprint,
+                operation,
+                ..
+            } => {
+                // Bound values never change: a changed request is a new invocation.
+                if self.fingerprint.is_some() {
+                    return refuse(self, "the configuration snapshot is bound once");
+                }
+                if self.terminal {
+                    return refuse(self, "the invocation already ended");
+                }
+                self.fingerprint = Some(fingerprint.clone());
+                self.operation = Some(operation.clone());
+            }
+            EventBody::ApprovalRequested { fingerprint, .. }
+            | EventBody::ApprovalGranted { fingerprint, .. }
+            | EventBody::ApprovalDenied { fingerprint, .. } => {
+                if self.fingerprint.as_deref() != Some(fingerprint.as_str()) {
+                    return refuse(self, "an approval must name the bound fingerprint");
+                }
+                if self.ever_dispatched {
+                    return refuse(self, "approval comes before dispatch");
+                }
+                self.phase = Phase::CredentialInjection;
+                match body {
+                    EventBody::ApprovalGranted { .. } => self.approved = true,
+                    EventBody::ApprovalDenied { .. } => self.denied = true,
+                    _ => {}
+                }
+            }
+            EventBody::CredentialAuthorized {
+                credential_id,
+                credential_version,
+            } => {
+                if self.fingerprint.is_none() {
+                    return refuse(self, "credentials are authorized after preflight");
+                }
+                if self.denied {
+                    return refuse(self, "the invocation was denied");
+                }
+                if self.terminal && self.authorized_generation.is_none() {
+                    return refuse(self, "the invocation already ended");
+                }
+                if self.phase < Phase::CredentialInjection {
+                    self.phase = Phase::CredentialInjection;
+                }
+                self.credential = Some((credential_id.clone(), credential_version.clone()));
+            }
+            EventBody::AttemptStarted { generation, .. } => {
+                if self.credential.is_none() {
+                    return refuse(self, "an attempt needs an authorized credential");
+                }
+                if attempt_open {
+                    return refuse(self, "the previous attempt is still open");
+                }
+                if *generation != self.attempt.generation + 1 {
+                    return refuse(self, "attempt generations increase by one");
+                }
+                if self.outcome == Outcome::Committed {
+                    return refuse(self, "a committed invocation is never attempted again");
+                }
+                // Once the invocation has ended, only a manifest can reopen it.
+                if self.terminal && self.authorized_generation != Some(*generation) {
+                    return refuse(self, "a retry needs a retry manifest that allows it");
+                }
+                self.attempt = AttemptMarkers {
+                    generation: *generation,
+                    ..Default::default()
+                };
+                self.authorized_generation = None;
+                self.terminal = false;
+                self.recorded_retry = None;
+                self.code = None;
+                self.message = None;
+            }
+            EventBody::ConnectionAttempt {
+                n,
+                stage,
+                outcome,
+                code,
+            } => {
+                if !attempt_open {
+                    return refuse(self, "connection attempts belong to an open attempt");
+                }
+                if self.attempt.dispatched {
+                    return refuse(self, "connection setup ends before dispatch");
+                }
+                if *outcome != Outcome::NotAttempted {
+                    return refuse(self, "connection setup can only prove not_attempted");
+                }
+                self.phase = Phase::ConnectionSetup;
+                self.attempts.push(AttemptEvidence {
+                    n: *n,
+                    stage: *stage,
+                    outcome: *outcome,
+                    code: *code,
+                });
+            }
+            EventBody::DispatchStarted {
+                generation,
+                fingerprint,
+                connection_id,
+                peer_identity,
+            } => {
+                if !attempt_open || *generation != self.attempt.generation {
+                    return refuse(self, "dispatch belongs to the current open attempt");
+                }
+                if self.attempt.dispatched {
+                    return refuse(self, "an attempt dispatches once");
+                }
+                if self.fingerprint.as_deref() != Some(fingerprint.as_str()) {
+                    return refuse(self, "dispatch must carry the bound fingerprint");
+                }
+                self.phase = Phase::RemoteExecution;
+                self.outcome = Outcome::Unknown;
+                self.ever_dispatched = true;
+                self.dispatches += 1;
+                self.confidence = None;
+                self.result_id = None;
+                self.result_facts = None;
+                self.attempt.dispatched = true;
+                self.attempt.dispatch_seq = Some(seq);
+                self.attempt.connection_id = connection_id.clone();
+                self.attempt.peer_identity = peer_identity.clone();
+            }
+            EventBody::RequestSent {
+                headers_sent,
+                body_complete,
+            } => {
+                if !attempt_open || !self.attempt.dispatched {
+                    return refuse(self, "request markers follow dispatch");
+                }
+                self.attempt.headers_sent |= *headers_sent;
+                self.attempt.request_complete |= *body_complete;
+            }
+            EventBody::RemoteResponseStarted {
+                http_status,
+                remote_request_id,
+            } => {
+                if !attempt_open || !self.attempt.dispatched {
+                    return refuse(self, "a response follows dispatch");
+                }
+                if self.attempt.response_headers_received {
+                    return refuse(self, "the final response starts once");
+                }
+                if http_status.is_some_and(|s| s < 200) {
+                    return refuse(self, "1xx responses never settle anything");
+                }
+                self.attempt.response_headers_received = true;
+                self.attempt.http_status = *http_status;
+                self.attempt.remote_request_id = remote_request_id.clone();
+            }
+            EventBody::RemoteResponseComplete { digest } => {
+                if !attempt_open || !self.attempt.response_headers_received {
+                    return refuse(self, "a response completes after it started");
+                }
+                self.attempt.response_complete = true;
+                self.attempt.response_digest = Some(digest.clone());
+            }
+            EventBody::ResultCommitted {
+                outcome,
+                code,
+                retry,
+                result_id,
+                facts,
+                confidence,
+                redactions,
+                ..
+            } => {
+                if !attempt_open || !self.attempt.response_complete {
+                    return refuse(self, "only a complete response settles an attempt");
+                }
+                if !matches!(outcome, Outcome::Committed | Outcome::Rejected) {
+                    return refuse(self, "a stored result is committed or rejected");
+                }
+                self.outcome = *outcome;
+                self.recorded_retry = Some(*retry);
+                self.code = *code;
+                self.result_id = Some(result_id.clone());
+                self.result_facts = Some(facts.clone());
+                self.confidence = Some(*confidence);
+                self.redactions = *redactions;
+                self.attempt.closed = true;
+                self.terminal = true;
+            }
+            EventBody::ResultDelivered => {
+                if !self.terminal {
+                    return refuse(self, "only an ended invocation is delivered");
+                }
+                self.delivered = true;
+                self.delivery_failed = false;
+            }
+            EventBody::DeliveryFailed { code, message } => {
+                if !self.terminal {
+                    return refuse(self, "only an ended invocation is delivered");
+                }
+                self.delivery_failed = true;
+                self.phase = Phase::ResultDelivery;
+                self.code = Some(*code);
+                self.message = Some(message.clone());
+            }
+            EventBody::Failed {
+                phase,
+                outcome,
+                retry,
+                code,
+                message,
+            } => {
+                if self.terminal && !attempt_open && self.authorized_generation.is_none() {
+                    return refuse(self, "the invocation already ended");
+                }
+                if attempt_open && self.attempt.dispatched {
+                    // After dispatch only a stored, complete result may settle; a
+                    // failure leaves the outcome unknown.
+                    if *outcome != Outcome::Unknown {
+                        return refuse(self, "a failure after dispatch leaves the outcome unknown");
+                    }
+                } else if *outcome != Outcome::NotAttempted {
+                    return refuse(self, "a failure before dispatch proves not_attempted");
+                } else if matches!(phase, Phase::RemoteExecution | Phase::ResultDelivery) {
+                    return refuse(self, "nothing was dispatched in this attempt");
+                }
+                // An earlier attempt's dispatch keeps the invocation unknown (or its
+                // settled rejection): this attempt's not_attempted cannot undo it.
+                if !self.ever_dispatched {
+                    self.outcome = Outcome::NotAttempted;
+                } else if self.attempt.dispatched && attempt_open {
+                    self.outcome = Outcome::Unknown;
+                }
+                self.phase = *phase;
+                self.recorded_retry = Some(*retry);
+                self.code = Some(*code);
+                self.message = Some(message.clone());
+                self.confidence = Some(ConfidenceSource::TransportObserved);
+                if attempt_open {
+                    self.attempt.closed = true;
+                }
+                self.authorized_generation = None;
+                self.terminal = true;
+            }
+            EventBody::RetryManifest {
+                for_generation,
+                decision,
+                ..
+            } => {
+                if attempt_open {
+                    return refuse(self, "a retry manifest follows an ended attempt");
+                }
+                if *for_generation != self.attempt.generation + 1 {
+                    return refuse(self, "a manifest authorizes the next generation");
+                }
+                if decision.starts_attempt() {
+                    if self.outcome == Outcome::Committed {
+                        return refuse(self, "a committed invocation is never retried");
+                    }
+                    self.authorized_generation = Some(*for_generation);
+                }
+            }
+            EventBody::Reconciled {
+                source,
+                settlement,
+                note,
+                ..
+            } => {
+                if self.outcome != Outcome::Unknown || attempt_open {
+                    return refuse(
+                        self,
+                        "only an ended attempt with an unknown outcome is reconciled",
+                    );
+                }
+                if !matches!(
+                    source,
+                    ConfidenceSource::RemoteQuery | ConfidenceSource::OperatorAttested
+                ) {
+                    return refuse(self, "reconciliation comes from a query or an operator");
+                }
+                let (outcome, code, retry) = match settlement {
+                    Settlement::Committed => {
+                        (Outcome::Committed, Code::ReconciledCommitted, Retry::Never)
+                    }
+                    Settlement::NotApplied => (
+                        Outcome::Rejected,
+                        Code::ReconciledNotApplied,
+                        Retry::Backoff,
+                    ),
+                };
+                self.outcome = outcome;
+                self.code = Some(code);
+                self.recorded_retry = Some(retry);
+                self.message = Some(note.clone());
+                self.confidence = Some(*source);
+                self.reconciled = Some(*settlement);
+                self.terminal = true;
+            }
+            EventBody::ImportedEvidence { .. } => {}
+        }
+        self.last_seq = seq;
+        Ok(())
+    }
+
+    /// The retry disposition now. A recorded disposition wins, except that a settled
+    /// result that failed delivery is fetched, never re-run; an unknown outcome with no
+    /// recorded disposition (the broker died mid-flight) is derived from the bound
+    /// operation facts.
+    pub fn retry(&self, now_ms: i64) -> Retry {
+        if self.delivery_failed && self.result_id.is_some() {
+            return Retry::FetchResult;
+        }
+        if self.outcome == Outcome::Unknown {
+            let derived = self.unknown_disposition(now_ms);
+            return match self.recorded_retry {
+                // A recorded same-key disposition expires with the key.
+                Some(Retry::SameIdempotencyKey) | None => derived,
+                Some(recorded) => recorded,
+            };
+        }
+        self.recorded_retry.unwrap_or(Retry::Backoff)
+    }
+
+    fn unknown_disposition(&self, now_ms: i64) -> Retry {
+        match &self.operation {
+            Some(op) => disposition_for_unknown(
+                op.idempotent,
+                op.remote_contract,
+                op.idempotency.as_ref().and_then(|i| i.expires_at_ms),
+                op.idempotency.is_some(),
+                now_ms,
+            ),
+            None => Retry::Reconcile,
+        }
+    }
+
+    /// The code that describes the current state: the recorded one, or for an
+    /// interrupted record the one its evidence supports.
+    pub fn effective_code(&self) -> Option<Code> {
+        if self.code.is_some() {
+            return self.code;
+        }
+        if self.outcome == Outcome::Unknown && !self.terminal {
+            return Some(Code::RemoteOutcomeUnknown);
+        }
+        None
+    }
+
+    /// The evidence block of the envelope.
+    pub fn evidence(&self) -> Evidence {
+        let facts = self.result_facts.clone().unwrap_or_default();
+        Evidence {
+            dispatch_started: self.attempt.dispatched,
+            request_headers_sent: self.attempt.headers_sent,
+            request_complete: self.attempt.request_complete,
+            response_headers_received: self.attempt.response_headers_received,
+            response_complete: self.attempt.response_complete,
+            attempts: self.attempts.clone(),
+            idempotency: self.operation.as_ref().and_then(|o| o.idempotency.clone()),
+            fingerprint: self.fingerprint.clone(),
+            dispatch_sequence: self.attempt.dispatch_seq,
+            journal_sequence: self.last_seq,
+            attempt_generation: self.attempt.generation,
+            connection_id: self.attempt.connection_id.clone(),
+            peer_identity: self.attempt.peer_identity.clone(),
+            remote_request_id: facts
+                .remote_request_id
+                .clone()
+                .or_else(|| self.attempt.remote_request_id.clone()),
+            http_status: facts.http_status.or(self.attempt.http_status),
+            response_digest: self.attempt.response_digest.clone(),
+            exit_status: facts.exit_status,
+            exit_signal: facts.exit_signal,
+            result_record_id: self.result_id.clone(),
+            confidence: self.confidence,
+            redactions: self.redactions,
+        }
+    }
+
+    /// The public envelope, when the current state carries a code (a failure, an
+    /// unsettled dispatch, a delivery failure, a settled error status).
+    pub fn envelope(&self, now_ms: i64) -> Option<Envelope> {
+        let code = self.effective_code()?;
+        let message = self
+            .message
+            .clone()
+            .unwrap_or_else(|| code.spec().meaning.to_string());
+        Some(Envelope {
+            invocation_id: self.invocation_id.clone(),
+            error: ErrorBody {
+                code,
+                phase: self.phase,
+                outcome: self.outcome,
+                retry: self.retry(now_ms),
+                message,
+            },
+            evidence: self.evidence(),
+        })
+    }
+
+    /// The facts `retry::decide` reads.
+    pub fn record_facts(&self, now_ms: i64) -> RecordFacts {
+        let op = self.operation.as_ref();
+        RecordFacts {
+            invocation_id: self.invocation_id.clone(),
+            last_seq: self.last_seq,
+            outcome: self.outcome,
+            retry: self.retry(now_ms),
+            code: self.effective_code(),
+            fingerprint: self.fingerprint.clone().unwrap_or_default(),
+            idempotent: op.is_some_and(|o| o.idempotent),
+            remote_contract: op.map_or(RemoteContract::None, |o| o.remote_contract),
+            idempotency_key: op.and_then(|o| o.idempotency.as_ref().map(|i| i.key.clone())),
+            idempotency_expires_at_ms: op
+                .and_then(|o| o.idempotency.as_ref().and_then(|i| i.expires_at_ms)),
+            reconcile_configured: op.is_some_and(|o| o.reconcile_configured),
+            attempts_used: self.dispatches,
+            retry_budget: op.map_or(1, |o| o.retry_budget),
+            not_before_ms: None,
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! The retry decision (seed 000, "Retry code should be boring and testable") and the
+//! retry manifest (seed 003): what a caller may do with a recorded invocation, and a
+//! digest that binds the evidence the decision used.
+//!
+//! `decide` consumes the disposition already derived from evidence. It never upgrades an
+//! unsafe disposition because a failure looks temporary; it only narrows (a spent budget
+//! or an expired idempotency key turns a retry into reconciliation).
+
+use serde::{Deserialize, Serialize};
+
+use crate::contract::{Code, Outcome, RemoteContract, Retry};
+
+/// What to do next with a recorded invocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    /// Read the stored result; never re-run.
+    Fetch,
+    /// Start a new attempt (never dispatched, or known idempotent).
+    RetryNewAttempt,
+    /// Start a new attempt reusing the same idempotency key and fingerprint.
+    RetrySameKey,
+    /// Query remote state (or ask an operator) before anything else.
+    Reconcile,
+    /// The request needs correcting; repeating it unchanged is pointless.
+    StopForCorrection,
+    /// The remote refused for now; a new attempt is allowed after its delay.
+    RetryWhenAllowed,
+    /// The result is recorded; return it.
+    ReturnRecordedResult,
+    /// The retry's fingerprint differs from the recorded one under the same key.
+    IdempotencyMismatch,
+}
+
+/// Seed 003's verdict: why a retry is or is not safe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// The operation is configured idempotent for this target.
+    IdempotentSafe,
+    /// Remote state must be (or was) queried before any new attempt.
+    QueryFirstRequired,
+    /// The remote's configured de-duplication contract covers a same-key retry.
+    IdempotencyKeySafe,
+    /// The records prove the operation was not applied: never dispatched, or refused by
+    /// a complete authoritative response. (Seed 003 has no name for this case because
+    /// it only considers unobserved failures; a careful broker must still say why a
+    /// retry of a never-sent request is safe.)
+    NotApplied,
+    /// No safe basis: do not repeat.
+    Unsafe,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::IdempotentSafe => "idempotent_safe",
+            Verdict::QueryFirstRequired => "query_first_required",
+            Verdict::IdempotencyKeySafe => "idempotency_key_safe",
+            Verdict::NotApplied => "not_applied",
+            Verdict::Unsafe => "unsafe",
+        }
+    }
+}
+
+impl Decision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Fetch => "fetch",
+            Decision::RetryNewAttempt => "retry_new_attempt",
+            Decision::RetrySameKey => "retry_same_key",
+            Decision::Reconcile => "reconcile",
+            Decision::StopForCorrection => "stop_for_correction",
+            Decision::RetryWhenAllowed => "retry_when_allowed",
+            Decision::ReturnRecordedResult => "return_recorded_result",
+            Decision::IdempotencyMismatch => "idempotency_mismatch",
+        }
+    }
+
+    /// Whether this decision starts a new attempt.
+    pub fn starts_attempt(self) -> bool {
+        matches!(
+            self,
+            Decision::RetryNewAttempt | Decision::RetrySameKey | Decision::RetryWhenAllowed
+        )
+    }
+}
+
+/// The recorded facts `decide` reads, taken from the journal projection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordFacts {
+    pub invocation_id: String,
+    /// Sequence of the last event the facts reflect; binds the manifest to a state.
+    pub last_seq: u64,
+    pub outcome: Outcome,
+    pub retry: Retry,
+    pub code: Option<Code>,
+    pub fingerprint: String,
+    pub idempotent: bool,
+    pub remote_contract: RemoteContract,
+    pub idempotency_key: Option<String>,
+    pub idempotency_expires_at_ms: Option<i64>,
+    pub reconcile_configured: bool,
+    pub attempts_used: u32,
+    pub retry_budget: u32,
+    /// Earliest time a new attempt is allowed (Retry-After), unix ms.
+    pub not_before_ms: Option<i64>,
+}
+
+/// The operation a caller wants to retry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryRequest {
+    /// The fingerprint of the request as it would be sent now.
+    pub fingerprint: String,
+}
+
+/// The disposition of an unknown outcome (issue: "idempotent for this target → new
+/// attempt allowed; configured idempotency contract → same_idempotency_key; otherwise
+/// reconcile"). A key past its retention window only supports reconciliation.
+pub fn disposition_for_unknown(
+    idempotent: bool,
+    remote_contract: RemoteContract,
+    idempotency_expires_at_ms: Option<i64>,
+    has_key: bool,
+    now_ms: i64,
+) -> Retry {
+    if idempotent {
+        return Retry::Backoff;
+    }
+    let key_alive = idempotency_expires_at_ms.is_none_or(|expiry| now_ms < expiry);
+    if remote_contract == RemoteContract::Configured && has_key && key_alive {
+        return Retry::SameIdempotencyKey;
+    }
+    Retry::Reconcile
+}
+
+/// Seed 000's `decide(record, operation)`, with the budget and key-retention checks of
+/// "Idempotency is a remote contract".
+pub fn decide(record: &RecordFacts, request: &RetryRequest, now_ms: i64) -> Decision {
+    if record.retry == Retry::FetchResult {
+        return Decision::Fetch;
+    }
+    let budget_left = record.attempts_used < record.retry_budget;
+    match record.outcome {
+        Outcome::NotAttempted => {
+            if record.retry == Retry::Backoff && budget_left {
+                Decision::RetryNewAttempt
+            } else {
+                Decision::StopForCorrection
+            }
+        }
+        Outcome::Unknown => {
+            if !budget_left {
+                return Decision::Reconcile;
+            }
+            if record.idempotent {
+                return Decision::RetryNewAttempt;
+            }
+            if record.retry == Retry::SameIdempotencyKey {
+                if request.fingerprint != record.fingerprint {
+                    return Decision::IdempotencyMismatch;
+                }
+                let alive = record
+                    .idempotency_expires_at_ms
+                    .is_none_or(|expiry| now_ms < expiry);
+                if alive && record.remote_contract == RemoteContract::Configured {
+                    return Decision::RetrySameKey;
+                }
+            }
+            Decision::Reconcile
+        }
+        Outcome::Rejected if record.retry == Retry::Backoff && budget_left => {
+            Decision::RetryWhenAllowed
+        }
+        Outcome::Rejected | Outcome::Committed => Decision::ReturnRecordedResult,
+    }
+}
+
+/// Seed 003's manifest: the verdict, a directive for people, and a digest binding the
+/// evidence used (the retry safety proof). Appended to the journal before any retry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetryManifest {
+    pub invocation_id: String,
+    pub for_generation: u32,
+    pub decision: Decision,
+    pub verdict: Verdict,
+    pub directive: String,
+    /// `blake3:` + hex over the canonical encoding of the facts and the decision.
+    pub digest: String,
+}
+
+/// Builds the manifest for a decision taken on `record`.
+pub fn manifest(
+    record: &RecordFacts,
+    decision: Decision,
+    for_generation: u32,
+    now_ms: i64,
+) -> RetryManifest {
+    let (verdict, directive) = verdict_for(record, decision);
+    RetryManifest {
+        invocation_id: record.invocation_id.clone(),
+        for_generation,
+        decision,
+        verdict,
+        directive: directive.to_string(),
+        digest: manifest_digest(record, decision, verdict, for_generation, now_ms),
+    }
+}
+
+fn verdict_for(record: &RecordFacts, decision: Decision) -> (Verdict, &'static str) {
+    match decision {
+        Decision::RetryNewAttempt if record.outcome == Outcome::NotAttempted => (
+            Verdict::NotApplied,
+            "PROCEED: the records prove the request never crossed dispatch.",
+        ),
+        Decision::RetryNewAttempt => (
+            Verdict::IdempotentSafe,
+            "PROCEED: the target declares this operation idempotent.",
+        ),
+        Decision::RetrySameKey => (
+            Verdict::IdempotencyKeySafe,
+            "PROCEED: retry with the same idempotency key; the remote de-duplicates it.",
+        ),
+        Decision::RetryWhenAllowed if record.code == Some(Code::ReconciledNotApplied) => (
+            Verdict::QueryFirstRequired,
+            "PROCEED: reconciliation confirmed the operation was not applied.",
+        ),
+        Decision::RetryWhenAllowed => (
+            Verdict::NotApplied,
+            "PROCEED AFTER DELAY: the remote refused this request and asked for a later retry.",
+        ),
+        Decision::Reconcile if record.reconcile_configured => (
+            Verdict::QueryFirstRequired,
+            "HALT: query the remote state before any retry; the outcome is unknown.",
+        ),
+        Decision::Reconcile => (
+            Verdict::Unsafe,
+            "HALT: the outcome is unknown and no safe retry basis exists; an operator must check the remote system.",
+        ),
+        Decision::Fetch => (
+            Verdict::Unsafe,
+            "HALT: the result is recorded; read it with fetch_result, never by re-running.",
+        ),
+        Decision::StopForCorrection => (
+            Verdict::Unsafe,
+            "HALT: the request needs correcting; repeating it unchanged would fail again.",
+        ),
+        Decision::ReturnRecordedResult => (
+            Verdict::Unsafe,
+            "HALT: the remote outcome is settled; use the recorded result.",
+        ),
+        Decision::IdempotencyMismatch => (
+            Verdict::Unsafe,
+            "HALT: the idempotency key was recorded with a different request.",
+        ),
+    }
+}
+
+const MANIFEST_CONTEXT: &str = "postern 2026 retry-manifest v1";
+
+fn manifest_digest(
+    record: &RecordFacts,
+    decision: Decision,
+    verdict: Verdict,
+    for_generation: u32,
+    now_ms: i64,
+) -> String {
+    let mut h = blake3::Hasher::new_derive_key(MANIFEST_CONTEXT);
+    let mut field = |bytes: &[u8]| {
+        h.update(&(bytes.len() as u64).to_le_bytes());
+        h.update(bytes);
+    };
+    field(record.invocation_id.as_bytes());
+    field(&record.last_seq.to_le_bytes());
+    field(record.outcome.as_str().as_bytes());
+    field(record.retry.as_str().as_bytes());
+    field(record.code.map(Code::as_str).unwrap_or("").as_bytes());
+    field(record.fingerprint.as_bytes());
+    field(&[u8::from(record.idempotent)]);
+    field(match record.remote_contract {
+        RemoteContract::Configured => b"configured",
+        RemoteContract::None => b"none",
+    });
+    field(record.idempotency_key.as_deref().unwrap_or("").as_bytes());
+    field(&record.idempotency_expires_at_ms.unwrap_or(-1).to_le_bytes());
+    field(&[u8::from(record.reconcile_configured)]);
+    field(&record.attempts_used.to_le_bytes());
+    field(&record.retry_budget.to_le_bytes());
+    field(&record.not_before_ms.unwrap_or(-1).to_le_bytes());
+    field(&now_ms.to_le_bytes());
+    field(decision.as_str().as_bytes());
+    field(verdict.as_str().as_bytes());
+    field(&for_generation.to_le_bytes());
+    format!("blake3:{}", h.finalize().to_hex())
+}

@@ -1,0 +1,601 @@
+use std::sync::Arc;
+
+use postern_broker::clock::Clock;
+use postern_broker::contract::*;
+use postern_broker::invocation::{Recorder, StepError};
+use postern_broker::journal::events::{EventBody, ResultFacts, Settlement};
+use postern_broker::journal::{JournalError, ResultToStore, Settle};
+
+use crate::support::*;
+
+fn settle_ok() -> Settle {
+    Settle {
+        outcome: Outcome::Committed,
+        code: None,
+        retry: Retry::Never,
+        facts: ResultFacts {
+            http_status: Some(200),
+            ..Default::default()
+        },
+        confidence: ConfidenceSource::RemoteResponse,
+        redactions: 0,
+    }
+}
+
+fn result(body: Vec<u8>) -> ResultToStore {
+    ResultToStore {
+        meta: serde_json::json!({"status": 200, "headers": [["content-type", "application/json"]]}),
+        streams: vec![("body".to_string(), body)],
+    }
+}
+
+/// Drives a ready invocation through a complete, stored response.
+fn complete(rec: &Recorder, body: Vec<u8>) {
+    rec.dispatch_started(FP, Some("conn-1".into()), Some("peer".into()))
+        .unwrap();
+    rec.request_sent(true, true).unwrap();
+    rec.response_started(Some(200), None).unwrap();
+    rec.response_complete("blake3:body").unwrap();
+    rec.commit_result(result(body), settle_ok()).unwrap();
+}
+
+#[test]
+fn sequences_are_global_gap_free_and_monotonic_across_invocations() {
+    let f = Fixture::new();
+    let a = ready(&f.journal, "inv_a", false, None);
+    let b = ready(&f.journal, "inv_b", false, None);
+    complete(&a, b"one".to_vec());
+    complete(&b, b"two".to_vec());
+    let mut seqs: Vec<u64> = f
+        .journal
+        .events("inv_a")
+        .unwrap()
+        .iter()
+        .map(|e| e.seq)
+        .collect();
+    seqs.extend(f.journal.events("inv_b").unwrap().iter().map(|e| e.seq));
+    seqs.sort_unstable();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+    // Interleaved appends: b's events come after a's in global order.
+    let a_last = f.journal.events("inv_a").unwrap().last().unwrap().seq;
+    let b_first = f.journal.events("inv_b").unwrap()[0].seq;
+    assert!(b_first < a_last, "ready(b) ran before complete(a)");
+}
+
+#[test]
+fn dispatch_without_completion_projects_unknown_never_not_attempted() {
+    let f = Fixture::new();
+    let rec = ready(&f.journal, "inv_1", false, None);
+    rec.dispatch_started(FP, None, None).unwrap();
+    let p = f.journal.projection("inv_1").unwrap();
+    assert_eq!(p.outcome, Outcome::Unknown);
+    assert_eq!(p.phase, Phase::RemoteExecution);
+    let env = p.envelope(f.clock.now_ms()).unwrap();
+    assert_eq!(env.error.code, Code::RemoteOutcomeUnknown);
+    assert_eq!(env.error.retry, Retry::Reconcile);
+    assert!(env.evidence.dispatch_started);
+    assert_eq!(
+        env.evidence.dispatch_sequence,
+        Some(p.attempt.dispatch_seq.unwrap())
+    );
+}
+
+#[test]
+fn a_failure_after_dispatch_is_recorded_unknown_whatever_the_caller_claims() {
+    let f = Fixture::new();
+    let rec = ready(&f.journal, "inv_1", false, None);
+    rec.dispatch_started(FP, None, None).unwrap();
+    // A channel that thinks "connection reset" means nothing happened.
+    let appended = rec
+        .fail(
+            Phase::ConnectionSetup,
+            Code::ConnectionRefused,
+            Retry::Backoff,
+            "reset",
+        )
+        .unwrap();
+    let p = appended.projection;
+    assert_eq!(p.outcome, Outcome::Unknown);
+    assert_eq!(p.phase, Phase::RemoteExecution);
+    assert_eq!(p.retry(f.clock.now_ms()), Retry::Reconcile);
+}
+
+#[test]
+fn a_raw_failed_event_claiming_not_attempted_after_dispatch_is_refused() {
+    let f = Fixture::new();
+    let rec = ready(&f.journal, "inv_1", false, None);
+    rec.dispatch_started(FP, None, None).unwrap();
+    let err = f
+        .journal
+        .append(
+            "inv_1",
+            EventBody::Failed {
+                phase: Phase::ConnectionSetup,
+                outcome: Outcome::NotAttempted,
+                retry: Retry::Backoff,
+                code: Code::ConnectionRefused,
+                message: "x".into(),
+            },
+        )
+        .unwrap_err();
+    assert!(matches!(err, JournalError::Impossible(_)), "{err}");
+    assert_eq!(
+        f.journal.projection("inv_1").unwrap().outcome,
+        Outcome::Unknown
+    );
+}
+
+#[test]
+fn unknown_disposition_follows_the_operation_facts() {
+    let f = Fixture::new();
+    let idem = ready(&f.journal, "inv_idem", true, None);
+    idem.dispatch_started(FP, None, None).unwrap();
+    assert_eq!(
+        f.journal
+            .projection("inv_idem")
+            .unwrap()
+            .retry(f.clock.now_ms()),
+        Retry::Backoff
+    );
+
+    let keyed = ready(&f.journal, "inv_key", false, Some("k-1"));
+    keyed.dispatch_started(FP, None, None).unwrap();
+    let p = f.journal.projection("inv_key").unwrap();
+    assert_eq!(p.retry(f.clock.now_ms()), Retry::SameIdempotencyKey);
+    // Past the remote's retention window only reconciliation remains.
+    f.clock.advance_ms(25 * 3600 * 1000);
+    assert_eq!(p.retry(f.clock.now_ms()), Retry::Reconcile);
+}
+
+#[test]
+fn committed_result_is_stored_and_read_back_without_reexecution() {
+    let f = Fixture::new();
+    let rec = ready(&f.journal, "inv_1", false, None);
+    let body: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    complete(&rec, body.clone());
+    let p = f.journal.projection("inv_1").unwrap();
+    assert_eq!(p.outcome, Outcome::Committed);
+    let stored = f
+        .journal
+        .read_result(p.result_id.as_deref().unwrap())
+        .unwrap();
+    assert_eq!(stored.streams, vec![("body".to_string(), body)]);
+    assert_eq!(stored.meta["status"], 200);
+    // Reading is a read: the journal did not grow.
+    let before = f.journal.events("inv_1").unwrap().len();
+    f.journal
+        .read_result(p.result_id.as_deref().unwrap())
+        .unwrap();
+    assert_eq!(f.journal.events("inv_1").unwrap().len(), before);
+}
+
+#[test]
+fn empty_streams_survive_the_result_store() {
+    let f = Fixture::new();
+    let rec = ready(&f.journal, "inv_1", false, None);
+    rec.dispatch_started(FP, None, None).unwrap();
+    rec.response_started(None, None).unwrap();
+    rec.response_complete("blake3:x").unwrap();
+    let r = ResultToStore {
+        meta: serde_json::json!({"exit_status": 3}),
+        streams: vec![
+            ("stdout".into(), b"hi\n".to_vec()),
+            ("stderr".into(), Vec::new()),
+        ],
+    };
+    let a = rec.commit_result(r.clone(), settle_ok()).unwrap();
+    let stored = f
+        .journal
+        .read_result(a.projection.result_id.as_deref().unwrap())
+        .unwrap();
+    assert_eq!(stored.streams, r.streams);
+}
+
+#[test]
+fn a_damaged_result_chunk_is_reported_incomplete_not_returned() {
+    let f = Fixture::new();
+    let rec = ready(&f.journal, "inv_1", false, None);
+    complete(&rec, vec![1u8; 200_000]);
+    let id = f.journal.projection("inv_1").unwrap().result_id.unwrap();
+    let db = f.db();
+    let f = f.reopen();
+    {
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        conn.execute("DELETE FROM result_chunks WHERE n = 1", [])
+            .unwrap();
+    }
+    assert!(matches!(
+        f.journal.read_result(&id),
+        Err(JournalError::ResultIncomplete(_))
+    ));
+}
+
+#[test]
+fn result_commit_without_a_complete_response_is_refused_and_stores_nothing() {
+    let f = Fixture::new();
+    let rec = ready(&f.journal, "inv_1", false, None);
+    rec.dispatch_started(FP, None, None).unwrap();
+    rec.response_started(Some(200), None).unwrap();
+    let err = rec
+        .commit_result(result(b"partial".to_vec()), settle_ok())
+        .unwrap_err();
+    assert!(matches!(err, JournalError::Impossible(_)));
+    let conn = rusqlite::Connection::open(f.db()).unwrap();
+    let n: i64 = conn
+        .query_row("SELECT count(*) FROM result_chunks", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 0, "a refused commit must not leave chunks behind");
+}
+
+#[test]
+fn informational_responses_never_start_the_final_response() {
+    let f = Fixture::new();
+    let rec = ready(&f.journal, "inv_1", false, None);
+    rec.dispatch_started(FP, None, None).unwrap();
+    assert!(rec.response_started(Some(100), None).is_err());
+    assert_eq!(
+        f.journal.projection("inv_1").unwrap().outcome,
+        Outcome::Unknown
+    );
+}
+
+#[test]
+fn delivery_failure_keeps_the_outcome_and_says_fetch_result() {
+    let f = Fixture::new();
+    let rec = ready(&f.journal, "inv_1", false, None);
+    complete(&rec, b"ok".to_vec());
+    let p = rec.delivery_failed("bridge closed").unwrap().projection;
+    assert_eq!(p.outcome, Outcome::Committed);
+    let env = p.envelope(f.clock.now_ms()).unwrap();
+    assert_eq!(env.error.phase, Phase::ResultDelivery);
+    assert_eq!(env.error.retry, Retry::FetchResult);
+    assert_eq!(env.error.code, Code::ResultDeliveryFailed);
+    // Later delivery succeeds.
+    let p = rec.delivered().unwrap().projection;
+    assert!(p.delivered);
+}
+
+#[test]
+fn stale_fingerprint_at_dispatch_is_refused_and_nothing_dispatches() {
+    let f = Fixture::new();
+    let rec = ready(&f.journal, "inv_1", false, None);
+    let other = "blake3:ffff";
+    let err = rec.dispatch_started(other, None, None).unwrap_err();
+    let StepError::Stopped(env) = err else {
+        panic!("expected a recorded stop")
+    };
+    assert_eq!(env.error.code, Code::FingerprintMismatch);
+    assert_eq!(env.error.outcome, Outcome::NotAttempted);
+    assert!(!env.evidence.dispatch_started);
+    assert!(
+        !f.journal
+            .events("inv_1")
+            .unwrap()
+            .iter()
+            .any(|e| e.body.kind() == "DISPATCH_STARTED")
+    );
+}
+
+#[test]
+fn approval_of_a_stale_fingerprint_is_refused() {
+    let f = Fixture::new();
+    let rec = Recorder::accept(&f.journal, new_invocation("inv_1", None)).unwrap();
+    rec.preflight(FP, snapshot(None), operation(false, None))
+        .unwrap();
+    rec.approval_requested(FP, "per_call").unwrap();
+    let StepError::Stopped(env) = rec.approval_granted("blake3:old", "alice").unwrap_err() else {
+        panic!("expected a recorded stop")
+    };
+    assert_eq!(env.error.code, Code::FingerprintMismatch);
+    assert_eq!(env.error.phase, Phase::Validation);
+    assert_eq!(env.error.outcome, Outcome::NotAttempted);
+}
+
+#[test]
+fn approval_denied_is_never_retried() {
+    let f = Fixture::new();
+    let rec = Recorder::accept(&f.journal, new_invocation("inv_1", None)).unwrap();
+    rec.preflight(FP, snapshot(None), operation(false, None))
+        .unwrap();
+    let StepError::Stopped(env) = rec.approval_denied(FP, "alice").unwrap() else {
+        panic!("expected a recorded stop")
+    };
+    assert_eq!(env.error.code, Code::ApprovalDenied);
+    assert_eq!(env.error.retry, Retry::Never);
+    assert!(rec.credential_authorized("payments-key", "v1").is_err());
+}
+
+#[test]
+fn reusing_an_idempotency_key_with_a_different_fingerprint_fails_before_anything_is_sent() {
+    let f = Fixture::new();
+    ready(&f.journal, "inv_1", false, Some("key-1"));
+    let rec = Recorder::accept(&f.journal, new_invocation("inv_2", Some("key-1"))).unwrap();
+    let err = rec.preflight(
+        "blake3:other",
+        snapshot(Some("key-1")),
+        operation(false, Some("key-1")),
+    );
+    let Err(StepError::Stopped(env)) = err else {
+        panic!("expected IDEMPOTENCY_MISMATCH")
+    };
+    assert_eq!(env.error.code, Code::IdempotencyMismatch);
+    assert_eq!(env.error.phase, Phase::Validation);
+    assert_eq!(env.error.outcome, Outcome::NotAttempted);
+    assert_eq!(env.error.retry, Retry::AfterCorrection);
+}
+
+#[test]
+fn bound_configuration_is_never_rebound() {
+    let f = Fixture::new();
+    let rec = Recorder::accept(&f.journal, new_invocation("inv_1", None)).unwrap();
+    rec.preflight(FP, snapshot(None), operation(false, None))
+        .unwrap();
+    let again = rec.preflight("blake3:changed", snapshot(None), operation(false, None));
+    assert!(matches!(
+        again,
+        Err(StepError::Journal(JournalError::Impossible(_)))
+    ));
+    assert_eq!(
+        f.journal
+            .projection("inv_1")
+            .unwrap()
+            .fingerprint
+            .as_deref(),
+        Some(FP)
+    );
+}
+
+#[test]
+fn an_expired_lease_holder_is_stopped_by_the_generation_check_before_dispatch() {
+    let f = Fixture::new();
+    let mut first = ready(&f.journal, "inv_1", false, None);
+    // First holder fails before dispatch with a retryable setup error.
+    first
+        .connection_attempt(1, Stage::TcpConnect, Code::ConnectionRefused)
+        .unwrap();
+    first
+        .fail(
+            Phase::ConnectionSetup,
+            Code::ConnectionRefused,
+            Retry::Backoff,
+            "refused",
+        )
+        .unwrap();
+    let plan = first
+        .plan_retry(&postern_broker::retry::RetryRequest {
+            fingerprint: FP.into(),
+        })
+        .unwrap();
+    assert_eq!(
+        plan.decision,
+        postern_broker::retry::Decision::RetryNewAttempt
+    );
+
+    // Worker A takes generation 2, then stalls past its lease.
+    first.start_attempt("worker-a", 1_000).unwrap();
+    assert_eq!(first.generation(), 2);
+    // While A's lease is live, B cannot take the invocation.
+    let mut second = Recorder::resume(&f.journal, "inv_1").unwrap();
+    assert!(matches!(
+        second.start_attempt("worker-b", 1_000),
+        Err(JournalError::Impossible(_)) | Err(JournalError::LeaseHeld { .. })
+    ));
+    f.clock.advance_ms(5_000);
+    // B's retry plan first closes A's expired attempt with what it proves.
+    let plan = second
+        .plan_retry(&postern_broker::retry::RetryRequest {
+            fingerprint: FP.into(),
+        })
+        .unwrap();
+    assert_eq!(
+        plan.decision,
+        postern_broker::retry::Decision::RetryNewAttempt
+    );
+    second.start_attempt("worker-b", 60_000).unwrap();
+    assert_eq!(second.generation(), 3);
+    // A resumes and tries to dispatch under generation 2: refused before any byte.
+    let StepError::Stopped(env) = first.dispatch_started(FP, None, None).unwrap_err() else {
+        panic!("expected LEASE_LOST")
+    };
+    assert_eq!(env.error.code, Code::LeaseLost);
+    assert_eq!(env.error.outcome, Outcome::NotAttempted);
+    // B dispatches normally.
+    second.dispatch_started(FP, None, None).unwrap();
+    let p = f.journal.projection("inv_1").unwrap();
+    assert_eq!(p.dispatches, 1);
+    assert_eq!(p.attempt.generation, 3);
+}
+
+#[test]
+fn a_lease_that_expired_blocks_dispatch_even_without_a_competitor() {
+    let f = Fixture::new();
+    let mut rec = Recorder::accept(&f.journal, new_invocation("inv_1", None)).unwrap();
+    rec.preflight(FP, snapshot(None), operation(false, None))
+        .unwrap();
+    rec.credential_authorized("payments-key", "v1").unwrap();
+    rec.start_attempt("worker-a", 1_000).unwrap();
+    f.clock.advance_ms(2_000);
+    assert!(matches!(
+        rec.dispatch_started(FP, None, None),
+        Err(StepError::Stopped(_))
+    ));
+    assert_eq!(
+        f.journal.projection("inv_1").unwrap().outcome,
+        Outcome::NotAttempted
+    );
+}
+
+#[test]
+fn retry_budget_lives_in_the_record_and_survives_restart() {
+    let f = Fixture::new();
+    let mut rec = ready(&f.journal, "inv_1", true, None);
+    let request = postern_broker::retry::RetryRequest {
+        fingerprint: FP.into(),
+    };
+    for _ in 0..2 {
+        rec.dispatch_started(FP, None, None).unwrap();
+        rec.fail(
+            Phase::RemoteExecution,
+            Code::RemoteTimeout,
+            Retry::Backoff,
+            "timeout",
+        )
+        .unwrap();
+        let plan = rec.plan_retry(&request).unwrap();
+        assert_eq!(
+            plan.decision,
+            postern_broker::retry::Decision::RetryNewAttempt
+        );
+        rec.start_attempt("worker-a", 60_000).unwrap();
+    }
+    let f = f.reopen();
+    let mut rec = Recorder::resume(&f.journal, "inv_1").unwrap();
+    rec.dispatch_started(FP, None, None).unwrap();
+    rec.fail(
+        Phase::RemoteExecution,
+        Code::RemoteTimeout,
+        Retry::Backoff,
+        "timeout",
+    )
+    .unwrap();
+    // Three dispatches of a budget of three: the restart did not reset the count.
+    let plan = rec.plan_retry(&request).unwrap();
+    assert_eq!(plan.decision, postern_broker::retry::Decision::Reconcile);
+    assert!(rec.start_attempt("worker-a", 60_000).is_err());
+}
+
+#[test]
+fn reconciliation_settles_unknown_without_rewriting_the_attempt() {
+    let f = Fixture::new();
+    let rec = ready(&f.journal, "inv_1", false, None);
+    rec.dispatch_started(FP, None, None).unwrap();
+    rec.fail(
+        Phase::RemoteExecution,
+        Code::RemoteOutcomeUnknown,
+        Retry::Reconcile,
+        "closed",
+    )
+    .unwrap();
+    let before = f.journal.events("inv_1").unwrap();
+    let p = rec
+        .reconcile(
+            ConfidenceSource::OperatorAttested,
+            Settlement::Committed,
+            "alice",
+            "checked the ledger",
+            None,
+        )
+        .unwrap()
+        .projection;
+    assert_eq!(p.outcome, Outcome::Committed);
+    assert_eq!(p.confidence, Some(ConfidenceSource::OperatorAttested));
+    assert_eq!(p.code, Some(Code::ReconciledCommitted));
+    let after = f.journal.events("inv_1").unwrap();
+    assert_eq!(&after[..before.len()], &before[..], "history was rewritten");
+    // A committed invocation cannot be reconciled again or retried.
+    assert!(
+        rec.reconcile(
+            ConfidenceSource::RemoteQuery,
+            Settlement::NotApplied,
+            "q",
+            "404",
+            Some(404)
+        )
+        .is_err()
+    );
+}
+
+#[test]
+fn concurrent_appenders_all_land_with_distinct_sequences() {
+    let f = Fixture::new();
+    let journal = f.journal.clone();
+    let handles: Vec<_> = (0..32)
+        .map(|i| {
+            let journal = journal.clone();
+            std::thread::spawn(move || {
+                let id = format!("inv_{i}");
+                let rec = ready(&journal, &id, false, None);
+                rec.dispatch_started(FP, None, None).unwrap().seq
+            })
+        })
+        .collect();
+    let mut seqs: Vec<u64> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    seqs.sort_unstable();
+    seqs.dedup();
+    assert_eq!(seqs.len(), 32);
+    drop(journal);
+    let db = f.db();
+    f.journal.close().unwrap();
+    let report = postern_broker::audit::verify_file(&db, &signing_key().verifying_key()).unwrap();
+    assert_eq!(report.events, 32 * 5);
+}
+
+#[test]
+fn interrupted_invocations_are_closed_with_what_the_evidence_proves() {
+    let f = Fixture::new();
+    let before = ready(&f.journal, "inv_before", false, None);
+    let after = ready(&f.journal, "inv_after", false, None);
+    after.dispatch_started(FP, None, None).unwrap();
+    drop(before);
+    let f = f.reopen();
+    let mut closed = f.journal.recover_interrupted().unwrap();
+    closed.sort();
+    assert_eq!(
+        closed,
+        vec!["inv_after".to_string(), "inv_before".to_string()]
+    );
+    let a = f.journal.projection("inv_after").unwrap();
+    assert_eq!(a.outcome, Outcome::Unknown);
+    assert_eq!(a.code, Some(Code::RemoteOutcomeUnknown));
+    let b = f.journal.projection("inv_before").unwrap();
+    assert_eq!(b.outcome, Outcome::NotAttempted);
+    assert_eq!(b.code, Some(Code::BrokerInterrupted));
+    assert!(f.journal.recover_interrupted().unwrap().is_empty());
+}
+
+#[test]
+fn duplicate_invocation_ids_are_refused() {
+    let f = Fixture::new();
+    Recorder::accept(&f.journal, new_invocation("inv_1", None)).unwrap();
+    assert!(matches!(
+        Recorder::accept(&f.journal, new_invocation("inv_1", None)),
+        Err(JournalError::DuplicateInvocation(_))
+    ));
+}
+
+#[test]
+fn events_for_unknown_invocations_are_refused() {
+    let f = Fixture::new();
+    let err = f
+        .journal
+        .append("inv_missing", EventBody::ResultDelivered)
+        .unwrap_err();
+    assert!(matches!(err, JournalError::UnknownInvocation(_)));
+}
+
+#[test]
+fn a_failing_job_rolls_back_alone_inside_a_shared_batch() {
+    let f = Fixture::new();
+    let journal = Arc::new(f.journal.clone());
+    let good: Vec<_> = (0..8)
+        .map(|i| {
+            let j = journal.clone();
+            std::thread::spawn(move || ready(&j, &format!("inv_{i}"), false, None).id().to_string())
+        })
+        .collect();
+    let bad: Vec<_> = (0..8)
+        .map(|_| {
+            let j = journal.clone();
+            std::thread::spawn(move || j.append("inv_nope", EventBody::ResultDelivered).is_err())
+        })
+        .collect();
+    for h in good {
+        let id = h.join().unwrap();
+        assert_eq!(f.journal.events(&id).unwrap().len(), 4);
+    }
+    assert!(bad.into_iter().all(|h| h.join().unwrap()));
+    let db = f.db();
+    drop(journal);
+    f.journal.close().unwrap();
+    postern_broker::audit::verify_file(&db, &signing_key().verifying_key()).unwrap();
+}

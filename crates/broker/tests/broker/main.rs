@@ -1,0 +1,13 @@
+//! The broker's integration tests; modules mirror `src/`.
+// Lets clippy treat the shared helpers as test code (they may unwrap).
+#![cfg(test)]
+
+mod action;
+mod audit;
+mod config;
+mod contract;
+mod journal;
+mod projection;
+mod retry;
+mod support;
+mod vault;

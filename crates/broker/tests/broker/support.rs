@@ -1,0 +1,128 @@
+//! Shared fixtures: a journal in a temp dir with a manual clock, and invocations driven
+//! to a chosen point of their lifecycle.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ed25519_dalek::SigningKey;
+use postern_broker::action::ConfigSnapshot;
+use postern_broker::clock::ManualClock;
+use postern_broker::contract::{IdempotencyEvidence, RemoteContract};
+use postern_broker::invocation::Recorder;
+use postern_broker::journal::events::{Channel, OperationFacts};
+use postern_broker::journal::{Journal, JournalOptions, NewInvocation};
+
+pub const T0: i64 = 1_800_000_000_000;
+pub const FP: &str = "blake3:0000000000000000000000000000000000000000000000000000000000000001";
+
+pub fn signing_key() -> SigningKey {
+    SigningKey::from_bytes(&[7u8; 32])
+}
+
+pub struct Fixture {
+    pub dir: tempfile::TempDir,
+    pub clock: ManualClock,
+    pub journal: Journal,
+}
+
+impl Fixture {
+    pub fn new() -> Fixture {
+        Fixture::with_checkpoints(16)
+    }
+
+    pub fn with_checkpoints(every: u64) -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(T0);
+        let journal = open(&dir.path().join("journal.db"), &clock, every);
+        Fixture {
+            dir,
+            clock,
+            journal,
+        }
+    }
+
+    pub fn db(&self) -> PathBuf {
+        self.dir.path().join("journal.db")
+    }
+
+    /// Closes the journal (signing a final checkpoint) and opens it again.
+    pub fn reopen(self) -> Fixture {
+        let Fixture {
+            dir,
+            clock,
+            journal,
+        } = self;
+        journal.close().unwrap();
+        let journal = open(&dir.path().join("journal.db"), &clock, 16);
+        Fixture {
+            dir,
+            clock,
+            journal,
+        }
+    }
+}
+
+pub fn open(path: &Path, clock: &ManualClock, every: u64) -> Journal {
+    Journal::open(
+        path,
+        JournalOptions {
+            clock: Arc::new(clock.clone()),
+            signing_key: signing_key(),
+            checkpoint_every: every,
+        },
+    )
+    .unwrap()
+}
+
+pub fn new_invocation(id: &str, key: Option<&str>) -> NewInvocation {
+    NewInvocation {
+        invocation_id: id.to_string(),
+        channel: Channel::Http,
+        target: "payments".to_string(),
+        summary: "POST https://api.example.test/v1/payments".to_string(),
+        session: Some("session-1".to_string()),
+        idempotency_key: key.map(str::to_string),
+    }
+}
+
+pub fn snapshot(key: Option<&str>) -> ConfigSnapshot {
+    ConfigSnapshot {
+        target_id: "payments".to_string(),
+        target_version: postern_broker::config::TargetVersion::from_digest([3u8; 32]),
+        credential_id: "payments-key".to_string(),
+        credential_version: "v1-abcdef01".to_string(),
+        injection_mode: "header:authorization".to_string(),
+        idempotency_key: key.map(str::to_string),
+    }
+}
+
+pub fn operation(idempotent: bool, key: Option<&str>) -> OperationFacts {
+    OperationFacts {
+        idempotent,
+        remote_contract: if key.is_some() {
+            RemoteContract::Configured
+        } else {
+            RemoteContract::None
+        },
+        idempotency: key.map(|k| IdempotencyEvidence {
+            key: k.to_string(),
+            scope: Some("payments.create".to_string()),
+            fingerprint: FP.to_string(),
+            remote_contract: RemoteContract::Configured,
+            expires_at_ms: Some(T0 + 24 * 3600 * 1000),
+        }),
+        reconcile_configured: false,
+        retry_budget: 3,
+    }
+}
+
+/// Accepted, validated, authorized and holding attempt 1's lease.
+pub fn ready(journal: &Journal, id: &str, idempotent: bool, key: Option<&str>) -> Recorder {
+    let mut rec = Recorder::accept(journal, new_invocation(id, key)).unwrap();
+    rec.preflight(FP, snapshot(key), operation(idempotent, key))
+        .unwrap();
+    rec.credential_authorized("payments-key", "v1-abcdef01")
+        .unwrap();
+    rec.start_attempt("worker-a", 60_000).unwrap();
+    rec
+}
