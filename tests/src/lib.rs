@@ -1,1 +1,155 @@
-//! Shared helpers for the cross-crate tests.
+//! Shared pieces of the cross-crate tests: a fixed lifecycle that the crash child runs
+//! and the parent checks, so both sides agree on what each step means.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use ed25519_dalek::SigningKey;
+use postern_broker::action::{ConfigSnapshot, Fingerprint, NormalizedAction, NormalizedHttp};
+use postern_broker::clock::SystemClock;
+use postern_broker::config::Config;
+use postern_broker::contract::{ConfidenceSource, Outcome, RemoteContract, Retry};
+use postern_broker::invocation::{Recorder, StepError};
+use postern_broker::journal::events::{Channel, OperationFacts, ResultFacts};
+use postern_broker::journal::{
+    Journal, JournalError, JournalOptions, NewInvocation, ResultToStore, Settle,
+};
+
+/// The audit key the crash tests sign with (a fixed test key, not a user's).
+pub fn test_signing_key() -> SigningKey {
+    SigningKey::from_bytes(&[42u8; 32])
+}
+
+pub fn open_journal(db: &Path) -> Result<Journal, JournalError> {
+    Journal::open(
+        db,
+        JournalOptions {
+            clock: Arc::new(SystemClock),
+            signing_key: test_signing_key(),
+            checkpoint_every: 8,
+        },
+    )
+}
+
+const CONFIG: &str = r#"
+[[http]]
+name = "payments"
+base_url = "http://127.0.0.1:9/v1"
+methods = ["GET", "POST"]
+credential = "payments-key"
+inject = { header = "Authorization", format = "Bearer {secret}" }
+approval = "none"
+idempotent_methods = ["GET"]
+"#;
+
+/// The durable transitions of one successful invocation, in order. The crash child
+/// aborts right after step `n` (1-based); `STEPS.len()` runs to the end.
+pub const STEPS: &[&str] = &[
+    "ACTION_ACCEPTED",
+    "PREFLIGHT_VALIDATED",
+    "CREDENTIAL_AUTHORIZED",
+    "ATTEMPT_STARTED",
+    "DISPATCH_STARTED",
+    "REQUEST_SENT",
+    "REMOTE_RESPONSE_STARTED",
+    "REMOTE_RESPONSE_COMPLETE",
+    "RESULT_COMMITTED",
+    "RESULT_DELIVERED",
+];
+
+pub const INVOCATION: &str = "inv_crash";
+pub const RESULT_BODY: &[u8] = b"{\"payment\":\"pay_123\",\"status\":\"created\"}";
+
+#[derive(Debug)]
+pub enum LifecycleError {
+    Config(String),
+    Journal(JournalError),
+    Step(StepError),
+}
+
+impl From<JournalError> for LifecycleError {
+    fn from(e: JournalError) -> Self {
+        LifecycleError::Journal(e)
+    }
+}
+impl From<StepError> for LifecycleError {
+    fn from(e: StepError) -> Self {
+        LifecycleError::Step(e)
+    }
+}
+
+/// Runs a POST through every durable transition, calling `after(step_index)` after each.
+pub fn run_lifecycle(
+    journal: &Journal,
+    mut after: impl FnMut(usize),
+) -> Result<(), LifecycleError> {
+    let config = Config::parse(CONFIG, Path::new("crash.toml"))
+        .map_err(|e| LifecycleError::Config(e.to_string()))?;
+    let url = "http://127.0.0.1:9/v1/payments";
+    let action = NormalizedHttp::new("POST", url, &[], &[], RESULT_BODY)
+        .map_err(|e| LifecycleError::Config(e.to_string()))?;
+    let target = config
+        .resolve_normalized_http(&action)
+        .map_err(|e| LifecycleError::Config(e.to_string()))?;
+    let snapshot = ConfigSnapshot::for_http(target, "v1-00000001", None);
+    let fingerprint = Fingerprint::compute(&NormalizedAction::Http(action.clone()), &snapshot);
+    let fp = fingerprint.to_string();
+
+    let mut rec = Recorder::accept(
+        journal,
+        NewInvocation {
+            invocation_id: INVOCATION.into(),
+            channel: Channel::Http,
+            target: target.name.clone(),
+            summary: format!("POST {}", action.url()),
+            session: None,
+            idempotency_key: None,
+        },
+    )?;
+    after(1);
+    rec.preflight(
+        &fp,
+        snapshot,
+        OperationFacts {
+            idempotent: false,
+            remote_contract: RemoteContract::None,
+            idempotency: None,
+            reconcile_configured: false,
+            retry_budget: 1,
+        },
+    )?;
+    after(2);
+    rec.credential_authorized("payments-key", "v1-00000001")?;
+    after(3);
+    rec.start_attempt("crash-child", 60_000)?;
+    after(4);
+    rec.dispatch_started(&fp, Some("conn-1".into()), None)?;
+    after(5);
+    rec.request_sent(true, true)?;
+    after(6);
+    rec.response_started(Some(201), None)?;
+    after(7);
+    rec.response_complete("blake3:response")?;
+    after(8);
+    rec.commit_result(
+        ResultToStore {
+            meta: serde_json::json!({"status": 201}),
+            streams: vec![("body".into(), RESULT_BODY.to_vec())],
+        },
+        Settle {
+            outcome: Outcome::Committed,
+            code: None,
+            retry: Retry::Never,
+            facts: ResultFacts {
+                http_status: Some(201),
+                ..Default::default()
+            },
+            confidence: ConfidenceSource::RemoteResponse,
+            redactions: 0,
+        },
+    )?;
+    after(9);
+    rec.delivered()?;
+    after(10);
+    Ok(())
+}

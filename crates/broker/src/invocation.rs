@@ -109,28 +109,36 @@ impl Recorder {
         snapshot: ConfigSnapshot,
         operation: OperationFacts,
     ) -> Result<Appended, StepError> {
-        if let Some(key) = operation.idempotency.as_ref().map(|i| i.key.clone()) {
-            let target = self.projection()?.target.unwrap_or_default();
-            if let Some(other) = self.journal.find_by_idempotency_key(&target, &key)? {
-                if other != self.id {
-                    let bound = self.journal.projection(&other)?.fingerprint;
-                    if bound.as_deref().is_some_and(|b| b != fingerprint) {
-                        let failed = self.fail(
-                            Phase::Validation,
-                            Code::IdempotencyMismatch,
-                            Retry::AfterCorrection,
-                            "This idempotency key was already used with a different request; nothing was sent.",
-                        )?;
-                        return Err(self.stopped(&failed));
-                    }
-                }
-            }
-        }
-        Ok(self.append(EventBody::PreflightValidated {
+        let id = self.id.clone();
+        let key = operation.idempotency.as_ref().map(|i| i.key.clone());
+        let body = EventBody::PreflightValidated {
             fingerprint: fingerprint.to_string(),
             snapshot,
             operation,
-        })?)
+        };
+        let fingerprint = fingerprint.to_string();
+        // The key check and the binding are one transaction, so two concurrent
+        // invocations cannot both bind one key to different requests.
+        let appended = self.journal.write(key.is_some(), move |ctx| {
+            if let Some(key) = key {
+                let reused = ctx.other_fingerprints_for_key(&id, &key)?;
+                if reused.iter().any(|bound| *bound != fingerprint) {
+                    let failed = ctx.append_checked(
+                        &id,
+                        &EventBody::Failed {
+                            phase: Phase::Validation,
+                            outcome: Outcome::NotAttempted,
+                            retry: Retry::AfterCorrection,
+                            code: Code::IdempotencyMismatch,
+                            message: "This idempotency key was already used with a different request; nothing was sent.".into(),
+                        },
+                    )?;
+                    return Ok(Err(failed));
+                }
+            }
+            Ok(Ok(ctx.append_checked(&id, &body)?))
+        })?;
+        appended.map_err(|failed| self.stopped(&failed))
     }
 
     pub fn approval_requested(

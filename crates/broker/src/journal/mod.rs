@@ -213,10 +213,21 @@ impl WriteCtx<'_> {
             last_seq: seq,
             head: hash,
         };
-        if self.checkpoint_every > 0 && seq % self.checkpoint_every == 0 {
+        if self.checkpoint_every > 0 && seq.is_multiple_of(self.checkpoint_every) {
             self.write_checkpoint()?;
         }
         Ok(seq)
+    }
+
+    /// Appends without the projection check. Only for building large benchmark
+    /// journals; the broker itself always goes through [`WriteCtx::append_checked`].
+    #[doc(hidden)]
+    pub fn append_unchecked_for_bench(
+        &mut self,
+        invocation_id: &str,
+        body: &EventBody,
+    ) -> Result<u64, JournalError> {
+        self.append_raw(invocation_id, body)
     }
 
     fn write_checkpoint(&mut self) -> Result<(), JournalError> {
@@ -231,6 +242,30 @@ impl WriteCtx<'_> {
     pub fn projection(&self, invocation_id: &str) -> Result<Projection, JournalError> {
         let events = load_events(self.conn, invocation_id)?;
         Ok(Projection::fold(invocation_id, &events)?)
+    }
+
+    /// The fingerprints bound by other invocations of the same target under
+    /// idempotency key `key` (the target is `invocation_id`'s).
+    pub fn other_fingerprints_for_key(
+        &self,
+        invocation_id: &str,
+        key: &str,
+    ) -> Result<Vec<String>, JournalError> {
+        let others: Vec<String> = self
+            .conn
+            .prepare_cached(
+                "SELECT o.id FROM invocations o JOIN invocations me ON me.id = ?1
+                 WHERE o.target = me.target AND o.idempotency_key = ?2 AND o.id != ?1",
+            )?
+            .query_map([invocation_id, key], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
+        let mut out = Vec::new();
+        for other in others {
+            if let Some(fp) = self.projection(&other)?.fingerprint {
+                out.push(fp);
+            }
+        }
+        Ok(out)
     }
 
     /// Appends an invocation event after checking it against the current projection.
@@ -448,13 +483,14 @@ impl Journal {
                     |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
                 )
                 .optional()?;
-            if let Some((_, current, until)) = &lease {
-                if *until > now && *current != holder {
-                    return Err(JournalError::LeaseHeld {
-                        invocation_id: id,
-                        until_ms: *until,
-                    });
-                }
+            if let Some((_, current, until)) = &lease
+                && *until > now
+                && *current != holder
+            {
+                return Err(JournalError::LeaseHeld {
+                    invocation_id: id,
+                    until_ms: *until,
+                });
             }
             reap_expired(ctx, &id)?;
             let projection = ctx.projection(&id)?;

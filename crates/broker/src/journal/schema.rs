@@ -39,8 +39,11 @@ fn classify(path: &Path, e: rusqlite::Error) -> JournalError {
 /// Opens the writer connection and brings the schema up to date.
 pub fn open_and_migrate(path: &Path) -> Result<Connection, JournalError> {
     let conn = Connection::open(path).map_err(|e| classify(path, e))?;
+    // Identify the file before changing anything about it: switching to WAL rewrites
+    // the header, which must never happen to a file that is not ours.
+    let version = identify(&conn, path)?;
     configure(&conn).map_err(|e| classify(path, e))?;
-    migrate(&conn, path)?;
+    migrate(&conn, path, version)?;
     Ok(conn)
 }
 
@@ -57,8 +60,6 @@ pub fn open_reader(path: &Path) -> Result<Connection, JournalError> {
 }
 
 fn configure(conn: &Connection) -> Result<(), rusqlite::Error> {
-    // Reading the header first turns "not a database" into an error before any write.
-    conn.query_row("PRAGMA schema_version", [], |r| r.get::<_, i64>(0))?;
     conn.busy_timeout(Duration::from_secs(5))?;
     // WAL: readers never block the writer, and commits are sequential appends, which is
     // what makes "a later fsync covers earlier NORMAL commits" true.
@@ -71,8 +72,12 @@ fn configure(conn: &Connection) -> Result<(), rusqlite::Error> {
     Ok(())
 }
 
-fn migrate(conn: &Connection, path: &Path) -> Result<(), JournalError> {
+/// Reads (never writes) what the file is: ours at some version, empty, or refused.
+fn identify(conn: &Connection, path: &Path) -> Result<i64, JournalError> {
     let err = |e: rusqlite::Error| classify(path, e);
+    // Reading the header turns "not a database" into an error before any write.
+    conn.query_row("PRAGMA schema_version", [], |r| r.get::<_, i64>(0))
+        .map_err(err)?;
     let version: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .map_err(err)?;
@@ -94,6 +99,11 @@ fn migrate(conn: &Connection, path: &Path) -> Result<(), JournalError> {
             supported: SCHEMA_VERSION,
         });
     }
+    Ok(version)
+}
+
+fn migrate(conn: &Connection, path: &Path, version: i64) -> Result<(), JournalError> {
+    let err = |e: rusqlite::Error| classify(path, e);
     for (index, sql) in MIGRATIONS
         .iter()
         .enumerate()

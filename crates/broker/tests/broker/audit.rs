@@ -1,1 +1,882 @@
+//! The audit chain against a real journal file: every test seals a journal written
+//! through the ordinary lifecycle, tampers with the SQLite file the way an attacker
+//! with file access would, and checks that `verify_file` names the first sequence
+//! number that stops verifying.
 
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ed25519_dalek::{SigningKey, VerifyingKey};
+use postern_broker::audit::{
+    AuditError, ChainHasher, ChainedRow, Checkpoint, GENESIS, Tamper, VerifyReport, verify_file,
+    witness_path,
+};
+use postern_broker::clock::ManualClock;
+use postern_broker::journal::{Journal, JournalError, JournalOptions};
+use rusqlite::{Connection, params};
+
+use crate::support::*;
+
+/// Invocations written by [`sealed`]; each is `ready` (4 events) plus DISPATCH_STARTED.
+const INVOCATIONS: u64 = 8;
+const EVENTS: u64 = INVOCATIONS * 5;
+const EVERY: u64 = 16;
+
+/// A journal written and cleanly closed: checkpoints at 16 and 32 from the writer, and
+/// a final one at 40 (with the witness file) from `Journal::close`.
+struct Sealed {
+    _dir: tempfile::TempDir,
+    db: PathBuf,
+    clock: ManualClock,
+}
+
+fn sealed() -> Sealed {
+    let f = Fixture::with_checkpoints(EVERY);
+    for i in 0..INVOCATIONS {
+        let rec = ready(&f.journal, &format!("inv_{i}"), false, None);
+        rec.dispatch_started(FP, Some(format!("conn-{i}")), None)
+            .unwrap();
+        // Distinct timestamps, so recorded_at_ms is not the same value everywhere.
+        f.clock.advance_ms(1_000);
+    }
+    let db = f.db();
+    let Fixture {
+        dir,
+        clock,
+        journal,
+    } = f;
+    journal.close().unwrap();
+    Sealed {
+        _dir: dir,
+        db,
+        clock,
+    }
+}
+
+fn key() -> VerifyingKey {
+    signing_key().verifying_key()
+}
+
+fn other_key() -> SigningKey {
+    SigningKey::from_bytes(&[42u8; 32])
+}
+
+fn rw(db: &Path) -> Connection {
+    Connection::open(db).unwrap()
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Row {
+    seq: u64,
+    invocation_id: String,
+    kind: String,
+    body: String,
+    recorded_at_ms: i64,
+    hash: Vec<u8>,
+}
+
+impl Row {
+    fn chained(&self) -> ChainedRow<'_> {
+        ChainedRow {
+            seq: self.seq,
+            invocation_id: &self.invocation_id,
+            kind: &self.kind,
+            body: &self.body,
+            recorded_at_ms: self.recorded_at_ms,
+        }
+    }
+}
+
+fn row(conn: &Connection, seq: u64) -> Row {
+    conn.query_row(
+        "SELECT seq, invocation_id, kind, body, recorded_at_ms, hash FROM events WHERE seq = ?1",
+        [seq as i64],
+        |r| {
+            Ok(Row {
+                seq: r.get::<_, i64>(0)? as u64,
+                invocation_id: r.get(1)?,
+                kind: r.get(2)?,
+                body: r.get(3)?,
+                recorded_at_ms: r.get(4)?,
+                hash: r.get(5)?,
+            })
+        },
+    )
+    .unwrap()
+}
+
+fn count(conn: &Connection, table: &str) -> u64 {
+    conn.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| {
+        r.get::<_, i64>(0)
+    })
+    .unwrap() as u64
+}
+
+fn hash_at(conn: &Connection, seq: u64) -> [u8; 32] {
+    if seq == 0 {
+        return GENESIS;
+    }
+    row(conn, seq).hash.try_into().unwrap()
+}
+
+fn insert_row(conn: &Connection, r: &Row) {
+    conn.execute(
+        "INSERT INTO events (seq, invocation_id, kind, body, recorded_at_ms, hash)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![
+            r.seq as i64,
+            r.invocation_id,
+            r.kind,
+            r.body,
+            r.recorded_at_ms,
+            r.hash
+        ],
+    )
+    .unwrap();
+}
+
+/// What an attacker who knows the (public) algorithm does after editing: recompute
+/// every stored hash from `from` to the end so each row links to the one before.
+fn rechain_from(conn: &Connection, from: u64) {
+    let mut hasher = ChainHasher::new();
+    let mut head = hash_at(conn, from - 1);
+    let last: i64 = conn
+        .query_row("SELECT max(seq) FROM events", [], |r| r.get(0))
+        .unwrap();
+    for seq in from..=last as u64 {
+        let r = row(conn, seq);
+        head = hasher.link(&head, &r.chained());
+        conn.execute(
+            "UPDATE events SET hash = ?1 WHERE seq = ?2",
+            params![&head[..], seq as i64],
+        )
+        .unwrap();
+    }
+}
+
+/// Flips one ASCII byte of the body of event `seq`, keeping it valid UTF-8.
+fn flip_body_byte(conn: &Connection, seq: u64) {
+    let mut body = row(conn, seq).body.into_bytes();
+    let i = body.iter().position(|b| b.is_ascii_lowercase()).unwrap();
+    body[i] = if body[i] == b'z' { b'y' } else { body[i] + 1 };
+    let body = String::from_utf8(body).unwrap();
+    let n = conn
+        .execute(
+            "UPDATE events SET body = ?1 WHERE seq = ?2",
+            params![body, seq as i64],
+        )
+        .unwrap();
+    assert_eq!(n, 1);
+}
+
+/// The verification failure, checked for consistency with `first_bad_seq()`.
+fn broken(db: &Path) -> (u64, Tamper) {
+    broken_with(db, &key())
+}
+
+fn broken_with(db: &Path, key: &VerifyingKey) -> (u64, Tamper) {
+    let err = match verify_file(db, key) {
+        Ok(report) => panic!("tampered journal verified: {report:?}"),
+        Err(e) => e,
+    };
+    let AuditError::Broken {
+        first_bad_seq,
+        kind,
+        ..
+    } = err
+    else {
+        panic!("expected a broken chain, got {err}")
+    };
+    assert_eq!(err.first_bad_seq(), Some(first_bad_seq));
+    assert!(
+        err.to_string().contains(&first_bad_seq.to_string()),
+        "{err}"
+    );
+    (first_bad_seq, kind)
+}
+
+fn verified(db: &Path) -> VerifyReport {
+    match verify_file(db, &key()) {
+        Ok(r) => r,
+        Err(e) => panic!("journal does not verify: {e}"),
+    }
+}
+
+fn witness(db: &Path) -> Checkpoint {
+    serde_json::from_slice(&std::fs::read(witness_path(db)).unwrap()).unwrap()
+}
+
+// ---------------------------------------------------------------------------------
+// 1. The untouched journal.
+
+#[test]
+fn an_untouched_sealed_journal_verifies_through_its_last_event() {
+    let s = sealed();
+    let conn = rw(&s.db);
+    let rows = count(&conn, "events");
+    assert_eq!(rows, EVENTS);
+    let checkpoint_seqs: Vec<i64> = conn
+        .prepare("SELECT seq FROM checkpoints ORDER BY seq")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    // Every 16 events, plus the final one signed by `close`.
+    assert_eq!(checkpoint_seqs, vec![16, 32, 40]);
+    let head = hash_at(&conn, EVENTS);
+    drop(conn);
+
+    let report = verified(&s.db);
+    assert_eq!(report.events, rows);
+    assert_eq!(report.verified_through, EVENTS);
+    assert_eq!(report.last_checkpoint_seq, Some(EVENTS));
+    assert_eq!(report.checkpoints, 3);
+    assert_eq!(report.head_hex, hex::encode(head));
+    // The witness beside the database holds the final checkpoint, signed by the key.
+    let w = witness(&s.db);
+    assert_eq!((w.seq, w.count, w.head), (EVENTS, EVENTS, head));
+    assert!(w.signature_valid(&key()));
+    // Verifying is a read: doing it again gives the same answer.
+    assert_eq!(verified(&s.db), report);
+}
+
+#[test]
+fn the_stored_hashes_are_the_public_chain_algorithm_over_the_rows() {
+    let s = sealed();
+    let conn = rw(&s.db);
+    let mut hasher = ChainHasher::new();
+    let mut head = GENESIS;
+    for seq in 1..=EVENTS {
+        let r = row(&conn, seq);
+        head = hasher.link(&head, &r.chained());
+        assert_eq!(r.hash, head.to_vec(), "hash of row {seq}");
+    }
+}
+
+#[test]
+fn a_journal_reopened_and_appended_to_still_verifies() {
+    let s = sealed();
+    let journal = open(&s.db, &s.clock, EVERY);
+    let rec = ready(&journal, "inv_late", false, None);
+    rec.dispatch_started(FP, None, None).unwrap();
+    journal.close().unwrap();
+
+    let report = verified(&s.db);
+    assert_eq!(report.events, EVENTS + 5);
+    assert_eq!(report.verified_through, EVENTS + 5);
+    // 16, 32 and 40 from the first run; 45 is not a multiple of 16, so the second
+    // close signs it.
+    assert_eq!(report.last_checkpoint_seq, Some(EVENTS + 5));
+    assert_eq!(report.checkpoints, 4);
+    assert_eq!(witness(&s.db).seq, EVENTS + 5);
+}
+
+#[test]
+fn a_missing_witness_file_alone_is_not_tampering() {
+    let s = sealed();
+    std::fs::remove_file(witness_path(&s.db)).unwrap();
+    let report = verified(&s.db);
+    assert_eq!(report.events, EVENTS);
+    assert_eq!(report.last_checkpoint_seq, Some(EVENTS));
+}
+
+// ---------------------------------------------------------------------------------
+// 2. Modification.
+
+#[test]
+fn one_changed_body_byte_is_reported_at_its_sequence() {
+    for k in [1, 7, 16, 23, EVENTS] {
+        let s = sealed();
+        flip_body_byte(&rw(&s.db), k);
+        assert_eq!(broken(&s.db), (k, Tamper::HashMismatch), "body of {k}");
+    }
+}
+
+#[test]
+fn a_changed_recorded_at_is_reported_at_its_sequence() {
+    let s = sealed();
+    let k = 11;
+    rw(&s.db)
+        .execute(
+            "UPDATE events SET recorded_at_ms = recorded_at_ms + 1 WHERE seq = ?1",
+            [k as i64],
+        )
+        .unwrap();
+    assert_eq!(broken(&s.db), (k, Tamper::HashMismatch));
+}
+
+#[test]
+fn a_changed_kind_is_reported_at_its_sequence() {
+    let s = sealed();
+    let k = 15;
+    let conn = rw(&s.db);
+    assert_eq!(row(&conn, k).kind, "DISPATCH_STARTED");
+    conn.execute(
+        "UPDATE events SET kind = 'RESULT_COMMITTED' WHERE seq = ?1",
+        [k as i64],
+    )
+    .unwrap();
+    drop(conn);
+    assert_eq!(broken(&s.db), (k, Tamper::HashMismatch));
+}
+
+#[test]
+fn a_changed_invocation_id_is_reported_at_its_sequence() {
+    let s = sealed();
+    let k = 27;
+    rw(&s.db)
+        .execute(
+            "UPDATE events SET invocation_id = 'inv_someone_else' WHERE seq = ?1",
+            [k as i64],
+        )
+        .unwrap();
+    assert_eq!(broken(&s.db), (k, Tamper::HashMismatch));
+}
+
+#[test]
+fn a_changed_stored_hash_is_reported_at_its_sequence() {
+    let s = sealed();
+    let k = 9;
+    rw(&s.db)
+        .execute(
+            "UPDATE events SET hash = zeroblob(32) WHERE seq = ?1",
+            [k as i64],
+        )
+        .unwrap();
+    assert_eq!(broken(&s.db), (k, Tamper::HashMismatch));
+}
+
+// ---------------------------------------------------------------------------------
+// 3. Deletion.
+
+#[test]
+fn a_deleted_middle_row_is_a_sequence_gap_at_its_sequence() {
+    for k in [1, 20, EVENTS - 1] {
+        let s = sealed();
+        rw(&s.db)
+            .execute("DELETE FROM events WHERE seq = ?1", [k as i64])
+            .unwrap();
+        assert_eq!(broken(&s.db), (k, Tamper::SequenceGap), "deleted {k}");
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// 4. Insertion.
+
+/// Moves rows `k..` up by one sequence number (through negatives, so the primary key
+/// never collides) and returns the original row `k`.
+fn make_room_at(conn: &Connection, k: u64) -> Row {
+    let original = row(conn, k);
+    conn.execute_batch(&format!(
+        "BEGIN;
+         UPDATE events SET seq = -(seq + 1) WHERE seq >= {k};
+         UPDATE events SET seq = -seq WHERE seq < 0;
+         COMMIT;"
+    ))
+    .unwrap();
+    assert_eq!(count(conn, "events"), EVENTS);
+    original
+}
+
+fn forged_at(k: u64, original: &Row) -> Row {
+    Row {
+        seq: k,
+        invocation_id: original.invocation_id.clone(),
+        kind: "REQUEST_SENT".into(),
+        body: r#"{"kind":"REQUEST_SENT","headers_sent":true,"body_complete":true}"#.into(),
+        recorded_at_ms: original.recorded_at_ms,
+        hash: original.hash.clone(),
+    }
+}
+
+#[test]
+fn an_inserted_row_with_a_borrowed_hash_is_reported_at_its_sequence() {
+    let s = sealed();
+    let k = 18;
+    let conn = rw(&s.db);
+    let original = make_room_at(&conn, k);
+    // The forged row carries the hash that used to sit at k: a well-formed chain value.
+    insert_row(&conn, &forged_at(k, &original));
+    assert_eq!(count(&conn, "events"), EVENTS + 1);
+    drop(conn);
+    assert_eq!(broken(&s.db), (k, Tamper::HashMismatch));
+}
+
+#[test]
+fn an_inserted_row_chained_correctly_breaks_the_chain_at_the_displaced_row() {
+    // The attacker links the forged row to its predecessor with the public algorithm.
+    // The forged row itself then verifies; the displaced original (now at k + 1) does
+    // not, because its sequence number is part of its hash.
+    let s = sealed();
+    let k = 18;
+    let conn = rw(&s.db);
+    let original = make_room_at(&conn, k);
+    let mut forged = forged_at(k, &original);
+    forged.hash = ChainHasher::new()
+        .link(&hash_at(&conn, k - 1), &forged.chained())
+        .to_vec();
+    insert_row(&conn, &forged);
+    drop(conn);
+    assert_eq!(broken(&s.db), (k + 1, Tamper::HashMismatch));
+}
+
+#[test]
+fn an_inserted_row_with_the_whole_tail_rechained_is_caught_by_the_next_checkpoint() {
+    let s = sealed();
+    let k = 18;
+    let conn = rw(&s.db);
+    let original = make_room_at(&conn, k);
+    insert_row(&conn, &forged_at(k, &original));
+    rechain_from(&conn, k);
+    drop(conn);
+    assert_eq!(broken(&s.db), (32, Tamper::CheckpointMismatch));
+}
+
+// ---------------------------------------------------------------------------------
+// 5. Reordering.
+
+#[test]
+fn swapped_contents_of_adjacent_rows_are_reported_at_the_first_of_them() {
+    let s = sealed();
+    // 5 is inv_0's DISPATCH_STARTED and 6 is inv_1's ACTION_ACCEPTED.
+    let k = 5;
+    let conn = rw(&s.db);
+    let (a, b) = (row(&conn, k), row(&conn, k + 1));
+    assert_ne!((&a.kind, &a.invocation_id), (&b.kind, &b.invocation_id));
+    for (dst, src) in [(k, &b), (k + 1, &a)] {
+        conn.execute(
+            "UPDATE events SET invocation_id = ?1, kind = ?2, body = ?3, recorded_at_ms = ?4
+             WHERE seq = ?5",
+            params![
+                src.invocation_id,
+                src.kind,
+                src.body,
+                src.recorded_at_ms,
+                dst as i64
+            ],
+        )
+        .unwrap();
+    }
+    drop(conn);
+    assert_eq!(broken(&s.db), (k, Tamper::HashMismatch));
+}
+
+#[test]
+fn swapped_whole_rows_with_their_hashes_are_reported_at_the_first_of_them() {
+    let s = sealed();
+    let k = 21;
+    let conn = rw(&s.db);
+    let (a, b) = (row(&conn, k), row(&conn, k + 1));
+    conn.execute_batch(&format!(
+        "UPDATE events SET seq = -1 WHERE seq = {k};
+         UPDATE events SET seq = {k} WHERE seq = {};
+         UPDATE events SET seq = {} WHERE seq = -1;",
+        k + 1,
+        k + 1
+    ))
+    .unwrap();
+    assert_eq!(row(&conn, k).hash, b.hash);
+    assert_eq!(row(&conn, k + 1).hash, a.hash);
+    drop(conn);
+    assert_eq!(broken(&s.db), (k, Tamper::HashMismatch));
+}
+
+// ---------------------------------------------------------------------------------
+// 6. A recomputed (forged) chain.
+
+#[test]
+fn a_modification_with_every_later_hash_recomputed_is_caught_by_the_signed_checkpoint() {
+    // (modified row, first checkpoint at or after it)
+    for (k, checkpoint) in [(5, 16), (16, 16), (20, 32), (33, 40), (EVENTS, 40)] {
+        let s = sealed();
+        let conn = rw(&s.db);
+        flip_body_byte(&conn, k);
+        rechain_from(&conn, k);
+        drop(conn);
+        assert_eq!(
+            broken(&s.db),
+            (checkpoint, Tamper::CheckpointMismatch),
+            "modified {k}"
+        );
+    }
+}
+
+#[test]
+fn a_recomputed_chain_with_the_checkpoint_rows_deleted_is_caught_by_the_witness() {
+    let s = sealed();
+    let k = 20;
+    let conn = rw(&s.db);
+    flip_body_byte(&conn, k);
+    rechain_from(&conn, k);
+    conn.execute("DELETE FROM checkpoints WHERE seq >= ?1", [k as i64])
+        .unwrap();
+    drop(conn);
+    assert_eq!(broken(&s.db), (EVENTS, Tamper::CheckpointMismatch));
+}
+
+// ---------------------------------------------------------------------------------
+// 7. and 8. Truncation.
+
+#[test]
+fn a_truncated_tail_behind_a_checkpoint_is_reported_at_the_first_missing_sequence() {
+    for m in [1, 4, 8] {
+        let s = sealed();
+        rw(&s.db)
+            .execute("DELETE FROM events WHERE seq > ?1", [(EVENTS - m) as i64])
+            .unwrap();
+        assert_eq!(
+            broken(&s.db),
+            (EVENTS - m + 1, Tamper::Truncated),
+            "cut {m}"
+        );
+    }
+}
+
+#[test]
+fn a_truncated_tail_with_its_checkpoint_rows_deleted_is_caught_by_the_witness() {
+    for keep in [36, 32, 30, 10] {
+        let s = sealed();
+        let conn = rw(&s.db);
+        conn.execute("DELETE FROM events WHERE seq > ?1", [keep as i64])
+            .unwrap();
+        conn.execute("DELETE FROM checkpoints WHERE seq > ?1", [keep as i64])
+            .unwrap();
+        drop(conn);
+        assert!(witness_path(&s.db).exists());
+        assert_eq!(broken(&s.db), (keep + 1, Tamper::Truncated), "kept {keep}");
+    }
+}
+
+#[test]
+fn a_journal_emptied_of_events_and_checkpoints_is_caught_by_the_witness() {
+    let s = sealed();
+    rw(&s.db)
+        .execute_batch("DELETE FROM events; DELETE FROM checkpoints;")
+        .unwrap();
+    assert_eq!(broken(&s.db), (1, Tamper::Truncated));
+}
+
+// ---------------------------------------------------------------------------------
+// 9. Keys and signatures.
+
+#[test]
+fn a_checkpoint_re_signed_by_another_key_is_a_bad_signature() {
+    let s = sealed();
+    let conn = rw(&s.db);
+    let (head, made_at_ms): (Vec<u8>, i64) = conn
+        .query_row(
+            "SELECT head, made_at_ms FROM checkpoints WHERE seq = 16",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    // Same statement, same head: only the signer differs.
+    let forged = Checkpoint::sign(&other_key(), 16, head.try_into().unwrap(), 16, made_at_ms);
+    conn.execute(
+        "UPDATE checkpoints SET public_key = ?1, signature = ?2 WHERE seq = 16",
+        params![&forged.public_key[..], &forged.signature[..]],
+    )
+    .unwrap();
+    drop(conn);
+    assert_eq!(broken(&s.db), (16, Tamper::BadSignature));
+}
+
+#[test]
+fn a_checkpoint_signed_by_another_key_but_claiming_the_audit_key_is_a_bad_signature() {
+    let s = sealed();
+    let conn = rw(&s.db);
+    let cp = Checkpoint::sign(&other_key(), 32, hash_at(&conn, 32), 32, T0);
+    conn.execute(
+        "UPDATE checkpoints SET signature = ?1, made_at_ms = ?2 WHERE seq = 32",
+        params![&cp.signature[..], cp.made_at_ms],
+    )
+    .unwrap();
+    drop(conn);
+    assert_eq!(broken(&s.db), (32, Tamper::BadSignature));
+}
+
+#[test]
+fn an_edited_checkpoint_head_is_a_bad_signature() {
+    let s = sealed();
+    rw(&s.db)
+        .execute(
+            "UPDATE checkpoints SET head = zeroblob(32) WHERE seq = 32",
+            [],
+        )
+        .unwrap();
+    assert_eq!(broken(&s.db), (32, Tamper::BadSignature));
+}
+
+#[test]
+fn a_witness_signed_by_another_key_is_a_bad_signature() {
+    let s = sealed();
+    let w = witness(&s.db);
+    let forged = Checkpoint::sign(&other_key(), w.seq, w.head, w.count, w.made_at_ms);
+    std::fs::write(witness_path(&s.db), serde_json::to_vec(&forged).unwrap()).unwrap();
+    assert_eq!(broken(&s.db), (EVENTS, Tamper::BadSignature));
+}
+
+#[test]
+fn an_untouched_journal_does_not_verify_against_another_key() {
+    let s = sealed();
+    assert_eq!(
+        broken_with(&s.db, &other_key().verifying_key()),
+        (16, Tamper::BadSignature)
+    );
+}
+
+#[test]
+fn a_journal_signed_throughout_by_another_key_does_not_verify_against_the_audit_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("journal.db");
+    let clock = ManualClock::new(T0);
+    let journal = Journal::open(
+        &db,
+        JournalOptions {
+            clock: Arc::new(clock.clone()),
+            signing_key: other_key(),
+            checkpoint_every: EVERY,
+        },
+    )
+    .unwrap();
+    for i in 0..4 {
+        ready(&journal, &format!("inv_{i}"), false, None);
+    }
+    journal.close().unwrap();
+    // Self-consistent under its own key.
+    let own = verify_file(&db, &other_key().verifying_key()).unwrap();
+    assert_eq!(own.events, 16);
+    assert_eq!(broken(&db), (16, Tamper::BadSignature));
+}
+
+// ---------------------------------------------------------------------------------
+// Bad input: files that are not (usable) Postern journals.
+
+fn options(clock: &ManualClock) -> JournalOptions {
+    JournalOptions {
+        clock: Arc::new(clock.clone()),
+        signing_key: signing_key(),
+        checkpoint_every: EVERY,
+    }
+}
+
+/// Opens `path` expecting a refusal; checks the file and its directory are left as
+/// they were and the message names the file.
+fn refused(path: &Path) -> JournalError {
+    let before = std::fs::read(path).unwrap();
+    let err = match Journal::open(path, options(&ManualClock::new(T0))) {
+        Ok(_) => panic!("{} was opened as a journal", path.display()),
+        Err(e) => e,
+    };
+    assert_unchanged(path, &before, &err.to_string());
+    for suffix in ["-wal", "-shm", "-journal"] {
+        let mut side = path.as_os_str().to_owned();
+        side.push(suffix);
+        assert!(
+            !Path::new(&side).exists(),
+            "refusing {} left {suffix} behind ({err})",
+            path.display()
+        );
+    }
+    assert!(
+        err.to_string().contains(&path.display().to_string()),
+        "message does not name the file: {err}"
+    );
+    err
+}
+
+/// Byte-for-byte equality, reported as the first differing offset rather than a dump.
+fn assert_unchanged(path: &Path, before: &[u8], context: &str) {
+    let after = std::fs::read(path).unwrap();
+    if after != before {
+        let at = before
+            .iter()
+            .zip(&after)
+            .position(|(a, b)| a != b)
+            .unwrap_or(before.len().min(after.len()));
+        panic!(
+            "{} was modified ({context}): {} bytes before, {} after, first difference at \
+             offset {at} ({:?} -> {:?})",
+            path.display(),
+            before.len(),
+            after.len(),
+            before.get(at),
+            after.get(at),
+        );
+    }
+}
+
+/// Deterministic noise (xorshift), never starting with the SQLite magic.
+fn garbage(len: usize) -> Vec<u8> {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+#[test]
+fn bad_input_garbage_bytes_are_refused_as_corrupt_and_left_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal.db");
+    std::fs::write(&path, garbage(16 * 1024)).unwrap();
+    let err = refused(&path);
+    let JournalError::Corrupt { path: named, .. } = &err else {
+        panic!("expected Corrupt, got {err}")
+    };
+    assert_eq!(named, &path);
+}
+
+#[test]
+fn bad_input_a_sqlite_header_over_garbage_is_refused_and_left_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal.db");
+    let mut bytes = b"SQLite format 3\0".to_vec();
+    bytes.extend(garbage(8 * 1024));
+    std::fs::write(&path, bytes).unwrap();
+    let err = refused(&path);
+    assert!(
+        matches!(
+            err,
+            JournalError::Corrupt { .. } | JournalError::Open { .. }
+        ),
+        "{err}"
+    );
+}
+
+// Fails today: `schema::configure` runs `PRAGMA journal_mode = WAL` before `migrate`
+// checks the application id, so the foreign file's header (bytes 18-19) is rewritten
+// from rollback-journal to WAL before it is refused.
+#[test]
+fn bad_input_another_applications_database_is_refused_as_foreign_and_left_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal.db");
+    {
+        // An ordinary SQLite file in the default (rollback journal) mode.
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE foo (id INTEGER PRIMARY KEY, name TEXT);
+             INSERT INTO foo (name) VALUES ('bar');",
+        )
+        .unwrap();
+    }
+    let err = refused(&path);
+    let JournalError::Foreign { path: named } = &err else {
+        panic!("expected Foreign, got {err}")
+    };
+    assert_eq!(named, &path);
+    // Still the other application's database, in its own journal mode.
+    let conn = Connection::open(&path).unwrap();
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "delete");
+    let name: String = conn
+        .query_row("SELECT name FROM foo", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(name, "bar");
+}
+
+#[test]
+fn bad_input_a_journal_from_a_newer_schema_is_refused_and_left_untouched() {
+    let s = sealed();
+    {
+        let conn = rw(&s.db);
+        conn.execute_batch("PRAGMA user_version = 99").unwrap();
+    }
+    let err = refused(&s.db);
+    let JournalError::NewerSchema {
+        path: named,
+        found,
+        supported,
+    } = &err
+    else {
+        panic!("expected NewerSchema, got {err}")
+    };
+    assert_eq!(named, &s.db);
+    assert_eq!(*found, 99);
+    assert!(*supported < 99);
+    // Still readable by the newer build's verifier: nothing was rewritten.
+    assert_eq!(verified(&s.db).events, EVENTS);
+}
+
+#[test]
+fn bad_input_a_journal_cut_to_half_its_size_is_refused_without_panicking() {
+    let s = sealed();
+    // A larger file, so that half of it loses real pages.
+    let journal = open(&s.db, &s.clock, EVERY);
+    for i in 0..40 {
+        ready(&journal, &format!("inv_more_{i}"), false, None);
+    }
+    journal.close().unwrap();
+    let bytes = std::fs::read(&s.db).unwrap();
+    assert!(bytes.len() >= 8 * 4096, "journal is {} bytes", bytes.len());
+    std::fs::write(&s.db, &bytes[..bytes.len() / 2]).unwrap();
+    let err = refused(&s.db);
+    assert!(
+        matches!(
+            err,
+            JournalError::Corrupt { .. } | JournalError::Open { .. }
+        ),
+        "expected Corrupt or Open, got {err:?}"
+    );
+}
+
+#[test]
+fn bad_input_verify_file_on_garbage_is_unreadable_and_names_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal.db");
+    let bytes = garbage(16 * 1024);
+    std::fs::write(&path, &bytes).unwrap();
+    let err = verify_file(&path, &key()).unwrap_err();
+    assert!(matches!(err, AuditError::Unreadable { .. }), "{err}");
+    assert_eq!(err.first_bad_seq(), None);
+    assert!(
+        err.to_string().contains(&path.display().to_string()),
+        "{err}"
+    );
+    assert_unchanged(&path, &bytes, "verify_file");
+}
+
+#[test]
+fn bad_input_verify_file_on_a_missing_or_foreign_file_is_unreadable() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nothing.db");
+    let err = verify_file(&missing, &key()).unwrap_err();
+    assert!(matches!(err, AuditError::Unreadable { .. }), "{err}");
+    assert!(!missing.exists(), "verifying created the file");
+
+    let foreign = dir.path().join("other.db");
+    Connection::open(&foreign)
+        .unwrap()
+        .execute_batch("CREATE TABLE foo (x)")
+        .unwrap();
+    let err = verify_file(&foreign, &key()).unwrap_err();
+    assert!(matches!(err, AuditError::Unreadable { .. }), "{err}");
+    assert!(err.to_string().contains("other.db"), "{err}");
+}
+
+#[test]
+fn bad_input_an_unparsable_witness_file_is_unreadable_not_a_pass() {
+    let s = sealed();
+    std::fs::write(witness_path(&s.db), b"not json").unwrap();
+    let err = verify_file(&s.db, &key()).unwrap_err();
+    assert!(matches!(err, AuditError::Unreadable { .. }), "{err}");
+}
+
+#[test]
+fn bad_input_a_malformed_checkpoint_row_is_a_bad_signature_not_a_panic() {
+    let s = sealed();
+    rw(&s.db)
+        .execute(
+            "UPDATE checkpoints SET signature = x'00' WHERE seq = 32",
+            [],
+        )
+        .unwrap();
+    assert_eq!(broken(&s.db), (32, Tamper::BadSignature));
+}
