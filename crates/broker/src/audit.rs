@@ -374,3 +374,50 @@ mod hex_bytes {
             .map_err(|_| serde::de::Error::custom(format!("expected {N} bytes")))
     }
 }
+
+/// The keychain entry holding the audit signing key.
+pub const AUDIT_KEY_ID: &str = "postern-audit-signing";
+
+/// Why the audit key could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum AuditKeyError {
+    #[error(transparent)]
+    Vault(#[from] crate::vault::VaultError),
+    #[error(transparent)]
+    Journal(#[from] crate::journal::JournalError),
+    #[error("the audit signing key in the keychain is not a 32-byte ed25519 seed")]
+    Malformed,
+}
+
+/// Loads the audit signing key from the keychain, creating and storing one on first use.
+/// Its metadata lives in the journal database at `db` (migrated if needed); the seed
+/// itself exists only in the keychain and in the returned key.
+pub fn signing_key_from_vault(
+    vault: &crate::vault::Vault,
+    db: &Path,
+    now_ms: i64,
+) -> Result<SigningKey, AuditKeyError> {
+    use crate::vault::{CredentialId, CredentialKind, Secret, VaultError};
+    let conn = crate::journal::schema::open_and_migrate(db)?;
+    let id = CredentialId::new(AUDIT_KEY_ID)?;
+    let secret = match vault.read_for_injection(&conn, &id, now_ms) {
+        Ok((_, secret)) => secret,
+        Err(VaultError::Missing { .. }) => {
+            let mut seed = vec![0u8; 32];
+            getrandom::fill(&mut seed).map_err(|e| {
+                AuditKeyError::Journal(crate::journal::JournalError::Storage(format!(
+                    "no randomness for the audit key: {e}"
+                )))
+            })?;
+            let secret = Secret::new(seed);
+            vault.set(&conn, &id, CredentialKind::SigningKey, &secret, now_ms)?;
+            secret
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let seed: [u8; 32] = secret
+        .expose()
+        .try_into()
+        .map_err(|_| AuditKeyError::Malformed)?;
+    Ok(SigningKey::from_bytes(&seed))
+}

@@ -349,6 +349,7 @@ impl Journal {
             witness: witness_path(path),
             last_checkpoint_seq: 0,
             sync_full: None,
+            unsynced_witness: None,
         };
         let writer = std::thread::Builder::new()
             .name("postern-journal-writer".into())
@@ -783,6 +784,9 @@ struct WriterState {
     last_checkpoint_seq: u64,
     /// The synchronous mode currently set, to avoid re-issuing the pragma.
     sync_full: Option<bool>,
+    /// A checkpoint committed without fsync, waiting for a durable commit before it
+    /// goes to the witness file.
+    unsynced_witness: Option<Checkpoint>,
 }
 
 impl WriterState {
@@ -805,6 +809,16 @@ impl WriterState {
             self.run_batch(batch);
         }
         // Clean shutdown: sign where the chain ends, if anything is unsigned.
+        if self.pos.last_seq == self.last_checkpoint_seq
+            && let Some(cp) = self.unsynced_witness.take()
+            && self.set_sync(true).is_ok()
+            && self
+                .conn
+                .execute_batch("PRAGMA wal_checkpoint(FULL)")
+                .is_ok()
+        {
+            self.write_witness(&cp);
+        }
         if self.pos.last_seq > self.last_checkpoint_seq {
             let now = self.clock.now_ms();
             let cp = Checkpoint::sign(
@@ -882,6 +896,11 @@ impl WriterState {
             Ok(()) => {
                 if let Some(cp) = checkpoint {
                     self.last_checkpoint_seq = cp.seq;
+                    self.unsynced_witness = Some(cp);
+                }
+                // The witness must never be ahead of what is on disk, or a power loss
+                // would look like truncation: write it only after an fsynced commit.
+                if durable && let Some(cp) = self.unsynced_witness.take() {
                     self.write_witness(&cp);
                 }
                 for finish in finishes {

@@ -880,3 +880,28 @@ fn bad_input_a_malformed_checkpoint_row_is_a_bad_signature_not_a_panic() {
         .unwrap();
     assert_eq!(broken(&s.db), (32, Tamper::BadSignature));
 }
+
+#[test]
+fn the_audit_signing_key_is_created_once_in_the_keychain_and_reused() {
+    if std::env::var_os("POSTERN_TEST_SKIP_SECRET_SERVICE").is_some_and(|v| v == "1") {
+        return;
+    }
+    use postern_broker::vault::{Keychain, KeychainBackend, Vault};
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("journal.db");
+    let service = format!("postern-test-audit-{}", std::process::id());
+    let vault = Vault::new(Keychain::new(KeychainBackend::SecretService, &service).unwrap());
+    let first = postern_broker::audit::signing_key_from_vault(&vault, &db, 1).unwrap();
+    let again = postern_broker::audit::signing_key_from_vault(&vault, &db, 2).unwrap();
+    assert_eq!(first.to_bytes(), again.to_bytes());
+    // The seed is in the keychain, not in the database.
+    let bytes = std::fs::read(&db).unwrap();
+    assert!(!bytes.windows(32).any(|w| w == first.to_bytes()));
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    vault
+        .remove(
+            &conn,
+            &postern_broker::vault::CredentialId::new("postern-audit-signing").unwrap(),
+        )
+        .unwrap();
+}
