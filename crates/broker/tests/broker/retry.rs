@@ -1,1 +1,566 @@
+//! `decide()`, `disposition_for_unknown()` and the retry manifest, driven by hand-built
+//! `RecordFacts` (no journal): seed 000's "Retry code should be boring and testable" and
+//! seed 003's manifest.
 
+use postern_broker::contract::{Code, Outcome, RemoteContract, Retry};
+use postern_broker::retry::{
+    Decision, RecordFacts, RetryRequest, Verdict, decide, disposition_for_unknown, manifest,
+};
+
+use crate::support::{FP, T0};
+
+const OTHER_FP: &str = "blake3:0000000000000000000000000000000000000000000000000000000000000002";
+const KEY_EXPIRES: i64 = T0 + 24 * 3600 * 1000;
+
+/// A non-idempotent record with one dispatch used out of three, no key, no contract.
+fn facts(outcome: Outcome, retry: Retry) -> RecordFacts {
+    RecordFacts {
+        invocation_id: "inv_retry".to_string(),
+        last_seq: 7,
+        outcome,
+        retry,
+        code: None,
+        fingerprint: FP.to_string(),
+        idempotent: false,
+        remote_contract: RemoteContract::None,
+        idempotency_key: None,
+        idempotency_expires_at_ms: None,
+        reconcile_configured: false,
+        attempts_used: 1,
+        retry_budget: 3,
+        not_before_ms: None,
+    }
+}
+
+/// An unknown outcome under a configured idempotency contract with a live key.
+fn keyed_unknown() -> RecordFacts {
+    RecordFacts {
+        remote_contract: RemoteContract::Configured,
+        idempotency_key: Some("k-1".to_string()),
+        idempotency_expires_at_ms: Some(KEY_EXPIRES),
+        ..facts(Outcome::Unknown, Retry::SameIdempotencyKey)
+    }
+}
+
+fn with(base: RecordFacts, edit: impl FnOnce(&mut RecordFacts)) -> RecordFacts {
+    let mut f = base;
+    edit(&mut f);
+    f
+}
+
+struct Row {
+    name: &'static str,
+    facts: RecordFacts,
+    request_fingerprint: &'static str,
+    now_ms: i64,
+    expected: Decision,
+}
+
+fn row(name: &'static str, facts: RecordFacts, expected: Decision) -> Row {
+    Row {
+        name,
+        facts,
+        request_fingerprint: FP,
+        now_ms: T0,
+        expected,
+    }
+}
+
+fn decide_table() -> Vec<Row> {
+    use Decision::*;
+    use Outcome::*;
+    let spent = |f: &mut RecordFacts| {
+        f.attempts_used = 3;
+        f.retry_budget = 3;
+    };
+    vec![
+        row(
+            "fetch_result on a committed record is fetched",
+            facts(Committed, Retry::FetchResult),
+            Fetch,
+        ),
+        row(
+            "fetch_result wins even with the budget spent",
+            with(facts(Committed, Retry::FetchResult), spent),
+            Fetch,
+        ),
+        row(
+            "not_attempted with backoff starts a new attempt",
+            with(facts(NotAttempted, Retry::Backoff), |f| f.attempts_used = 0),
+            RetryNewAttempt,
+        ),
+        row(
+            "not_attempted with backoff but the budget spent stops",
+            with(facts(NotAttempted, Retry::Backoff), spent),
+            StopForCorrection,
+        ),
+        row(
+            "not_attempted after_correction stops for correction",
+            facts(NotAttempted, Retry::AfterCorrection),
+            StopForCorrection,
+        ),
+        row(
+            "not_attempted never stops for correction",
+            facts(NotAttempted, Retry::Never),
+            StopForCorrection,
+        ),
+        row(
+            "unknown and idempotent starts a new attempt",
+            with(facts(Unknown, Retry::Backoff), |f| f.idempotent = true),
+            RetryNewAttempt,
+        ),
+        row(
+            "unknown, idempotent, but recorded reconcile still starts a new attempt",
+            with(facts(Unknown, Retry::Reconcile), |f| f.idempotent = true),
+            RetryNewAttempt,
+        ),
+        row(
+            "unknown, same key, same fingerprint, live key, configured contract",
+            keyed_unknown(),
+            RetrySameKey,
+        ),
+        row(
+            "unknown, same key, key without a published expiry",
+            with(keyed_unknown(), |f| f.idempotency_expires_at_ms = None),
+            RetrySameKey,
+        ),
+        Row {
+            request_fingerprint: OTHER_FP,
+            ..row(
+                "unknown, same key reused with a changed fingerprint",
+                keyed_unknown(),
+                IdempotencyMismatch,
+            )
+        },
+        Row {
+            now_ms: KEY_EXPIRES,
+            ..row(
+                "unknown, same key, retention ends exactly now: reconcile, not retry",
+                keyed_unknown(),
+                Reconcile,
+            )
+        },
+        Row {
+            now_ms: KEY_EXPIRES + 1,
+            ..row(
+                "unknown, same key, retention expired: reconcile, not retry",
+                keyed_unknown(),
+                Reconcile,
+            )
+        },
+        row(
+            "unknown, same key disposition but no configured contract",
+            with(keyed_unknown(), |f| {
+                f.remote_contract = RemoteContract::None
+            }),
+            Reconcile,
+        ),
+        row(
+            "unknown with reconcile reconciles",
+            facts(Unknown, Retry::Reconcile),
+            Reconcile,
+        ),
+        row(
+            "unknown with backoff but not idempotent reconciles (never upgraded)",
+            facts(Unknown, Retry::Backoff),
+            Reconcile,
+        ),
+        row(
+            "unknown, idempotent, budget spent: reconcile",
+            with(facts(Unknown, Retry::Backoff), |f| {
+                f.idempotent = true;
+                spent(f);
+            }),
+            Reconcile,
+        ),
+        row(
+            "unknown, live same key, budget spent: reconcile",
+            with(keyed_unknown(), spent),
+            Reconcile,
+        ),
+        row(
+            "rejected with backoff retries when allowed",
+            with(facts(Rejected, Retry::Backoff), |f| {
+                f.code = Some(Code::RemoteRateLimited);
+            }),
+            RetryWhenAllowed,
+        ),
+        row(
+            "rejected with backoff and the budget spent returns the recorded result",
+            with(facts(Rejected, Retry::Backoff), spent),
+            ReturnRecordedResult,
+        ),
+        row(
+            "rejected after_correction returns the recorded result",
+            facts(Rejected, Retry::AfterCorrection),
+            ReturnRecordedResult,
+        ),
+        row(
+            "committed returns the recorded result",
+            facts(Committed, Retry::Reconcile),
+            ReturnRecordedResult,
+        ),
+        row(
+            "committed with never returns the recorded result",
+            facts(Committed, Retry::Never),
+            ReturnRecordedResult,
+        ),
+        row(
+            "committed with backoff is still never re-run",
+            with(facts(Committed, Retry::Backoff), |f| f.idempotent = true),
+            ReturnRecordedResult,
+        ),
+    ]
+}
+
+#[test]
+fn decide_follows_the_table() {
+    for r in decide_table() {
+        let request = RetryRequest {
+            fingerprint: r.request_fingerprint.to_string(),
+        };
+        let got = decide(&r.facts, &request, r.now_ms);
+        assert_eq!(got, r.expected, "row `{}`: facts {:?}", r.name, r.facts);
+    }
+}
+
+#[test]
+fn decide_table_reaches_every_decision() {
+    let reached: Vec<Decision> = decide_table().iter().map(|r| r.expected).collect();
+    for d in ALL_DECISIONS {
+        assert!(reached.contains(d), "no row expects {d:?}");
+    }
+}
+
+const ALL_DECISIONS: &[Decision] = &[
+    Decision::Fetch,
+    Decision::RetryNewAttempt,
+    Decision::RetrySameKey,
+    Decision::Reconcile,
+    Decision::StopForCorrection,
+    Decision::RetryWhenAllowed,
+    Decision::ReturnRecordedResult,
+    Decision::IdempotencyMismatch,
+];
+
+#[test]
+fn disposition_for_unknown_follows_the_table() {
+    // (name, idempotent, contract, expiry, has_key, now, expected)
+    type DispositionRow = (
+        &'static str,
+        bool,
+        RemoteContract,
+        Option<i64>,
+        bool,
+        i64,
+        Retry,
+    );
+    let rows: Vec<DispositionRow> = vec![
+        (
+            "idempotent backs off",
+            true,
+            RemoteContract::None,
+            None,
+            false,
+            T0,
+            Retry::Backoff,
+        ),
+        (
+            "idempotent backs off even with an expired key",
+            true,
+            RemoteContract::Configured,
+            Some(T0 - 1),
+            true,
+            T0,
+            Retry::Backoff,
+        ),
+        (
+            "configured contract, key, alive",
+            false,
+            RemoteContract::Configured,
+            Some(KEY_EXPIRES),
+            true,
+            T0,
+            Retry::SameIdempotencyKey,
+        ),
+        (
+            "configured contract, key, no published expiry",
+            false,
+            RemoteContract::Configured,
+            None,
+            true,
+            T0,
+            Retry::SameIdempotencyKey,
+        ),
+        (
+            "configured contract, key, expires exactly now",
+            false,
+            RemoteContract::Configured,
+            Some(T0),
+            true,
+            T0,
+            Retry::Reconcile,
+        ),
+        (
+            "configured contract, key, expired",
+            false,
+            RemoteContract::Configured,
+            Some(T0 - 1),
+            true,
+            T0,
+            Retry::Reconcile,
+        ),
+        (
+            "no contract, key present",
+            false,
+            RemoteContract::None,
+            Some(KEY_EXPIRES),
+            true,
+            T0,
+            Retry::Reconcile,
+        ),
+        (
+            "no contract, no key",
+            false,
+            RemoteContract::None,
+            None,
+            false,
+            T0,
+            Retry::Reconcile,
+        ),
+        (
+            "configured contract but no key",
+            false,
+            RemoteContract::Configured,
+            None,
+            false,
+            T0,
+            Retry::Reconcile,
+        ),
+    ];
+    for (name, idempotent, contract, expiry, has_key, now, expected) in rows {
+        assert_eq!(
+            disposition_for_unknown(idempotent, contract, expiry, has_key, now),
+            expected,
+            "row `{name}`"
+        );
+    }
+}
+
+#[test]
+fn manifest_verdict_follows_the_decision_and_its_evidence() {
+    use Decision::*;
+    // (name, facts, decision, expected verdict)
+    let rows: Vec<(&str, RecordFacts, Decision, Verdict)> = vec![
+        (
+            "never dispatched retry is proven not applied",
+            facts(Outcome::NotAttempted, Retry::Backoff),
+            RetryNewAttempt,
+            Verdict::NotApplied,
+        ),
+        (
+            "idempotent unknown retry is idempotent-safe",
+            with(facts(Outcome::Unknown, Retry::Backoff), |f| {
+                f.idempotent = true;
+            }),
+            RetryNewAttempt,
+            Verdict::IdempotentSafe,
+        ),
+        (
+            "same-key retry rests on the remote de-duplication",
+            keyed_unknown(),
+            RetrySameKey,
+            Verdict::IdempotencyKeySafe,
+        ),
+        (
+            "reconcile with a configured query is query-first",
+            with(facts(Outcome::Unknown, Retry::Reconcile), |f| {
+                f.reconcile_configured = true;
+            }),
+            Reconcile,
+            Verdict::QueryFirstRequired,
+        ),
+        (
+            "reconcile without a configured query is unsafe",
+            facts(Outcome::Unknown, Retry::Reconcile),
+            Reconcile,
+            Verdict::Unsafe,
+        ),
+        (
+            "retry after reconciliation proved not applied is query-first",
+            with(facts(Outcome::Rejected, Retry::Backoff), |f| {
+                f.code = Some(Code::ReconciledNotApplied);
+            }),
+            RetryWhenAllowed,
+            Verdict::QueryFirstRequired,
+        ),
+        (
+            "retry after a complete refusal is not applied",
+            with(facts(Outcome::Rejected, Retry::Backoff), |f| {
+                f.code = Some(Code::RemoteRateLimited);
+            }),
+            RetryWhenAllowed,
+            Verdict::NotApplied,
+        ),
+        (
+            "fetch never re-runs",
+            facts(Outcome::Committed, Retry::FetchResult),
+            Fetch,
+            Verdict::Unsafe,
+        ),
+        (
+            "stop for correction",
+            facts(Outcome::NotAttempted, Retry::AfterCorrection),
+            StopForCorrection,
+            Verdict::Unsafe,
+        ),
+        (
+            "return recorded result",
+            facts(Outcome::Committed, Retry::Never),
+            ReturnRecordedResult,
+            Verdict::Unsafe,
+        ),
+        (
+            "idempotency mismatch",
+            keyed_unknown(),
+            IdempotencyMismatch,
+            Verdict::Unsafe,
+        ),
+    ];
+    for (name, f, decision, verdict) in rows {
+        let m = manifest(&f, decision, 2, T0);
+        assert_eq!(m.verdict, verdict, "row `{name}`");
+        assert_eq!(m.decision, decision, "row `{name}`");
+        assert_eq!(m.for_generation, 2, "row `{name}`");
+        assert_eq!(m.invocation_id, f.invocation_id, "row `{name}`");
+        assert_eq!(
+            m.directive.starts_with("PROCEED"),
+            decision.starts_attempt(),
+            "row `{name}`: directive {:?}",
+            m.directive
+        );
+        assert!(
+            m.directive.starts_with("PROCEED") || m.directive.starts_with("HALT"),
+            "row `{name}`: directive {:?}",
+            m.directive
+        );
+    }
+}
+
+#[test]
+fn manifest_for_decide_output_never_proceeds_on_unsafe_evidence() {
+    // Whatever decide() returns, a PROCEED manifest has a safe verdict.
+    for r in decide_table() {
+        let request = RetryRequest {
+            fingerprint: r.request_fingerprint.to_string(),
+        };
+        let decision = decide(&r.facts, &request, r.now_ms);
+        let m = manifest(&r.facts, decision, 2, r.now_ms);
+        if decision.starts_attempt() {
+            assert_ne!(m.verdict, Verdict::Unsafe, "row `{}`", r.name);
+        } else {
+            assert!(
+                matches!(m.verdict, Verdict::Unsafe | Verdict::QueryFirstRequired),
+                "row `{}`: {:?}",
+                r.name,
+                m.verdict
+            );
+        }
+    }
+}
+
+fn is_digest(s: &str) -> bool {
+    s.strip_prefix("blake3:").is_some_and(|hex| {
+        hex.len() == 64
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+/// A record where every optional fact is present, so each edit below is a real change.
+fn full_facts() -> RecordFacts {
+    RecordFacts {
+        code: Some(Code::RemoteTimeout),
+        reconcile_configured: false,
+        not_before_ms: Some(T0 + 5_000),
+        ..keyed_unknown()
+    }
+}
+
+#[test]
+fn manifest_digest_is_deterministic_and_well_formed() {
+    let a = manifest(&full_facts(), Decision::RetrySameKey, 2, T0);
+    let b = manifest(&full_facts(), Decision::RetrySameKey, 2, T0);
+    assert_eq!(a, b);
+    assert!(is_digest(&a.digest), "{}", a.digest);
+    let plain = manifest(
+        &facts(Outcome::NotAttempted, Retry::Backoff),
+        Decision::RetryNewAttempt,
+        1,
+        T0,
+    );
+    assert!(is_digest(&plain.digest), "{}", plain.digest);
+}
+
+#[test]
+fn manifest_digest_changes_when_any_single_fact_changes() {
+    type Edit = fn(&mut RecordFacts);
+    let edits: Vec<(&str, Edit)> = vec![
+        ("invocation_id", |f| f.invocation_id.push('x')),
+        ("last_seq", |f| f.last_seq += 1),
+        ("outcome", |f| f.outcome = Outcome::Rejected),
+        ("retry", |f| f.retry = Retry::Reconcile),
+        ("code", |f| f.code = Some(Code::RemoteOutcomeUnknown)),
+        ("code removed", |f| f.code = None),
+        ("fingerprint", |f| f.fingerprint = OTHER_FP.to_string()),
+        ("idempotent", |f| f.idempotent = true),
+        ("remote_contract", |f| {
+            f.remote_contract = RemoteContract::None
+        }),
+        ("idempotency_key", |f| {
+            f.idempotency_key = Some("k-2".into())
+        }),
+        ("idempotency_key removed", |f| f.idempotency_key = None),
+        ("expiry", |f| {
+            f.idempotency_expires_at_ms = Some(KEY_EXPIRES + 1)
+        }),
+        ("expiry removed", |f| f.idempotency_expires_at_ms = None),
+        ("reconcile_configured", |f| f.reconcile_configured = true),
+        ("attempts_used", |f| f.attempts_used += 1),
+        ("retry_budget", |f| f.retry_budget += 1),
+        ("not_before_ms", |f| f.not_before_ms = Some(T0 + 6_000)),
+        ("not_before_ms removed", |f| f.not_before_ms = None),
+    ];
+    let base = full_facts();
+    let decision = Decision::RetrySameKey;
+    let reference = manifest(&base, decision, 2, T0).digest;
+    let mut seen = vec![reference.clone()];
+    for (name, edit) in edits {
+        let mut changed = base.clone();
+        edit(&mut changed);
+        assert_ne!(changed, base, "edit `{name}` must change the facts");
+        let digest = manifest(&changed, decision, 2, T0).digest;
+        assert!(is_digest(&digest), "edit `{name}`: {digest}");
+        assert!(
+            !seen.contains(&digest),
+            "edit `{name}` left the digest equal"
+        );
+        seen.push(digest);
+    }
+    // The arguments beside the facts are bound too.
+    let now = manifest(&base, decision, 2, T0 + 1).digest;
+    let generation = manifest(&base, decision, 3, T0).digest;
+    let other_decision = manifest(&base, Decision::Reconcile, 2, T0).digest;
+    for (name, digest) in [
+        ("now", now),
+        ("generation", generation),
+        ("decision", other_decision),
+    ] {
+        assert!(
+            !seen.contains(&digest),
+            "changing `{name}` left the digest equal"
+        );
+        seen.push(digest);
+    }
+}
