@@ -274,22 +274,49 @@ fn manifest_digest(
     field(&record.last_seq.to_le_bytes());
     field(record.outcome.as_str().as_bytes());
     field(record.retry.as_str().as_bytes());
-    field(record.code.map(Code::as_str).unwrap_or("").as_bytes());
+    field(&optional(record.code.map(|c| c.as_str().as_bytes())));
     field(record.fingerprint.as_bytes());
     field(&[u8::from(record.idempotent)]);
     field(match record.remote_contract {
         RemoteContract::Configured => b"configured",
         RemoteContract::None => b"none",
     });
-    field(record.idempotency_key.as_deref().unwrap_or("").as_bytes());
-    field(&record.idempotency_expires_at_ms.unwrap_or(-1).to_le_bytes());
+    // Optional facts carry a presence byte, so "absent" never digests like a value.
+    field(&optional(
+        record.idempotency_key.as_deref().map(str::as_bytes),
+    ));
+    field(&optional(
+        record
+            .idempotency_expires_at_ms
+            .map(i64::to_le_bytes)
+            .as_ref()
+            .map(|b| &b[..]),
+    ));
     field(&[u8::from(record.reconcile_configured)]);
     field(&record.attempts_used.to_le_bytes());
     field(&record.retry_budget.to_le_bytes());
-    field(&record.not_before_ms.unwrap_or(-1).to_le_bytes());
+    field(&optional(
+        record
+            .not_before_ms
+            .map(i64::to_le_bytes)
+            .as_ref()
+            .map(|b| &b[..]),
+    ));
     field(&now_ms.to_le_bytes());
     field(decision.as_str().as_bytes());
     field(verdict.as_str().as_bytes());
     field(&for_generation.to_le_bytes());
     format!("blake3:{}", h.finalize().to_hex())
+}
+
+fn optional(value: Option<&[u8]>) -> Vec<u8> {
+    match value {
+        None => vec![0],
+        Some(bytes) => {
+            let mut out = Vec::with_capacity(bytes.len() + 1);
+            out.push(1);
+            out.extend_from_slice(bytes);
+            out
+        }
+    }
 }

@@ -68,6 +68,9 @@ pub struct Projection {
     /// Total dispatches, counted against the retry budget.
     pub dispatches: u32,
     pub attempt: AttemptMarkers,
+    /// The markers of the latest attempt that crossed dispatch, kept when a later
+    /// attempt did not, so the evidence behind an unknown outcome never disappears.
+    pub last_dispatched: Option<AttemptMarkers>,
     pub attempts: Vec<AttemptEvidence>,
     /// The generation a retry manifest authorized, if one is outstanding.
     pub authorized_generation: Option<u32>,
@@ -104,6 +107,7 @@ impl Projection {
             ever_dispatched: false,
             dispatches: 0,
             attempt: AttemptMarkers::default(),
+            last_dispatched: None,
             attempts: Vec::new(),
             authorized_generation: None,
             result_id: None,
@@ -249,6 +253,9 @@ impl Projection {
                 if self.terminal && self.authorized_generation != Some(*generation) {
                     return refuse(self, "a retry needs a retry manifest that allows it");
                 }
+                if self.attempt.dispatched {
+                    self.last_dispatched = Some(self.attempt.clone());
+                }
                 self.attempt = AttemptMarkers {
                     generation: *generation,
                     ..Default::default()
@@ -377,8 +384,8 @@ impl Projection {
                 self.delivery_failed = false;
             }
             EventBody::DeliveryFailed { code, message } => {
-                if !self.terminal {
-                    return refuse(self, "only an ended invocation is delivered");
+                if !self.terminal || self.result_id.is_none() {
+                    return refuse(self, "only a stored result can fail delivery");
                 }
                 self.delivery_failed = true;
                 self.phase = Phase::ResultDelivery;
@@ -400,6 +407,9 @@ impl Projection {
                     // failure leaves the outcome unknown.
                     if *outcome != Outcome::Unknown {
                         return refuse(self, "a failure after dispatch leaves the outcome unknown");
+                    }
+                    if *phase != Phase::RemoteExecution {
+                        return refuse(self, "a failure after dispatch is in remote_execution");
                     }
                 } else if *outcome != Outcome::NotAttempted {
                     return refuse(self, "a failure before dispatch proves not_attempted");
@@ -440,6 +450,9 @@ impl Projection {
                         return refuse(self, "a committed invocation is never retried");
                     }
                     self.authorized_generation = Some(*for_generation);
+                } else {
+                    // The latest decision wins: a later "stop" withdraws a permission.
+                    self.authorized_generation = None;
                 }
             }
             EventBody::Reconciled {
@@ -476,6 +489,8 @@ impl Projection {
                 self.message = Some(note.clone());
                 self.confidence = Some(*source);
                 self.reconciled = Some(*settlement);
+                // Settled facts replace the ones a pending retry was planned on.
+                self.authorized_generation = None;
                 self.terminal = true;
             }
             EventBody::ImportedEvidence { .. } => {}
@@ -485,26 +500,24 @@ impl Projection {
     }
 
     /// The retry disposition now. A recorded disposition wins, except that a settled
-    /// result that failed delivery is fetched, never re-run; an unknown outcome with no
-    /// recorded disposition (the broker died mid-flight) is derived from the bound
-    /// operation facts.
+    /// result that failed delivery is fetched, never re-run. An unknown outcome's
+    /// disposition always comes from the bound operation facts, the key's retention
+    /// window and the retry budget ("the retry disposition of every unknown outcome
+    /// comes from decide()"), never from what a later attempt recorded: a second
+    /// attempt that failed in setup must not turn `unknown` into `backoff`.
     pub fn retry(&self, now_ms: i64) -> Retry {
         if self.delivery_failed && self.result_id.is_some() {
             return Retry::FetchResult;
         }
         if self.outcome == Outcome::Unknown {
-            let derived = self.unknown_disposition(now_ms);
-            return match self.recorded_retry {
-                // A recorded same-key disposition expires with the key.
-                Some(Retry::SameIdempotencyKey) | None => derived,
-                Some(recorded) => recorded,
-            };
+            return self.unknown_disposition(now_ms);
         }
         self.recorded_retry.unwrap_or(Retry::Backoff)
     }
 
     fn unknown_disposition(&self, now_ms: i64) -> Retry {
         match &self.operation {
+            Some(op) if self.dispatches >= op.retry_budget => Retry::Reconcile,
             Some(op) => disposition_for_unknown(
                 op.idempotent,
                 op.remote_contract,
@@ -531,26 +544,32 @@ impl Projection {
     /// The evidence block of the envelope.
     pub fn evidence(&self) -> Evidence {
         let facts = self.result_facts.clone().unwrap_or_default();
+        // Describe the attempt that determines the outcome: the current one, unless it
+        // never dispatched and an earlier one did.
+        let m = match &self.last_dispatched {
+            Some(earlier) if !self.attempt.dispatched => earlier,
+            _ => &self.attempt,
+        };
         Evidence {
-            dispatch_started: self.attempt.dispatched,
-            request_headers_sent: self.attempt.headers_sent,
-            request_complete: self.attempt.request_complete,
-            response_headers_received: self.attempt.response_headers_received,
-            response_complete: self.attempt.response_complete,
+            dispatch_started: m.dispatched,
+            request_headers_sent: m.headers_sent,
+            request_complete: m.request_complete,
+            response_headers_received: m.response_headers_received,
+            response_complete: m.response_complete,
             attempts: self.attempts.clone(),
             idempotency: self.operation.as_ref().and_then(|o| o.idempotency.clone()),
             fingerprint: self.fingerprint.clone(),
-            dispatch_sequence: self.attempt.dispatch_seq,
+            dispatch_sequence: m.dispatch_seq,
             journal_sequence: self.last_seq,
             attempt_generation: self.attempt.generation,
-            connection_id: self.attempt.connection_id.clone(),
-            peer_identity: self.attempt.peer_identity.clone(),
+            connection_id: m.connection_id.clone(),
+            peer_identity: m.peer_identity.clone(),
             remote_request_id: facts
                 .remote_request_id
                 .clone()
-                .or_else(|| self.attempt.remote_request_id.clone()),
-            http_status: facts.http_status.or(self.attempt.http_status),
-            response_digest: self.attempt.response_digest.clone(),
+                .or_else(|| m.remote_request_id.clone()),
+            http_status: facts.http_status.or(m.http_status),
+            response_digest: m.response_digest.clone(),
             exit_status: facts.exit_status,
             exit_signal: facts.exit_signal,
             result_record_id: self.result_id.clone(),
