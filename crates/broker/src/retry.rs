@@ -52,6 +52,15 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// Every verdict.
+    pub const ALL: &'static [Verdict] = &[
+        Verdict::IdempotentSafe,
+        Verdict::QueryFirstRequired,
+        Verdict::IdempotencyKeySafe,
+        Verdict::NotApplied,
+        Verdict::Unsafe,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Verdict::IdempotentSafe => "idempotent_safe",
@@ -64,6 +73,18 @@ impl Verdict {
 }
 
 impl Decision {
+    /// Every decision `decide` can return.
+    pub const ALL: &'static [Decision] = &[
+        Decision::Fetch,
+        Decision::RetryNewAttempt,
+        Decision::RetrySameKey,
+        Decision::Reconcile,
+        Decision::StopForCorrection,
+        Decision::RetryWhenAllowed,
+        Decision::ReturnRecordedResult,
+        Decision::IdempotencyMismatch,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Decision::Fetch => "fetch",
@@ -285,23 +306,11 @@ fn manifest_digest(
     field(&optional(
         record.idempotency_key.as_deref().map(str::as_bytes),
     ));
-    field(&optional(
-        record
-            .idempotency_expires_at_ms
-            .map(i64::to_le_bytes)
-            .as_ref()
-            .map(|b| &b[..]),
-    ));
+    field(&optional_i64(record.idempotency_expires_at_ms));
     field(&[u8::from(record.reconcile_configured)]);
     field(&record.attempts_used.to_le_bytes());
     field(&record.retry_budget.to_le_bytes());
-    field(&optional(
-        record
-            .not_before_ms
-            .map(i64::to_le_bytes)
-            .as_ref()
-            .map(|b| &b[..]),
-    ));
+    field(&optional_i64(record.not_before_ms));
     field(&now_ms.to_le_bytes());
     field(decision.as_str().as_bytes());
     field(verdict.as_str().as_bytes());
@@ -319,4 +328,8 @@ fn optional(value: Option<&[u8]>) -> Vec<u8> {
             out
         }
     }
+}
+
+fn optional_i64(value: Option<i64>) -> Vec<u8> {
+    optional(value.map(i64::to_le_bytes).as_ref().map(|b| &b[..]))
 }

@@ -942,25 +942,6 @@ fn approvals_name_the_bound_fingerprint_and_come_before_dispatch() {
 // ---------------------------------------------------------------------------------------
 // Property tests over random event sequences
 
-const ALL_DECISIONS: &[Decision] = &[
-    Decision::Fetch,
-    Decision::RetryNewAttempt,
-    Decision::RetrySameKey,
-    Decision::Reconcile,
-    Decision::StopForCorrection,
-    Decision::RetryWhenAllowed,
-    Decision::ReturnRecordedResult,
-    Decision::IdempotencyMismatch,
-];
-
-const ALL_VERDICTS: &[Verdict] = &[
-    Verdict::IdempotentSafe,
-    Verdict::QueryFirstRequired,
-    Verdict::IdempotencyKeySafe,
-    Verdict::NotApplied,
-    Verdict::Unsafe,
-];
-
 const ALL_STAGES: &[Stage] = &[
     Stage::Dns,
     Stage::TcpConnect,
@@ -1010,13 +991,13 @@ fn confidence() -> impl Strategy<Value = ConfidenceSource> {
 }
 
 fn decision() -> impl Strategy<Value = Decision> {
-    let starting: Vec<Decision> = ALL_DECISIONS
+    let starting: Vec<Decision> = Decision::ALL
         .iter()
         .copied()
         .filter(|d| d.starts_attempt())
         .collect();
     prop_oneof![
-        1 => prop::sample::select(ALL_DECISIONS),
+        1 => prop::sample::select(Decision::ALL),
         1 => prop::sample::select(starting),
     ]
 }
@@ -1152,7 +1133,7 @@ fn arb_failed() -> impl Strategy<Value = EventBody> {
 }
 
 fn arb_manifest(generation: impl Strategy<Value = u32>) -> impl Strategy<Value = EventBody> {
-    (generation, prop::sample::select(ALL_VERDICTS), decision()).prop_map(
+    (generation, prop::sample::select(Verdict::ALL), decision()).prop_map(
         |(for_generation, verdict, decision)| EventBody::RetryManifest {
             for_generation,
             verdict,

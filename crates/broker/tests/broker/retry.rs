@@ -227,21 +227,10 @@ fn decide_follows_the_table() {
 #[test]
 fn decide_table_reaches_every_decision() {
     let reached: Vec<Decision> = decide_table().iter().map(|r| r.expected).collect();
-    for d in ALL_DECISIONS {
+    for d in Decision::ALL {
         assert!(reached.contains(d), "no row expects {d:?}");
     }
 }
-
-const ALL_DECISIONS: &[Decision] = &[
-    Decision::Fetch,
-    Decision::RetryNewAttempt,
-    Decision::RetrySameKey,
-    Decision::Reconcile,
-    Decision::StopForCorrection,
-    Decision::RetryWhenAllowed,
-    Decision::ReturnRecordedResult,
-    Decision::IdempotencyMismatch,
-];
 
 #[test]
 fn disposition_for_unknown_follows_the_table() {
