@@ -287,6 +287,15 @@ pub struct Evidence {
     pub confidence: Option<ConfidenceSource>,
     /// How many copies of the injected secret were scrubbed from the returned result.
     pub redactions: u32,
+    /// The request field a validation error is about (`url`, `headers[2].name`, `body`).
+    pub field: Option<String>,
+    /// For an accepted asynchronous job (HTTP 202): where its status can be checked.
+    /// Checking it is a separate invocation; the submission itself is settled.
+    pub status_resource: Option<String>,
+    /// For a redirect that was not followed: where it pointed.
+    pub redirect_location: Option<String>,
+    /// Earliest time a new attempt is allowed (from Retry-After), unix ms.
+    pub not_before_ms: Option<i64>,
 }
 
 /// The `error` member of the envelope.

@@ -130,8 +130,7 @@ impl Recorder {
                             outcome: Outcome::NotAttempted,
                             retry: Retry::AfterCorrection,
                             code: Code::IdempotencyMismatch,
-                            message: "This idempotency key was already used with a different request; nothing was sent.".into(),
-                        },
+                            message: "This idempotency key was already used with a different request; nothing was sent.".into(), field: None },
                     )?;
                     return Ok(Err(failed));
                 }
@@ -355,6 +354,7 @@ impl Recorder {
                 retry: p.retry(self.journal.now_ms()),
                 code,
                 message: message.to_string(),
+                field: None,
             }
         } else {
             EventBody::Failed {
@@ -363,6 +363,7 @@ impl Recorder {
                 retry,
                 code,
                 message: message.to_string(),
+                field: None,
             }
         };
         self.append(body)

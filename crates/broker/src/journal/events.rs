@@ -50,6 +50,15 @@ pub struct ResultFacts {
     pub exit_status: Option<i32>,
     pub exit_signal: Option<String>,
     pub remote_request_id: Option<String>,
+    /// HTTP 202: the job's status resource (`Location`).
+    #[serde(default)]
+    pub status_resource: Option<String>,
+    /// HTTP 3xx not followed: the `Location` it pointed to.
+    #[serde(default)]
+    pub redirect_location: Option<String>,
+    /// Retry-After, as an absolute time (unix ms).
+    #[serde(default)]
+    pub not_before_ms: Option<i64>,
 }
 
 /// One journal transition. The `kind` tag is also stored in its own column.
@@ -150,6 +159,9 @@ pub enum EventBody {
         retry: Retry,
         code: Code,
         message: String,
+        /// The request field a validation failure is about.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        field: Option<String>,
     },
     /// Seed 003's retry manifest: appended before any retry happens.
     RetryManifest {

@@ -680,6 +680,7 @@ impl Journal {
                 retry,
                 code,
                 message: message.to_string(),
+                field: None,
             };
             self.append(&p.invocation_id, body)?;
             closed.push(p.invocation_id);
@@ -739,8 +740,7 @@ fn reap_expired(ctx: &mut WriteCtx<'_>, id: &str) -> Result<bool, JournalError> 
             outcome: Outcome::Unknown,
             retry: p.retry(ctx.now_ms()),
             code: Code::RemoteOutcomeUnknown,
-            message: "The attempt's lease expired after dispatch and before a complete response; the remote may have acted.".into(),
-        }
+            message: "The attempt's lease expired after dispatch and before a complete response; the remote may have acted.".into(), field: None }
     } else {
         EventBody::Failed {
             phase: p.phase,
@@ -748,6 +748,7 @@ fn reap_expired(ctx: &mut WriteCtx<'_>, id: &str) -> Result<bool, JournalError> 
             retry: Retry::Backoff,
             code: Code::BrokerInterrupted,
             message: "The attempt's lease expired before dispatch; nothing was sent.".into(),
+            field: None,
         }
     };
     ctx.append_checked(id, &body)?;

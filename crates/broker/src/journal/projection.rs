@@ -58,6 +58,8 @@ pub struct Projection {
     recorded_retry: Option<Retry>,
     pub code: Option<Code>,
     pub message: Option<String>,
+    /// The request field a validation failure is about.
+    pub field: Option<String>,
     pub fingerprint: Option<String>,
     pub operation: Option<OperationFacts>,
     pub credential: Option<(String, String)>,
@@ -99,6 +101,7 @@ impl Projection {
             recorded_retry: None,
             code: None,
             message: None,
+            field: None,
             fingerprint: None,
             operation: None,
             credential: None,
@@ -398,6 +401,7 @@ impl Projection {
                 retry,
                 code,
                 message,
+                field,
             } => {
                 if self.terminal && !attempt_open && self.authorized_generation.is_none() {
                     return refuse(self, "the invocation already ended");
@@ -424,6 +428,7 @@ impl Projection {
                     self.outcome = Outcome::Unknown;
                 }
                 self.phase = *phase;
+                self.field = field.clone();
                 self.recorded_retry = Some(*retry);
                 self.code = Some(*code);
                 self.message = Some(message.clone());
@@ -575,6 +580,10 @@ impl Projection {
             result_record_id: self.result_id.clone(),
             confidence: self.confidence,
             redactions: self.redactions,
+            field: self.field.clone(),
+            status_resource: facts.status_resource.clone(),
+            redirect_location: facts.redirect_location.clone(),
+            not_before_ms: facts.not_before_ms,
         }
     }
 

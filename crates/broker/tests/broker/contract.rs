@@ -51,6 +51,10 @@ fn full_envelope() -> Envelope {
             result_record_id: None,
             confidence: Some(ConfidenceSource::TransportObserved),
             redactions: 0,
+            field: None,
+            status_resource: None,
+            redirect_location: None,
+            not_before_ms: None,
         },
     }
 }

@@ -115,6 +115,7 @@ fn a_raw_failed_event_claiming_not_attempted_after_dispatch_is_refused() {
                 retry: Retry::Backoff,
                 code: Code::ConnectionRefused,
                 message: "x".into(),
+                field: None,
             },
         )
         .unwrap_err();

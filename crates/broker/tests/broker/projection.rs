@@ -126,6 +126,7 @@ fn failed(phase: Phase, outcome: Outcome, retry: Retry, code: Code) -> EventBody
         retry,
         code,
         message: "failed".into(),
+        field: None,
     }
 }
 
@@ -1129,6 +1130,7 @@ fn arb_failed() -> impl Strategy<Value = EventBody> {
             retry,
             code,
             message: "x".into(),
+            field: None,
         })
 }
 
