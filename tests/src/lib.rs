@@ -1,6 +1,8 @@
 //! Shared pieces of the cross-crate tests: a fixed lifecycle that the crash child runs
 //! and the parent checks, so both sides agree on what each step means.
 
+pub mod adversary;
+
 use std::path::Path;
 use std::sync::Arc;
 

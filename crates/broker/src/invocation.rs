@@ -33,6 +33,7 @@ pub fn new_invocation_id() -> Result<String, JournalError> {
 }
 
 /// Drives one invocation through the journal.
+#[derive(Clone)]
 pub struct Recorder {
     journal: Journal,
     id: String,
@@ -345,6 +346,18 @@ impl Recorder {
         retry: Retry,
         message: &str,
     ) -> Result<Appended, JournalError> {
+        self.fail_field(phase, code, retry, message, None)
+    }
+
+    /// [`Recorder::fail`] naming the request field the failure is about.
+    pub fn fail_field(
+        &self,
+        phase: Phase,
+        code: Code,
+        retry: Retry,
+        message: &str,
+        field: Option<&str>,
+    ) -> Result<Appended, JournalError> {
         let p = self.projection()?;
         let dispatched = p.attempt.dispatched && !p.attempt.closed;
         let body = if dispatched {
@@ -363,7 +376,7 @@ impl Recorder {
                 retry,
                 code,
                 message: message.to_string(),
-                field: None,
+                field: field.map(str::to_string),
             }
         };
         self.append(body)

@@ -9,6 +9,8 @@
 //! - [`config`]: the targets file.
 //! - [`journal`]: the append-only evidence journal in SQLite (group-committed, durable
 //!   where the contract needs it), its projection, the result store and attempt leases.
+//! - [`channel`]: the HTTP channel (SSH later): injection, connection setup,
+//!   dispatch and settlement, each recorded through [`invocation`].
 //! - [`invocation`]: the lifecycle API the channels drive, one durable transition at a
 //!   time.
 //! - [`retry`]: `decide()` and the retry manifest.
@@ -18,6 +20,7 @@
 
 pub mod action;
 pub mod audit;
+pub mod channel;
 pub mod clock;
 pub mod config;
 pub mod contract;

@@ -587,6 +587,47 @@ impl Journal {
         self.write(true, move |ctx| results::commit(ctx, &id, &result, &settle))
     }
 
+    /// Keeps the request an invocation was accepted with (see `0003_requests.sql`).
+    pub fn store_request(
+        &self,
+        invocation_id: &str,
+        meta: serde_json::Value,
+        body: Vec<u8>,
+    ) -> Result<(), JournalError> {
+        let id = invocation_id.to_string();
+        let meta = serde_json::to_string(&meta)
+            .map_err(|e| JournalError::Storage(format!("request encoding: {e}")))?;
+        self.write(false, move |ctx| {
+            ctx.conn()
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO requests (invocation_id, meta, body) VALUES (?1, ?2, ?3)",
+                )?
+                .execute(params![id, meta, body])?;
+            Ok(())
+        })
+    }
+
+    /// The request an invocation was accepted with.
+    pub fn load_request(
+        &self,
+        invocation_id: &str,
+    ) -> Result<Option<(serde_json::Value, Vec<u8>)>, JournalError> {
+        let conn = self.inner.reader.lock().map_err(|_| JournalError::Closed)?;
+        let row: Option<(String, Vec<u8>)> = conn
+            .query_row(
+                "SELECT meta, body FROM requests WHERE invocation_id = ?1",
+                [invocation_id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        row.map(|(meta, body)| {
+            serde_json::from_str(&meta)
+                .map(|m| (m, body))
+                .map_err(|e| JournalError::Storage(format!("stored request: {e}")))
+        })
+        .transpose()
+    }
+
     /// All events of one invocation, in sequence order.
     pub fn events(&self, invocation_id: &str) -> Result<Vec<Event>, JournalError> {
         let conn = self.inner.reader.lock().map_err(|_| JournalError::Closed)?;

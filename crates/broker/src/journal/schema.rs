@@ -18,6 +18,7 @@ pub const APPLICATION_ID: i64 = 0x5053_544E;
 const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0001_journal.sql"),
     include_str!("migrations/0002_credentials.sql"),
+    include_str!("migrations/0003_requests.sql"),
 ];
 
 /// The newest schema this build understands.

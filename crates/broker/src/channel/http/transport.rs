@@ -1,0 +1,376 @@
+//! One HTTP attempt over reqwest, with every boundary the contract needs made visible
+//! through reqwest's extension points rather than by reading error strings:
+//!
+//! - a DNS resolver that records the `dns` stage;
+//! - a rustls certificate verifier (system roots plus the target's `ca_file`) that
+//!   records the `tls_handshake` verdict and the verified peer identity;
+//! - a connector layer that runs when TCP and TLS are done and, before handing the
+//!   connection to hyper, makes DISPATCH_STARTED durable (re-verifying the fingerprint):
+//!   no request byte can reach the socket before that append returns;
+//! - a request body that marks when hyper took the headers and the last body byte.
+//!
+//! Each attempt gets its own client with pooling off, so a connection is never reused
+//! (no "write on a stale pooled socket" ambiguity), redirects are never followed by the
+//! library, no proxy is consulted and reqwest's own retries are off.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{CertificateError, DigitallySignedStruct, SignatureScheme};
+
+use crate::contract::{Code, Stage};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What the TLS verifier concluded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TlsVerdict {
+    Verified { peer: String },
+    Rejected { reason: &'static str },
+}
+
+/// What the dispatch gate concluded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GateVerdict {
+    /// DISPATCH_STARTED is durable; the connection went to hyper.
+    Dispatched,
+    /// The gate refused (fingerprint changed, lease lost, journal failed); the
+    /// connection was dropped before any byte.
+    Refused,
+}
+
+/// Observations of one attempt, written from resolver, verifier, connector and body
+/// (possibly on other threads) and read once the exchange ends.
+#[derive(Debug, Default)]
+pub struct Probe {
+    dns: Mutex<Option<Result<(), ()>>>,
+    tls: Mutex<Option<TlsVerdict>>,
+    connected: AtomicBool,
+    gate: Mutex<Option<GateVerdict>>,
+    headers_taken: AtomicBool,
+    body_taken: AtomicBool,
+}
+
+impl Probe {
+    pub fn dns(&self) -> Option<Result<(), ()>> {
+        self.dns.lock().ok().and_then(|g| *g)
+    }
+    pub fn tls(&self) -> Option<TlsVerdict> {
+        self.tls.lock().ok().and_then(|g| g.clone())
+    }
+    pub fn connected(&self) -> bool {
+        self.connected.load(Ordering::SeqCst)
+    }
+    pub fn gate(&self) -> Option<GateVerdict> {
+        self.gate.lock().ok().and_then(|g| g.clone())
+    }
+    /// hyper took the request head and started on the body.
+    pub fn headers_taken(&self) -> bool {
+        self.headers_taken.load(Ordering::SeqCst)
+    }
+    /// hyper took the last body byte.
+    pub fn body_taken(&self) -> bool {
+        self.body_taken.load(Ordering::SeqCst)
+    }
+    fn set<T>(slot: &Mutex<Option<T>>, value: T) {
+        if let Ok(mut g) = slot.lock() {
+            *g = Some(value);
+        }
+    }
+
+    /// The connection-setup stage that failed and its code, judged from what was
+    /// observed (never from an error message). `io_kind` is the kind of the first
+    /// `std::io::Error` in the failure's source chain, if any; `tls_error` whether a
+    /// `rustls::Error` was in it.
+    pub fn setup_failure(
+        &self,
+        https: bool,
+        io_kind: Option<std::io::ErrorKind>,
+        tls_error: bool,
+    ) -> (Stage, Code) {
+        use std::io::ErrorKind as K;
+        if self.dns() == Some(Err(())) {
+            return (Stage::Dns, Code::DnsFailed);
+        }
+        if let Some(TlsVerdict::Rejected { .. }) = self.tls() {
+            return (Stage::TlsHandshake, Code::TlsRejected);
+        }
+        let tcp_failed = matches!(
+            io_kind,
+            Some(
+                K::ConnectionRefused
+                    | K::HostUnreachable
+                    | K::NetworkUnreachable
+                    | K::AddrNotAvailable
+                    | K::TimedOut
+            )
+        );
+        if !tcp_failed && https && (tls_error || self.tls().is_some() || io_kind.is_some()) {
+            // A TCP connect either succeeds or fails with one of the kinds above; any
+            // other failure on an https connection happened during the handshake.
+            return (Stage::TlsHandshake, Code::TlsRejected);
+        }
+        if io_kind == Some(K::TimedOut) {
+            return (Stage::TcpConnect, Code::ConnectTimeout);
+        }
+        (Stage::TcpConnect, Code::ConnectionRefused)
+    }
+}
+
+/// The first `io::Error` kind and whether a `rustls::Error` appears in `err`'s chain.
+pub fn error_chain_facts(
+    err: &(dyn std::error::Error + 'static),
+) -> (Option<std::io::ErrorKind>, bool) {
+    let mut io_kind = None;
+    let mut tls = false;
+    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = current {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            io_kind.get_or_insert(io.kind());
+            if io
+                .get_ref()
+                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
+            {
+                tls = true;
+            }
+        }
+        if e.downcast_ref::<rustls::Error>().is_some() {
+            tls = true;
+        }
+        current = e.source();
+    }
+    (io_kind, tls)
+}
+
+/// Records the DNS stage; IP literals never reach it.
+pub struct RecordingResolver {
+    pub probe: Arc<Probe>,
+}
+
+impl reqwest::dns::Resolve for RecordingResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let probe = self.probe.clone();
+        let host = name.as_str().to_string();
+        Box::pin(async move {
+            match tokio::net::lookup_host((host.as_str(), 0)).await {
+                Ok(addrs) => {
+                    let addrs: Vec<SocketAddr> = addrs.collect();
+                    if addrs.is_empty() {
+                        Probe::set(&probe.dns, Err(()));
+                        return Err(BoxError::from(format!("{host}: no addresses")));
+                    }
+                    Probe::set(&probe.dns, Ok(()));
+                    Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
+                }
+                Err(e) => {
+                    Probe::set(&probe.dns, Err(()));
+                    Err(BoxError::from(e))
+                }
+            }
+        })
+    }
+}
+
+/// Verifies like webpki (system roots plus `ca_file`) and records the verdict and the
+/// peer identity (blake3 of the end-entity certificate).
+#[derive(Debug)]
+pub struct RecordingVerifier {
+    pub inner: Arc<WebPkiServerVerifier>,
+    pub probe: Arc<Probe>,
+}
+
+fn certificate_reason(e: &rustls::Error) -> &'static str {
+    match e {
+        rustls::Error::InvalidCertificate(c) => match c {
+            CertificateError::Expired | CertificateError::ExpiredContext { .. } => "expired",
+            CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => {
+                "not yet valid"
+            }
+            CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. } => {
+                "not valid for this host name"
+            }
+            CertificateError::UnknownIssuer => "issued by an untrusted authority",
+            CertificateError::Revoked => "revoked",
+            _ => "invalid",
+        },
+        _ => "rejected",
+    }
+}
+
+impl ServerCertVerifier for RecordingVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let verdict = self.inner.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        );
+        match &verdict {
+            Ok(_) => Probe::set(
+                &self.probe.tls,
+                TlsVerdict::Verified {
+                    peer: format!("cert-blake3:{}", blake3::hash(end_entity.as_ref()).to_hex()),
+                },
+            ),
+            Err(e) => Probe::set(
+                &self.probe.tls,
+                TlsVerdict::Rejected {
+                    reason: certificate_reason(e),
+                },
+            ),
+        }
+        verdict
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// The check that runs between "connection ready" and "first byte": appends
+/// DISPATCH_STARTED durably. Returns false to refuse the connection.
+pub type Gate = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
+
+/// A connector layer that holds the connection until the gate has made dispatch
+/// durable.
+#[derive(Clone)]
+pub struct DispatchLayer {
+    pub probe: Arc<Probe>,
+    pub gate: Gate,
+}
+
+impl<S> tower_layer::Layer<S> for DispatchLayer {
+    type Service = DispatchService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        DispatchService {
+            inner,
+            probe: self.probe.clone(),
+            gate: self.gate.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct DispatchService<S> {
+    inner: S,
+    probe: Arc<Probe>,
+    gate: Gate,
+}
+
+/// The gate refused the connection; the request was never written.
+#[derive(Debug)]
+pub struct GateRefused;
+
+impl std::fmt::Display for GateRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("dispatch refused before the first byte")
+    }
+}
+impl std::error::Error for GateRefused {}
+
+impl<S, R> tower_service::Service<R> for DispatchService<S>
+where
+    S: tower_service::Service<R, Error = BoxError>,
+    S::Future: Send + 'static,
+    S::Response: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: R) -> Self::Future {
+        let connecting = self.inner.call(request);
+        let probe = self.probe.clone();
+        let gate = self.gate.clone();
+        Box::pin(async move {
+            let conn = connecting.await?;
+            probe.connected.store(true, Ordering::SeqCst);
+            if gate().await {
+                Probe::set(&probe.gate, GateVerdict::Dispatched);
+                Ok(conn)
+            } else {
+                Probe::set(&probe.gate, GateVerdict::Refused);
+                Err(BoxError::from(GateRefused))
+            }
+        })
+    }
+}
+
+/// A request body that marks when hyper takes it: the first poll comes after the head
+/// was queued for writing; the end-of-stream poll after the last byte was taken.
+pub struct MarkingBody {
+    data: Option<Bytes>,
+    probe: Arc<Probe>,
+}
+
+impl MarkingBody {
+    pub fn new(data: Bytes, probe: Arc<Probe>) -> Self {
+        let data = if data.is_empty() { None } else { Some(data) };
+        MarkingBody { data, probe }
+    }
+}
+
+impl http_body::Body for MarkingBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        self.probe.headers_taken.store(true, Ordering::SeqCst);
+        match self.data.take() {
+            Some(data) => Poll::Ready(Some(Ok(http_body::Frame::data(data)))),
+            None => {
+                self.probe.body_taken.store(true, Ordering::SeqCst);
+                Poll::Ready(None)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        false
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
+    }
+}

@@ -1,0 +1,175 @@
+//! Channels run invocations against remote systems (HTTP now, SSH later). This module
+//! holds what they share: the call context (session, approver, cancellation), the
+//! credential access the injection step uses, and the live configuration handle.
+//!
+//! - [`http`]: the HTTP channel.
+//! - [`redact`]: scrubbing the injected secret from results.
+
+pub mod http;
+pub mod redact;
+
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, RwLock};
+
+use rusqlite::Connection;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::contract::{Code, Envelope, ErrorBody, Evidence, Outcome, Phase, Retry};
+use crate::journal::JournalError;
+use crate::vault::{CredentialId, CredentialMeta, Secret, Vault, VaultError};
+
+/// The configuration in force. A reload swaps the whole snapshot; an invocation binds
+/// the version it validated against and re-checks it right before dispatch.
+#[derive(Clone)]
+pub struct ConfigHandle(Arc<RwLock<Arc<Config>>>);
+
+impl ConfigHandle {
+    pub fn new(config: Config) -> Self {
+        ConfigHandle(Arc::new(RwLock::new(Arc::new(config))))
+    }
+
+    pub fn current(&self) -> Arc<Config> {
+        match self.0.read() {
+            Ok(g) => g.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    pub fn replace(&self, config: Config) {
+        match self.0.write() {
+            Ok(mut g) => *g = Arc::new(config),
+            Err(poisoned) => *poisoned.into_inner() = Arc::new(config),
+        }
+    }
+}
+
+/// Keychain access for the injection step: the vault plus a connection for its
+/// metadata. Calls block (D-Bus, SQLite); channels run them on the blocking pool.
+pub struct Credentials {
+    vault: Vault,
+    conn: Mutex<Connection>,
+}
+
+impl Credentials {
+    /// Opens credential metadata in the journal database at `db`.
+    pub fn open(vault: Vault, db: &Path) -> Result<Credentials, JournalError> {
+        let conn = crate::journal::schema::open_and_migrate(db)?;
+        Ok(Credentials {
+            vault,
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn with_conn<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, VaultError>,
+    ) -> Result<T, VaultError> {
+        let conn = self.conn.lock().map_err(|_| VaultError::Locked {
+            backend: self.vault.keychain().backend(),
+            reason: "credential metadata connection poisoned".into(),
+        })?;
+        f(&conn)
+    }
+
+    /// The non-secret metadata (current version tag) of a credential.
+    pub fn meta(&self, id: &str) -> Result<CredentialMeta, VaultError> {
+        let id = CredentialId::new(id)?;
+        self.with_conn(|conn| {
+            crate::vault::meta::get(conn, &id)?.ok_or_else(|| VaultError::Missing {
+                credential: id.as_str().to_string(),
+            })
+        })
+    }
+
+    /// Reads the secret for injection. The only path by which secret bytes leave the
+    /// keychain.
+    pub fn read_for_injection(
+        &self,
+        id: &str,
+        now_ms: i64,
+    ) -> Result<(CredentialMeta, Secret), VaultError> {
+        let id = CredentialId::new(id)?;
+        self.with_conn(|conn| self.vault.read_for_injection(conn, &id, now_ms))
+    }
+
+    /// Stores (or rotates) a secret. Operator side only.
+    pub fn set(
+        &self,
+        id: &str,
+        kind: crate::vault::CredentialKind,
+        secret: &Secret,
+        now_ms: i64,
+    ) -> Result<CredentialMeta, VaultError> {
+        let id = CredentialId::new(id)?;
+        self.with_conn(|conn| self.vault.set(conn, &id, kind, secret, now_ms))
+    }
+}
+
+/// A request for a person's approval, bound to one fingerprint.
+#[derive(Debug, Clone)]
+pub struct ApprovalRequest {
+    pub invocation_id: String,
+    pub session: Option<String>,
+    pub target: String,
+    pub summary: String,
+    pub fingerprint: String,
+    pub credential_id: String,
+    pub credential_version: String,
+    pub injection_mode: String,
+    pub idempotency_key: Option<String>,
+    /// `session` or `per_call`.
+    pub mode: &'static str,
+}
+
+/// A person's answer. An approval names the fingerprint it approves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApprovalAnswer {
+    Approved { fingerprint: String, by: String },
+    Denied { by: String },
+    TimedOut,
+}
+
+/// Whoever can approve (the desktop console). Headless brokers have none.
+pub trait Approver: Send + Sync {
+    fn approve(
+        &self,
+        request: ApprovalRequest,
+    ) -> Pin<Box<dyn Future<Output = ApprovalAnswer> + Send + '_>>;
+}
+
+/// Who is calling and how to stop.
+#[derive(Clone, Default)]
+pub struct CallContext {
+    pub session: Option<String>,
+    pub approver: Option<Arc<dyn Approver>>,
+    /// Cancelled when the caller loses interest; after dispatch the outcome stays
+    /// unknown (the remote may still be running).
+    pub cancel: CancellationToken,
+}
+
+/// An envelope for a failure that could not even be recorded (the journal is down).
+/// Nothing was sent: every path that reaches the network records DISPATCH_STARTED
+/// first, and that record is what failed.
+pub fn unrecorded_failure(invocation_id: &str, error: &JournalError) -> Envelope {
+    Envelope {
+        invocation_id: invocation_id.to_string(),
+        error: ErrorBody {
+            code: Code::BrokerUnavailable,
+            phase: Phase::Validation,
+            outcome: Outcome::NotAttempted,
+            retry: Retry::Backoff,
+            message: format!(
+                "The broker could not record this request; nothing was sent. ({error})"
+            ),
+        },
+        evidence: Evidence::default(),
+    }
+}
+
+/// The code and message for a vault failure at injection time.
+pub fn vault_failure(e: &VaultError) -> (Code, String) {
+    (e.code(), e.to_string())
+}
