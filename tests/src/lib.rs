@@ -155,3 +155,72 @@ pub fn run_lifecycle(
     after(10);
     Ok(())
 }
+
+/// A broker with an HTTP channel over a fresh data dir and its own keychain service
+/// name, so tests never touch a user's entries.
+pub mod fixture {
+    use std::error::Error;
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use postern_broker::channel::http::HttpChannel;
+    use postern_broker::channel::{ConfigHandle, Credentials};
+    use postern_broker::config::Config;
+    use postern_broker::journal::Journal;
+    use postern_broker::vault::{CredentialKind, Keychain, KeychainBackend, Secret, Vault};
+
+    pub type BoxError = Box<dyn Error + Send + Sync>;
+
+    pub struct Broker {
+        pub journal: Journal,
+        pub channel: HttpChannel,
+        pub credentials: Arc<Credentials>,
+        pub config: ConfigHandle,
+    }
+
+    /// A keychain service name no real user has.
+    pub fn test_service() -> String {
+        let mut bytes = [0u8; 6];
+        let _ = getrandom_fill(&mut bytes);
+        format!("postern-test-{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>())
+    }
+
+    fn getrandom_fill(bytes: &mut [u8]) -> Result<(), ()> {
+        use std::time::{SystemTime, UNIX_EPOCH};
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_err(|_| ())?.as_nanos();
+        let seed = nanos ^ u128::from(std::process::id()) << 64;
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = (seed >> ((i % 16) * 8)) as u8;
+        }
+        Ok(())
+    }
+
+    /// Opens a broker in `dir` with the targets in `config_text` (written to
+    /// `dir/postern.toml`, so relative `ca_file` paths resolve inside `dir`).
+    pub fn open_broker(dir: &Path, config_text: &str, service: &str) -> Result<Broker, BoxError> {
+        let config_path = dir.join("postern.toml");
+        std::fs::write(&config_path, config_text)?;
+        let config = ConfigHandle::new(Config::load(&config_path)?);
+        let db = dir.join("journal.db");
+        let journal = crate::open_journal(&db)?;
+        let vault = Vault::new(Keychain::new(KeychainBackend::SecretService, service)?);
+        let credentials = Arc::new(Credentials::open(vault, &db)?);
+        let channel = HttpChannel::new(journal.clone(), credentials.clone(), config.clone());
+        Ok(Broker { journal, channel, credentials, config })
+    }
+
+    impl Broker {
+        pub fn set_secret(&self, id: &str, secret: &str) -> Result<(), BoxError> {
+            let secret = Secret::from(secret.to_string());
+            self.credentials.set(id, CredentialKind::Token, &secret, self.journal.now_ms())?;
+            Ok(())
+        }
+
+        /// Removes the keychain entries this broker created.
+        pub fn forget(&self, ids: &[&str]) {
+            for id in ids {
+                let _ = self.credentials.remove(id);
+            }
+        }
+    }
+}

@@ -106,6 +106,12 @@ impl Credentials {
         let id = CredentialId::new(id)?;
         self.with_conn(|conn| self.vault.set(conn, &id, kind, secret, now_ms))
     }
+
+    /// Removes a credential and its keychain entry. Operator side only.
+    pub fn remove(&self, id: &str) -> Result<(), VaultError> {
+        let id = CredentialId::new(id)?;
+        self.with_conn(|conn| self.vault.remove(conn, &id))
+    }
 }
 
 /// A request for a person's approval, bound to one fingerprint.

@@ -335,7 +335,7 @@ where
 }
 
 /// A request body that marks when hyper takes it: the first poll comes after the head
-/// was queued for writing; the end-of-stream poll after the last byte was taken.
+/// was queued for writing, and it hands over the whole body at once.
 pub struct MarkingBody {
     data: Option<Bytes>,
     probe: Arc<Probe>,
@@ -357,12 +357,12 @@ impl http_body::Body for MarkingBody {
         _cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
         self.probe.headers_taken.store(true, Ordering::SeqCst);
+        // The whole body is one frame: once hyper takes it, every body byte has been
+        // handed to the transport (with a known length hyper may not poll again).
+        self.probe.body_taken.store(true, Ordering::SeqCst);
         match self.data.take() {
             Some(data) => Poll::Ready(Some(Ok(http_body::Frame::data(data)))),
-            None => {
-                self.probe.body_taken.store(true, Ordering::SeqCst);
-                Poll::Ready(None)
-            }
+            None => Poll::Ready(None),
         }
     }
 

@@ -1,0 +1,516 @@
+//! The HTTP channel against adversarial servers on 127.0.0.1 (plain and TLS). Each case
+//! asserts phase, outcome, retry, code, the evidence markers and, where it matters, how
+//! many side effects the server applied.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use postern_broker::channel::CallContext;
+use postern_broker::channel::http::{HttpOutcome, HttpRequest};
+use postern_broker::contract::{Code, Outcome, Phase, Retry, Stage};
+use postern_broker::retry::{Decision, Verdict};
+use postern_tests::adversary::{Adversary, Behavior, TestCert, TestPki, refused_addr};
+use postern_tests::fixture::{Broker, open_broker, test_service};
+
+const CANARY: &str = "pstn-canary-7f3a9c1e5b";
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    broker: Broker,
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        self.broker.forget(&["api-key"]);
+    }
+}
+
+fn config(base: &str, extra: &str) -> String {
+    format!(
+        r#"
+[[http]]
+name = "api"
+base_url = "{base}/v1"
+methods = ["GET", "POST", "PUT"]
+credential = "api-key"
+inject = {{ header = "Authorization", format = "Bearer {{secret}}" }}
+approval = "none"
+idempotent_methods = ["GET", "PUT"]
+timeout_ms = 3000
+{extra}
+"#
+    )
+}
+
+const CONTRACT: &str = r#"
+[http.idempotency]
+header = "Idempotency-Key"
+scope = "payments.create"
+retention = "24h"
+
+[http.reconcile]
+method = "GET"
+path = "/payments?idempotency_key={idempotency_key}"
+committed_status = [200]
+not_applied_status = [404]
+"#;
+
+const LOOKUP: &str = r#"
+[http.reconcile]
+method = "GET"
+path = "/payments/lookup"
+committed_status = [200]
+not_applied_status = [404]
+"#;
+
+fn fixture(config_text: &str) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = open_broker(dir.path(), config_text, &test_service()).unwrap();
+    broker.set_secret("api-key", CANARY).unwrap();
+    Fixture { dir, broker }
+}
+
+fn post(url: String, body: &str) -> HttpRequest {
+    HttpRequest {
+        url,
+        method: "POST".into(),
+        headers: vec![("content-type".into(), "application/json".into())],
+        body: body.as_bytes().to_vec(),
+        ..Default::default()
+    }
+}
+
+fn get(url: String) -> HttpRequest {
+    HttpRequest { url, method: "GET".into(), ..Default::default() }
+}
+
+async fn run(f: &Fixture, request: HttpRequest) -> HttpOutcome {
+    f.broker.channel.execute(request, &CallContext::default()).await
+}
+
+fn error(outcome: &HttpOutcome) -> &postern_broker::contract::Envelope {
+    outcome.error.as_ref().unwrap_or_else(|| panic!("expected an envelope: {outcome:?}"))
+}
+
+fn assert_error(outcome: &HttpOutcome, phase: Phase, o: Outcome, retry: Retry, code: Code) {
+    let env = error(outcome);
+    assert_eq!(
+        (env.error.phase, env.error.outcome, env.error.retry, env.error.code),
+        (phase, o, retry, code),
+        "{env:#?}"
+    );
+    assert_eq!(outcome.outcome, o);
+}
+
+/// No file under the data dir and no result holds the secret.
+fn assert_no_canary(f: &Fixture, outcome: &HttpOutcome) {
+    let text = format!("{outcome:?}");
+    assert!(!text.contains(CANARY), "the secret reached a result");
+    for entry in std::fs::read_dir(f.dir.path()).unwrap() {
+        let bytes = std::fs::read(entry.unwrap().path()).unwrap();
+        assert!(
+            !bytes.windows(CANARY.len()).any(|w| w == CANARY.as_bytes()),
+            "the secret reached a file in the data dir"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_connection_is_not_attempted_with_every_setup_attempt_recorded() {
+    let addr = refused_addr().unwrap();
+    let f = fixture(&config(&format!("http://{addr}"), ""));
+    let out = run(&f, post(format!("http://{addr}/v1/payments"), "{}")).await;
+    assert_error(&out, Phase::ConnectionSetup, Outcome::NotAttempted, Retry::Backoff, Code::ConnectionRefused);
+    let ev = &error(&out).evidence;
+    assert!(!ev.dispatch_started);
+    assert_eq!(ev.attempts.len(), 2, "setup is retried a capped number of times, each recorded");
+    assert!(ev.attempts.iter().all(|a| a.stage == Stage::TcpConnect && a.outcome == Outcome::NotAttempted));
+    assert_no_canary(&f, &out);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unresolvable_host_fails_in_dns_before_anything_is_sent() {
+    let f = fixture(&config("https://does-not-exist.invalid", ""));
+    let out = run(&f, get("https://does-not-exist.invalid/v1/x".into())).await;
+    assert_error(&out, Phase::ConnectionSetup, Outcome::NotAttempted, Retry::Backoff, Code::DnsFailed);
+    assert_eq!(error(&out).evidence.attempts[0].stage, Stage::Dns);
+}
+
+async fn tls_case(cert: TestCert) -> (Fixture, Adversary, HttpOutcome) {
+    let pki = TestPki::new().unwrap();
+    let server = Adversary::start_tls(Behavior::ok_json("{\"ok\":true}"), cert, &pki).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    pki.write_ca(dir.path()).unwrap();
+    let text = config(&server.base_url(), "ca_file = \"postern-test-ca.pem\"");
+    let broker = open_broker(dir.path(), &text, &test_service()).unwrap();
+    broker.set_secret("api-key", CANARY).unwrap();
+    let f = Fixture { dir, broker };
+    let out = run(&f, post(server.url("/v1/payments"), "{}")).await;
+    (f, server, out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trusted_certificate_completes_and_binds_the_peer_identity() {
+    let (f, server, out) = tls_case(TestCert::Valid).await;
+    assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
+    assert_eq!(out.response.as_ref().unwrap().status, 200);
+    let p = f.broker.journal.projection(&out.invocation_id).unwrap();
+    assert!(p.evidence().peer_identity.unwrap().starts_with("cert-blake3:"));
+    assert_eq!(server.effects(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn untrusted_expired_and_wrong_name_certificates_are_rejected_before_dispatch() {
+    for cert in [TestCert::Untrusted, TestCert::Expired, TestCert::WrongName] {
+        let (f, server, out) = tls_case(cert).await;
+        assert_error(&out, Phase::ConnectionSetup, Outcome::NotAttempted, Retry::AfterCorrection, Code::TlsRejected);
+        let ev = &error(&out).evidence;
+        assert_eq!(ev.attempts.len(), 1, "a rejected certificate is not retried");
+        assert_eq!(ev.attempts[0].stage, Stage::TlsHandshake);
+        assert!(!ev.dispatch_started);
+        assert_eq!(server.effects(), 0);
+        assert!(server.requests().is_empty(), "{cert:?}: no request may reach the server");
+        assert_no_canary(&f, &out);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_before_reading_after_dispatch_is_unknown() {
+    let server = Adversary::start(Behavior::CloseBeforeReading).await.unwrap();
+    let f = fixture(&config(&server.base_url(), ""));
+    let out = run(&f, post(server.url("/v1/payments"), "{}")).await;
+    assert_error(&out, Phase::RemoteExecution, Outcome::Unknown, Retry::Reconcile, Code::RemoteOutcomeUnknown);
+    assert!(error(&out).evidence.dispatch_started);
+    assert!(!error(&out).evidence.response_headers_received);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_headers_then_close_is_unknown() {
+    let server = Adversary::start(Behavior::ReadHeadersThenClose).await.unwrap();
+    let f = fixture(&config(&server.base_url(), ""));
+    let out = run(&f, post(server.url("/v1/payments"), "{\"amount\":5}")).await;
+    assert_error(&out, Phase::RemoteExecution, Outcome::Unknown, Retry::Reconcile, Code::RemoteOutcomeUnknown);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applied_then_closed_without_a_contract_reconciles_through_the_configured_query() {
+    let server = Adversary::start(Behavior::ApplyThenCloseWithLookup).await.unwrap();
+    let f = fixture(&config(&server.base_url(), LOOKUP));
+    let out = run(&f, post(server.url("/v1/payments"), "{\"amount\":5}")).await;
+    assert_error(&out, Phase::RemoteExecution, Outcome::Unknown, Retry::Reconcile, Code::RemoteOutcomeUnknown);
+    assert_eq!(server.effects(), 1);
+    let ev = &error(&out).evidence;
+    assert!(ev.dispatch_started && ev.request_headers_sent && ev.request_complete, "{ev:#?}");
+
+    // retry_invocation refuses to re-send: the manifest says query first.
+    let retried = f.broker.channel.retry(&out.invocation_id, &CallContext::default()).await;
+    let manifest = retried.manifest.clone().unwrap();
+    assert_eq!(manifest.decision, Decision::Reconcile);
+    assert_eq!(manifest.verdict, Verdict::QueryFirstRequired);
+    assert_eq!(server.effects(), 1, "no second payment");
+
+    // The configured query settles it without rewriting the attempt.
+    let before = f.broker.journal.events(&out.invocation_id).unwrap();
+    let settled = f.broker.channel.reconcile(&out.invocation_id, "operator").await;
+    assert_eq!(settled.outcome, Outcome::Committed, "{settled:?}");
+    let env = error(&settled);
+    assert_eq!(env.error.code, Code::ReconciledCommitted);
+    assert_eq!(env.evidence.confidence, Some(postern_broker::contract::ConfidenceSource::RemoteQuery));
+    let after = f.broker.journal.events(&out.invocation_id).unwrap();
+    assert_eq!(&after[..before.len()], &before[..]);
+    assert_eq!(server.effects(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applied_then_closed_with_a_contract_retries_with_the_same_key_and_applies_once() {
+    let server = Adversary::start(Behavior::Idempotent {
+        header: "idempotency-key".into(),
+        close_after_apply_first: true,
+    })
+    .await
+    .unwrap();
+    let f = fixture(&config(&server.base_url(), CONTRACT));
+    let out = run(&f, post(server.url("/v1/payments"), "{\"amount\":5}")).await;
+    assert_error(&out, Phase::RemoteExecution, Outcome::Unknown, Retry::SameIdempotencyKey, Code::RemoteOutcomeUnknown);
+    let key = error(&out).evidence.idempotency.clone().unwrap();
+    assert_eq!(key.scope.as_deref(), Some("payments.create"));
+    assert_eq!(server.effects(), 1);
+
+    let retried = f.broker.channel.retry(&out.invocation_id, &CallContext::default()).await;
+    assert_eq!(retried.manifest.as_ref().unwrap().decision, Decision::RetrySameKey);
+    assert_eq!(retried.outcome, Outcome::Committed, "{retried:?}");
+    assert_eq!(retried.response.as_ref().unwrap().status, 201);
+    assert_eq!(server.effects(), 1, "the server de-duplicated the retry");
+    let keys: Vec<String> = server
+        .requests()
+        .iter()
+        .filter_map(|r| r.header("idempotency-key").map(str::to_string))
+        .collect();
+    assert_eq!(keys, vec![key.key.clone(), key.key.clone()], "the retry reused the key");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reusing_a_key_with_a_different_body_fails_locally_and_sends_nothing() {
+    let server = Adversary::start(Behavior::idempotent("idempotency-key")).await.unwrap();
+    let f = fixture(&config(&server.base_url(), CONTRACT));
+    let mut first = post(server.url("/v1/payments"), "{\"amount\":5}");
+    first.idempotency_key = Some("order-42".into());
+    let out = run(&f, first.clone()).await;
+    assert_eq!(out.outcome, Outcome::Committed);
+    let mut changed = first;
+    changed.body = b"{\"amount\":500}".to_vec();
+    let out = run(&f, changed).await;
+    assert_error(&out, Phase::Validation, Outcome::NotAttempted, Retry::AfterCorrection, Code::IdempotencyMismatch);
+    assert_eq!(server.requests().len(), 1, "nothing was sent for the mismatched request");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_then_500_is_committed_and_never_replayed_for_a_post() {
+    let server = Adversary::start(Behavior::ApplyThen500).await.unwrap();
+    let f = fixture(&config(&server.base_url(), ""));
+    let out = run(&f, post(server.url("/v1/payments"), "{}")).await;
+    assert_error(&out, Phase::RemoteExecution, Outcome::Committed, Retry::Reconcile, Code::RemoteServerError);
+    assert_eq!(out.response.as_ref().unwrap().status, 500);
+    let retried = f.broker.channel.retry(&out.invocation_id, &CallContext::default()).await;
+    assert_eq!(retried.manifest.unwrap().decision, Decision::ReturnRecordedResult);
+    assert_eq!(retried.response.unwrap().status, 500, "the recorded result, read back");
+    assert_eq!(server.effects(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_401_is_rejected_and_needs_correction() {
+    let server = Adversary::start(Behavior::status(401)).await.unwrap();
+    let f = fixture(&config(&server.base_url(), ""));
+    let out = run(&f, get(server.url("/v1/me"))).await;
+    assert_error(&out, Phase::RemoteExecution, Outcome::Rejected, Retry::AfterCorrection, Code::RemoteUnauthorized);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_429_with_retry_after_backs_off_only_when_repeating_is_safe() {
+    let server = Adversary::start(Behavior::status(429).header("Retry-After", "2")).await.unwrap();
+    let f = fixture(&config(&server.base_url(), ""));
+    let out = run(&f, get(server.url("/v1/items"))).await;
+    assert_error(&out, Phase::RemoteExecution, Outcome::Rejected, Retry::Backoff, Code::RemoteRateLimited);
+    assert!(error(&out).evidence.not_before_ms.is_some());
+    let out = run(&f, post(server.url("/v1/payments"), "{}")).await;
+    assert_error(&out, Phase::RemoteExecution, Outcome::Rejected, Retry::Never, Code::RemoteRateLimited);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepted_202_settles_the_submission_and_records_the_status_resource() {
+    let server =
+        Adversary::start(Behavior::status(202).header("Location", "/v1/jobs/77")).await.unwrap();
+    let f = fixture(&config(&server.base_url(), ""));
+    let out = run(&f, post(server.url("/v1/jobs"), "{}")).await;
+    assert_eq!(out.outcome, Outcome::Committed);
+    assert!(out.error.is_none());
+    let p = f.broker.journal.projection(&out.invocation_id).unwrap();
+    assert_eq!(p.evidence().status_resource.as_deref(), Some("/v1/jobs/77"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_to_another_origin_is_a_result_and_the_credential_never_crosses() {
+    let other = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let location = other.url("/steal");
+    let server = Adversary::start(Behavior::status(307).header("Location", &location)).await.unwrap();
+    for follow in ["", "follow_redirects = true"] {
+        let f = fixture(&config(&server.base_url(), follow));
+        let out = run(&f, post(server.url("/v1/payments"), "{}")).await;
+        assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
+        assert_eq!(out.response.as_ref().unwrap().status, 307);
+        let p = f.broker.journal.projection(&out.invocation_id).unwrap();
+        assert_eq!(p.evidence().redirect_location.as_deref(), Some(location.as_str()));
+    }
+    assert_eq!(other.connections(), 0, "the other origin was never contacted");
+    assert!(!other.saw(CANARY));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn continue_100_then_close_never_settles() {
+    let server = Adversary::start(Behavior::ContinueThenClose).await.unwrap();
+    let f = fixture(&config(&server.base_url(), ""));
+    let out = run(&f, post(server.url("/v1/payments"), "{\"amount\":5}")).await;
+    assert_error(&out, Phase::RemoteExecution, Outcome::Unknown, Retry::Reconcile, Code::RemoteOutcomeUnknown);
+    assert!(!error(&out).evidence.response_headers_received, "1xx is not the final response");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_body_is_incomplete_and_never_returned_as_a_result() {
+    let server = Adversary::start(Behavior::ShortBody { declared: 100, sent: 50 }).await.unwrap();
+    let f = fixture(&config(&server.base_url(), ""));
+    let out = run(&f, post(server.url("/v1/payments"), "{}")).await;
+    assert_error(&out, Phase::RemoteExecution, Outcome::Unknown, Retry::Reconcile, Code::RemoteResultIncomplete);
+    assert!(out.response.is_none());
+    let ev = &error(&out).evidence;
+    assert!(ev.response_headers_received && !ev.response_complete);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_chunked_encoding_is_incomplete() {
+    let server = Adversary::start(Behavior::BrokenChunked).await.unwrap();
+    let f = fixture(&config(&server.base_url(), ""));
+    let out = run(&f, post(server.url("/v1/payments"), "{}")).await;
+    assert_error(&out, Phase::RemoteExecution, Outcome::Unknown, Retry::Reconcile, Code::RemoteResultIncomplete);
+    assert!(out.response.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stall_past_the_timeout_is_unknown_and_the_remote_may_still_run() {
+    let server = Adversary::start(Behavior::Stall).await.unwrap();
+    let f = fixture(&config(&server.base_url(), ""));
+    let mut request = post(server.url("/v1/payments"), "{}");
+    request.timeout_ms = Some(300);
+    let out = run(&f, request).await;
+    assert_error(&out, Phase::RemoteExecution, Outcome::Unknown, Retry::Reconcile, Code::RemoteTimeout);
+    assert!(server.wait_for_effects(1, Duration::from_secs(2)).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotent_timeout_may_start_a_new_attempt() {
+    let server = Adversary::start(Behavior::Stall).await.unwrap();
+    let f = fixture(&config(&server.base_url(), ""));
+    let mut request = get(server.url("/v1/items"));
+    request.timeout_ms = Some(300);
+    let out = run(&f, request).await;
+    assert_error(&out, Phase::RemoteExecution, Outcome::Unknown, Retry::Backoff, Code::RemoteTimeout);
+    server.release();
+    let retried = f.broker.channel.retry(&out.invocation_id, &CallContext::default()).await;
+    assert_eq!(retried.manifest.as_ref().unwrap().verdict, Verdict::IdempotentSafe);
+    assert_eq!(retried.outcome, Outcome::Committed, "{retried:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caller_cancellation_after_dispatch_keeps_the_outcome_unknown() {
+    let server = Adversary::start(Behavior::Stall).await.unwrap();
+    let f = fixture(&config(&server.base_url(), ""));
+    let ctx = CallContext::default();
+    let cancel = ctx.cancel.clone();
+    let waiter = {
+        let server_effects = async {
+            server.wait_for_effects(1, Duration::from_secs(3)).await;
+            cancel.cancel();
+        };
+        let call = f.broker.channel.execute(post(server.url("/v1/payments"), "{}"), &ctx);
+        let (out, ()) = tokio::join!(call, server_effects);
+        out
+    };
+    assert_error(&waiter, Phase::RemoteExecution, Outcome::Unknown, Retry::Reconcile, Code::CallerCancelled);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_echoed_credential_is_redacted_from_the_result_and_counted() {
+    let server = Adversary::start(Behavior::EchoAuthorization).await.unwrap();
+    let f = fixture(&config(&server.base_url(), ""));
+    let out = run(&f, get(server.url("/v1/echo"))).await;
+    assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
+    let response = out.response.clone().unwrap();
+    let body = String::from_utf8_lossy(&response.body);
+    assert!(body.contains("[REDACTED]"), "{body}");
+    assert!(server.saw(CANARY), "the server did receive the credential");
+    let p = f.broker.journal.projection(&out.invocation_id).unwrap();
+    assert!(p.redactions >= 2, "header and body copies counted: {}", p.redactions);
+    let stored = f.broker.journal.read_result(p.result_id.as_deref().unwrap()).unwrap();
+    assert!(!format!("{stored:?}").contains(CANARY));
+    assert_no_canary(&f, &out);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forbidden_header_is_refused_before_anything_is_touched() {
+    let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let f = fixture(&config(&server.base_url(), ""));
+    let mut request = get(server.url("/v1/items"));
+    request.headers = vec![("Authorization".into(), "Bearer mine".into())];
+    let out = run(&f, request).await;
+    assert_error(&out, Phase::Validation, Outcome::NotAttempted, Retry::AfterCorrection, Code::ForbiddenHeader);
+    assert_eq!(error(&out).evidence.field.as_deref(), Some("headers[0].name"));
+    assert_eq!(server.connections(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_body_is_a_payload_limit() {
+    let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let f = fixture(&config(&server.base_url(), "max_request_body_bytes = 16"));
+    let out = run(&f, post(server.url("/v1/payments"), &"x".repeat(17))).await;
+    assert_error(&out, Phase::Validation, Outcome::NotAttempted, Retry::AfterCorrection, Code::PayloadLimit);
+    assert_eq!(error(&out).evidence.field.as_deref(), Some("body"));
+    assert_eq!(server.connections(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_url_is_an_invalid_target() {
+    let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let f = fixture(&config(&server.base_url(), ""));
+    let out = run(&f, get(server.url("/v2/elsewhere"))).await;
+    assert_error(&out, Phase::Validation, Outcome::NotAttempted, Retry::AfterCorrection, Code::InvalidTarget);
+    assert_eq!(error(&out).evidence.field.as_deref(), Some("url"));
+    assert!(!error(&out).error.message.contains("api-key"), "no credential naming leaks");
+    assert_eq!(server.connections(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_method_the_target_does_not_allow_is_unsupported() {
+    let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let f = fixture(&config(&server.base_url(), ""));
+    let mut request = get(server.url("/v1/items"));
+    request.method = "DELETE".into();
+    let out = run(&f, request).await;
+    assert_error(&out, Phase::Validation, Outcome::NotAttempted, Retry::AfterCorrection, Code::UnsupportedAction);
+    assert_eq!(error(&out).evidence.field.as_deref(), Some("method"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_credential_fails_in_injection_and_sends_nothing() {
+    let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let f = fixture(&config(&server.base_url(), ""));
+    f.broker.forget(&["api-key"]);
+    let out = run(&f, get(server.url("/v1/items"))).await;
+    assert_error(&out, Phase::CredentialInjection, Outcome::NotAttempted, Retry::AfterCorrection, Code::CredentialMissing);
+    assert_eq!(server.connections(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_that_needs_approval_fails_fast_without_an_approver() {
+    let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let text = config(&server.base_url(), "").replace("approval = \"none\"", "approval = \"per_call\"");
+    let f = fixture(&text);
+    let out = run(&f, get(server.url("/v1/items"))).await;
+    assert_error(&out, Phase::CredentialInjection, Outcome::NotAttempted, Retry::AfterCorrection, Code::NoApprover);
+    assert_eq!(server.connections(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_change_after_binding_is_refused_before_dispatch() {
+    // A successful call first, to show the same request works under the old config.
+    let server = Adversary::start(Behavior::Stall).await.unwrap();
+    let f = fixture(&config(&server.base_url(), ""));
+    let mut request = get(server.url("/v1/items"));
+    request.timeout_ms = Some(300);
+    let out = run(&f, request).await;
+    assert_eq!(out.outcome, Outcome::Unknown);
+    // The target changes; a retry would now send under a different bound config.
+    let changed = config(&server.base_url(), "").replace("timeout_ms = 3000", "timeout_ms = 4000");
+    let path = f.dir.path().join("postern.toml");
+    std::fs::write(&path, changed).unwrap();
+    f.broker.config.replace(postern_broker::config::Config::load(&path).unwrap());
+    let connections = server.connections();
+    let retried = f.broker.channel.retry(&out.invocation_id, &CallContext::default()).await;
+    assert_eq!(retried.outcome, Outcome::Unknown, "the old record is never mutated");
+    assert!(error(&retried).error.message.contains("configuration changed"));
+    assert_eq!(server.connections(), connections, "nothing was sent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn basic_and_query_injection_reach_the_server_and_are_redacted_from_echoes() {
+    let server = Adversary::start(Behavior::EchoAuthorization).await.unwrap();
+    for inject in [r#"{ basic_user = "svc" }"#, r#"{ query = "api_key" }"#] {
+        let text = config(&server.base_url(), "")
+            .replace(r#"{ header = "Authorization", format = "Bearer {secret}" }"#, inject);
+        let f = fixture(&text);
+        let out = run(&f, get(server.url("/v1/echo"))).await;
+        assert_eq!(out.outcome, Outcome::Committed, "{inject}: {out:?}");
+        let body = String::from_utf8_lossy(&out.response.as_ref().unwrap().body).into_owned();
+        assert!(body.contains("[REDACTED]"), "{inject}: {body}");
+        assert_no_canary(&f, &out);
+    }
+}
