@@ -182,12 +182,18 @@ pub mod fixture {
     pub fn test_service() -> String {
         let mut bytes = [0u8; 6];
         let _ = getrandom_fill(&mut bytes);
-        format!("postern-test-{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>())
+        format!(
+            "postern-test-{}",
+            bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        )
     }
 
     fn getrandom_fill(bytes: &mut [u8]) -> Result<(), ()> {
         use std::time::{SystemTime, UNIX_EPOCH};
-        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_err(|_| ())?.as_nanos();
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_err(|_| ())?
+            .as_nanos();
         let seed = nanos ^ u128::from(std::process::id()) << 64;
         for (i, b) in bytes.iter_mut().enumerate() {
             *b = (seed >> ((i % 16) * 8)) as u8;
@@ -198,21 +204,37 @@ pub mod fixture {
     /// Opens a broker in `dir` with the targets in `config_text` (written to
     /// `dir/postern.toml`, so relative `ca_file` paths resolve inside `dir`).
     pub fn open_broker(dir: &Path, config_text: &str, service: &str) -> Result<Broker, BoxError> {
+        open_broker_with(dir, config_text, service, KeychainBackend::SecretService)
+    }
+
+    /// [`open_broker`] over a chosen keychain backend (keyutils needs `keyctl session`).
+    pub fn open_broker_with(
+        dir: &Path,
+        config_text: &str,
+        service: &str,
+        backend: KeychainBackend,
+    ) -> Result<Broker, BoxError> {
         let config_path = dir.join("postern.toml");
         std::fs::write(&config_path, config_text)?;
         let config = ConfigHandle::new(Config::load(&config_path)?);
         let db = dir.join("journal.db");
         let journal = crate::open_journal(&db)?;
-        let vault = Vault::new(Keychain::new(KeychainBackend::SecretService, service)?);
+        let vault = Vault::new(Keychain::new(backend, service)?);
         let credentials = Arc::new(Credentials::open(vault, &db)?);
         let channel = HttpChannel::new(journal.clone(), credentials.clone(), config.clone());
-        Ok(Broker { journal, channel, credentials, config })
+        Ok(Broker {
+            journal,
+            channel,
+            credentials,
+            config,
+        })
     }
 
     impl Broker {
         pub fn set_secret(&self, id: &str, secret: &str) -> Result<(), BoxError> {
             let secret = Secret::from(secret.to_string());
-            self.credentials.set(id, CredentialKind::Token, &secret, self.journal.now_ms())?;
+            self.credentials
+                .set(id, CredentialKind::Token, &secret, self.journal.now_ms())?;
             Ok(())
         }
 

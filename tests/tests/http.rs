@@ -82,21 +82,36 @@ fn post(url: String, body: &str) -> HttpRequest {
 }
 
 fn get(url: String) -> HttpRequest {
-    HttpRequest { url, method: "GET".into(), ..Default::default() }
+    HttpRequest {
+        url,
+        method: "GET".into(),
+        ..Default::default()
+    }
 }
 
 async fn run(f: &Fixture, request: HttpRequest) -> HttpOutcome {
-    f.broker.channel.execute(request, &CallContext::default()).await
+    f.broker
+        .channel
+        .execute(request, &CallContext::default())
+        .await
 }
 
 fn error(outcome: &HttpOutcome) -> &postern_broker::contract::Envelope {
-    outcome.error.as_ref().unwrap_or_else(|| panic!("expected an envelope: {outcome:?}"))
+    outcome
+        .error
+        .as_ref()
+        .unwrap_or_else(|| panic!("expected an envelope: {outcome:?}"))
 }
 
 fn assert_error(outcome: &HttpOutcome, phase: Phase, o: Outcome, retry: Retry, code: Code) {
     let env = error(outcome);
     assert_eq!(
-        (env.error.phase, env.error.outcome, env.error.retry, env.error.code),
+        (
+            env.error.phase,
+            env.error.outcome,
+            env.error.retry,
+            env.error.code
+        ),
         (phase, o, retry, code),
         "{env:#?}"
     );
@@ -121,11 +136,25 @@ async fn refused_connection_is_not_attempted_with_every_setup_attempt_recorded()
     let addr = refused_addr().unwrap();
     let f = fixture(&config(&format!("http://{addr}"), ""));
     let out = run(&f, post(format!("http://{addr}/v1/payments"), "{}")).await;
-    assert_error(&out, Phase::ConnectionSetup, Outcome::NotAttempted, Retry::Backoff, Code::ConnectionRefused);
+    assert_error(
+        &out,
+        Phase::ConnectionSetup,
+        Outcome::NotAttempted,
+        Retry::Backoff,
+        Code::ConnectionRefused,
+    );
     let ev = &error(&out).evidence;
     assert!(!ev.dispatch_started);
-    assert_eq!(ev.attempts.len(), 2, "setup is retried a capped number of times, each recorded");
-    assert!(ev.attempts.iter().all(|a| a.stage == Stage::TcpConnect && a.outcome == Outcome::NotAttempted));
+    assert_eq!(
+        ev.attempts.len(),
+        2,
+        "setup is retried a capped number of times, each recorded"
+    );
+    assert!(
+        ev.attempts
+            .iter()
+            .all(|a| a.stage == Stage::TcpConnect && a.outcome == Outcome::NotAttempted)
+    );
     assert_no_canary(&f, &out);
 }
 
@@ -133,13 +162,21 @@ async fn refused_connection_is_not_attempted_with_every_setup_attempt_recorded()
 async fn unresolvable_host_fails_in_dns_before_anything_is_sent() {
     let f = fixture(&config("https://does-not-exist.invalid", ""));
     let out = run(&f, get("https://does-not-exist.invalid/v1/x".into())).await;
-    assert_error(&out, Phase::ConnectionSetup, Outcome::NotAttempted, Retry::Backoff, Code::DnsFailed);
+    assert_error(
+        &out,
+        Phase::ConnectionSetup,
+        Outcome::NotAttempted,
+        Retry::Backoff,
+        Code::DnsFailed,
+    );
     assert_eq!(error(&out).evidence.attempts[0].stage, Stage::Dns);
 }
 
 async fn tls_case(cert: TestCert) -> (Fixture, Adversary, HttpOutcome) {
     let pki = TestPki::new().unwrap();
-    let server = Adversary::start_tls(Behavior::ok_json("{\"ok\":true}"), cert, &pki).await.unwrap();
+    let server = Adversary::start_tls(Behavior::ok_json("{\"ok\":true}"), cert, &pki)
+        .await
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     pki.write_ca(dir.path()).unwrap();
     let text = config(&server.base_url(), "ca_file = \"postern-test-ca.pem\"");
@@ -156,7 +193,12 @@ async fn a_trusted_certificate_completes_and_binds_the_peer_identity() {
     assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
     assert_eq!(out.response.as_ref().unwrap().status, 200);
     let p = f.broker.journal.projection(&out.invocation_id).unwrap();
-    assert!(p.evidence().peer_identity.unwrap().starts_with("cert-blake3:"));
+    assert!(
+        p.evidence()
+            .peer_identity
+            .unwrap()
+            .starts_with("cert-blake3:")
+    );
     assert_eq!(server.effects(), 1);
 }
 
@@ -164,47 +206,91 @@ async fn a_trusted_certificate_completes_and_binds_the_peer_identity() {
 async fn untrusted_expired_and_wrong_name_certificates_are_rejected_before_dispatch() {
     for cert in [TestCert::Untrusted, TestCert::Expired, TestCert::WrongName] {
         let (f, server, out) = tls_case(cert).await;
-        assert_error(&out, Phase::ConnectionSetup, Outcome::NotAttempted, Retry::AfterCorrection, Code::TlsRejected);
+        assert_error(
+            &out,
+            Phase::ConnectionSetup,
+            Outcome::NotAttempted,
+            Retry::AfterCorrection,
+            Code::TlsRejected,
+        );
         let ev = &error(&out).evidence;
-        assert_eq!(ev.attempts.len(), 1, "a rejected certificate is not retried");
+        assert_eq!(
+            ev.attempts.len(),
+            1,
+            "a rejected certificate is not retried"
+        );
         assert_eq!(ev.attempts[0].stage, Stage::TlsHandshake);
         assert!(!ev.dispatch_started);
         assert_eq!(server.effects(), 0);
-        assert!(server.requests().is_empty(), "{cert:?}: no request may reach the server");
+        assert!(
+            server.requests().is_empty(),
+            "{cert:?}: no request may reach the server"
+        );
         assert_no_canary(&f, &out);
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_before_reading_after_dispatch_is_unknown() {
-    let server = Adversary::start(Behavior::CloseBeforeReading).await.unwrap();
+    let server = Adversary::start(Behavior::CloseBeforeReading)
+        .await
+        .unwrap();
     let f = fixture(&config(&server.base_url(), ""));
     let out = run(&f, post(server.url("/v1/payments"), "{}")).await;
-    assert_error(&out, Phase::RemoteExecution, Outcome::Unknown, Retry::Reconcile, Code::RemoteOutcomeUnknown);
+    assert_error(
+        &out,
+        Phase::RemoteExecution,
+        Outcome::Unknown,
+        Retry::Reconcile,
+        Code::RemoteOutcomeUnknown,
+    );
     assert!(error(&out).evidence.dispatch_started);
     assert!(!error(&out).evidence.response_headers_received);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_headers_then_close_is_unknown() {
-    let server = Adversary::start(Behavior::ReadHeadersThenClose).await.unwrap();
+    let server = Adversary::start(Behavior::ReadHeadersThenClose)
+        .await
+        .unwrap();
     let f = fixture(&config(&server.base_url(), ""));
     let out = run(&f, post(server.url("/v1/payments"), "{\"amount\":5}")).await;
-    assert_error(&out, Phase::RemoteExecution, Outcome::Unknown, Retry::Reconcile, Code::RemoteOutcomeUnknown);
+    assert_error(
+        &out,
+        Phase::RemoteExecution,
+        Outcome::Unknown,
+        Retry::Reconcile,
+        Code::RemoteOutcomeUnknown,
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn applied_then_closed_without_a_contract_reconciles_through_the_configured_query() {
-    let server = Adversary::start(Behavior::ApplyThenCloseWithLookup).await.unwrap();
+    let server = Adversary::start(Behavior::ApplyThenCloseWithLookup)
+        .await
+        .unwrap();
     let f = fixture(&config(&server.base_url(), LOOKUP));
     let out = run(&f, post(server.url("/v1/payments"), "{\"amount\":5}")).await;
-    assert_error(&out, Phase::RemoteExecution, Outcome::Unknown, Retry::Reconcile, Code::RemoteOutcomeUnknown);
+    assert_error(
+        &out,
+        Phase::RemoteExecution,
+        Outcome::Unknown,
+        Retry::Reconcile,
+        Code::RemoteOutcomeUnknown,
+    );
     assert_eq!(server.effects(), 1);
     let ev = &error(&out).evidence;
-    assert!(ev.dispatch_started && ev.request_headers_sent && ev.request_complete, "{ev:#?}");
+    assert!(
+        ev.dispatch_started && ev.request_headers_sent && ev.request_complete,
+        "{ev:#?}"
+    );
 
     // retry_invocation refuses to re-send: the manifest says query first.
-    let retried = f.broker.channel.retry(&out.invocation_id, &CallContext::default()).await;
+    let retried = f
+        .broker
+        .channel
+        .retry(&out.invocation_id, &CallContext::default())
+        .await;
     let manifest = retried.manifest.clone().unwrap();
     assert_eq!(manifest.decision, Decision::Reconcile);
     assert_eq!(manifest.verdict, Verdict::QueryFirstRequired);
@@ -212,11 +298,18 @@ async fn applied_then_closed_without_a_contract_reconciles_through_the_configure
 
     // The configured query settles it without rewriting the attempt.
     let before = f.broker.journal.events(&out.invocation_id).unwrap();
-    let settled = f.broker.channel.reconcile(&out.invocation_id, "operator").await;
+    let settled = f
+        .broker
+        .channel
+        .reconcile(&out.invocation_id, "operator")
+        .await;
     assert_eq!(settled.outcome, Outcome::Committed, "{settled:?}");
     let env = error(&settled);
     assert_eq!(env.error.code, Code::ReconciledCommitted);
-    assert_eq!(env.evidence.confidence, Some(postern_broker::contract::ConfidenceSource::RemoteQuery));
+    assert_eq!(
+        env.evidence.confidence,
+        Some(postern_broker::contract::ConfidenceSource::RemoteQuery)
+    );
     let after = f.broker.journal.events(&out.invocation_id).unwrap();
     assert_eq!(&after[..before.len()], &before[..]);
     assert_eq!(server.effects(), 1);
@@ -232,13 +325,26 @@ async fn applied_then_closed_with_a_contract_retries_with_the_same_key_and_appli
     .unwrap();
     let f = fixture(&config(&server.base_url(), CONTRACT));
     let out = run(&f, post(server.url("/v1/payments"), "{\"amount\":5}")).await;
-    assert_error(&out, Phase::RemoteExecution, Outcome::Unknown, Retry::SameIdempotencyKey, Code::RemoteOutcomeUnknown);
+    assert_error(
+        &out,
+        Phase::RemoteExecution,
+        Outcome::Unknown,
+        Retry::SameIdempotencyKey,
+        Code::RemoteOutcomeUnknown,
+    );
     let key = error(&out).evidence.idempotency.clone().unwrap();
     assert_eq!(key.scope.as_deref(), Some("payments.create"));
     assert_eq!(server.effects(), 1);
 
-    let retried = f.broker.channel.retry(&out.invocation_id, &CallContext::default()).await;
-    assert_eq!(retried.manifest.as_ref().unwrap().decision, Decision::RetrySameKey);
+    let retried = f
+        .broker
+        .channel
+        .retry(&out.invocation_id, &CallContext::default())
+        .await;
+    assert_eq!(
+        retried.manifest.as_ref().unwrap().decision,
+        Decision::RetrySameKey
+    );
     assert_eq!(retried.outcome, Outcome::Committed, "{retried:?}");
     assert_eq!(retried.response.as_ref().unwrap().status, 201);
     assert_eq!(server.effects(), 1, "the server de-duplicated the retry");
@@ -247,12 +353,18 @@ async fn applied_then_closed_with_a_contract_retries_with_the_same_key_and_appli
         .iter()
         .filter_map(|r| r.header("idempotency-key").map(str::to_string))
         .collect();
-    assert_eq!(keys, vec![key.key.clone(), key.key.clone()], "the retry reused the key");
+    assert_eq!(
+        keys,
+        vec![key.key.clone(), key.key.clone()],
+        "the retry reused the key"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reusing_a_key_with_a_different_body_fails_locally_and_sends_nothing() {
-    let server = Adversary::start(Behavior::idempotent("idempotency-key")).await.unwrap();
+    let server = Adversary::start(Behavior::idempotent("idempotency-key"))
+        .await
+        .unwrap();
     let f = fixture(&config(&server.base_url(), CONTRACT));
     let mut first = post(server.url("/v1/payments"), "{\"amount\":5}");
     first.idempotency_key = Some("order-42".into());
@@ -261,8 +373,18 @@ async fn reusing_a_key_with_a_different_body_fails_locally_and_sends_nothing() {
     let mut changed = first;
     changed.body = b"{\"amount\":500}".to_vec();
     let out = run(&f, changed).await;
-    assert_error(&out, Phase::Validation, Outcome::NotAttempted, Retry::AfterCorrection, Code::IdempotencyMismatch);
-    assert_eq!(server.requests().len(), 1, "nothing was sent for the mismatched request");
+    assert_error(
+        &out,
+        Phase::Validation,
+        Outcome::NotAttempted,
+        Retry::AfterCorrection,
+        Code::IdempotencyMismatch,
+    );
+    assert_eq!(
+        server.requests().len(),
+        1,
+        "nothing was sent for the mismatched request"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -270,11 +392,28 @@ async fn apply_then_500_is_committed_and_never_replayed_for_a_post() {
     let server = Adversary::start(Behavior::ApplyThen500).await.unwrap();
     let f = fixture(&config(&server.base_url(), ""));
     let out = run(&f, post(server.url("/v1/payments"), "{}")).await;
-    assert_error(&out, Phase::RemoteExecution, Outcome::Committed, Retry::Reconcile, Code::RemoteServerError);
+    assert_error(
+        &out,
+        Phase::RemoteExecution,
+        Outcome::Committed,
+        Retry::Reconcile,
+        Code::RemoteServerError,
+    );
     assert_eq!(out.response.as_ref().unwrap().status, 500);
-    let retried = f.broker.channel.retry(&out.invocation_id, &CallContext::default()).await;
-    assert_eq!(retried.manifest.unwrap().decision, Decision::ReturnRecordedResult);
-    assert_eq!(retried.response.unwrap().status, 500, "the recorded result, read back");
+    let retried = f
+        .broker
+        .channel
+        .retry(&out.invocation_id, &CallContext::default())
+        .await;
+    assert_eq!(
+        retried.manifest.unwrap().decision,
+        Decision::ReturnRecordedResult
+    );
+    assert_eq!(
+        retried.response.unwrap().status,
+        500,
+        "the recorded result, read back"
+    );
     assert_eq!(server.effects(), 1);
 }
 
@@ -283,24 +422,45 @@ async fn status_401_is_rejected_and_needs_correction() {
     let server = Adversary::start(Behavior::status(401)).await.unwrap();
     let f = fixture(&config(&server.base_url(), ""));
     let out = run(&f, get(server.url("/v1/me"))).await;
-    assert_error(&out, Phase::RemoteExecution, Outcome::Rejected, Retry::AfterCorrection, Code::RemoteUnauthorized);
+    assert_error(
+        &out,
+        Phase::RemoteExecution,
+        Outcome::Rejected,
+        Retry::AfterCorrection,
+        Code::RemoteUnauthorized,
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_429_with_retry_after_backs_off_only_when_repeating_is_safe() {
-    let server = Adversary::start(Behavior::status(429).header("Retry-After", "2")).await.unwrap();
+    let server = Adversary::start(Behavior::status(429).header("Retry-After", "2"))
+        .await
+        .unwrap();
     let f = fixture(&config(&server.base_url(), ""));
     let out = run(&f, get(server.url("/v1/items"))).await;
-    assert_error(&out, Phase::RemoteExecution, Outcome::Rejected, Retry::Backoff, Code::RemoteRateLimited);
+    assert_error(
+        &out,
+        Phase::RemoteExecution,
+        Outcome::Rejected,
+        Retry::Backoff,
+        Code::RemoteRateLimited,
+    );
     assert!(error(&out).evidence.not_before_ms.is_some());
     let out = run(&f, post(server.url("/v1/payments"), "{}")).await;
-    assert_error(&out, Phase::RemoteExecution, Outcome::Rejected, Retry::Never, Code::RemoteRateLimited);
+    assert_error(
+        &out,
+        Phase::RemoteExecution,
+        Outcome::Rejected,
+        Retry::Never,
+        Code::RemoteRateLimited,
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn accepted_202_settles_the_submission_and_records_the_status_resource() {
-    let server =
-        Adversary::start(Behavior::status(202).header("Location", "/v1/jobs/77")).await.unwrap();
+    let server = Adversary::start(Behavior::status(202).header("Location", "/v1/jobs/77"))
+        .await
+        .unwrap();
     let f = fixture(&config(&server.base_url(), ""));
     let out = run(&f, post(server.url("/v1/jobs"), "{}")).await;
     assert_eq!(out.outcome, Outcome::Committed);
@@ -313,16 +473,25 @@ async fn accepted_202_settles_the_submission_and_records_the_status_resource() {
 async fn a_redirect_to_another_origin_is_a_result_and_the_credential_never_crosses() {
     let other = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
     let location = other.url("/steal");
-    let server = Adversary::start(Behavior::status(307).header("Location", &location)).await.unwrap();
+    let server = Adversary::start(Behavior::status(307).header("Location", &location))
+        .await
+        .unwrap();
     for follow in ["", "follow_redirects = true"] {
         let f = fixture(&config(&server.base_url(), follow));
         let out = run(&f, post(server.url("/v1/payments"), "{}")).await;
         assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
         assert_eq!(out.response.as_ref().unwrap().status, 307);
         let p = f.broker.journal.projection(&out.invocation_id).unwrap();
-        assert_eq!(p.evidence().redirect_location.as_deref(), Some(location.as_str()));
+        assert_eq!(
+            p.evidence().redirect_location.as_deref(),
+            Some(location.as_str())
+        );
     }
-    assert_eq!(other.connections(), 0, "the other origin was never contacted");
+    assert_eq!(
+        other.connections(),
+        0,
+        "the other origin was never contacted"
+    );
     assert!(!other.saw(CANARY));
 }
 
@@ -331,16 +500,36 @@ async fn continue_100_then_close_never_settles() {
     let server = Adversary::start(Behavior::ContinueThenClose).await.unwrap();
     let f = fixture(&config(&server.base_url(), ""));
     let out = run(&f, post(server.url("/v1/payments"), "{\"amount\":5}")).await;
-    assert_error(&out, Phase::RemoteExecution, Outcome::Unknown, Retry::Reconcile, Code::RemoteOutcomeUnknown);
-    assert!(!error(&out).evidence.response_headers_received, "1xx is not the final response");
+    assert_error(
+        &out,
+        Phase::RemoteExecution,
+        Outcome::Unknown,
+        Retry::Reconcile,
+        Code::RemoteOutcomeUnknown,
+    );
+    assert!(
+        !error(&out).evidence.response_headers_received,
+        "1xx is not the final response"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_body_is_incomplete_and_never_returned_as_a_result() {
-    let server = Adversary::start(Behavior::ShortBody { declared: 100, sent: 50 }).await.unwrap();
+    let server = Adversary::start(Behavior::ShortBody {
+        declared: 100,
+        sent: 50,
+    })
+    .await
+    .unwrap();
     let f = fixture(&config(&server.base_url(), ""));
     let out = run(&f, post(server.url("/v1/payments"), "{}")).await;
-    assert_error(&out, Phase::RemoteExecution, Outcome::Unknown, Retry::Reconcile, Code::RemoteResultIncomplete);
+    assert_error(
+        &out,
+        Phase::RemoteExecution,
+        Outcome::Unknown,
+        Retry::Reconcile,
+        Code::RemoteResultIncomplete,
+    );
     assert!(out.response.is_none());
     let ev = &error(&out).evidence;
     assert!(ev.response_headers_received && !ev.response_complete);
@@ -351,7 +540,13 @@ async fn broken_chunked_encoding_is_incomplete() {
     let server = Adversary::start(Behavior::BrokenChunked).await.unwrap();
     let f = fixture(&config(&server.base_url(), ""));
     let out = run(&f, post(server.url("/v1/payments"), "{}")).await;
-    assert_error(&out, Phase::RemoteExecution, Outcome::Unknown, Retry::Reconcile, Code::RemoteResultIncomplete);
+    assert_error(
+        &out,
+        Phase::RemoteExecution,
+        Outcome::Unknown,
+        Retry::Reconcile,
+        Code::RemoteResultIncomplete,
+    );
     assert!(out.response.is_none());
 }
 
@@ -362,7 +557,13 @@ async fn a_stall_past_the_timeout_is_unknown_and_the_remote_may_still_run() {
     let mut request = post(server.url("/v1/payments"), "{}");
     request.timeout_ms = Some(300);
     let out = run(&f, request).await;
-    assert_error(&out, Phase::RemoteExecution, Outcome::Unknown, Retry::Reconcile, Code::RemoteTimeout);
+    assert_error(
+        &out,
+        Phase::RemoteExecution,
+        Outcome::Unknown,
+        Retry::Reconcile,
+        Code::RemoteTimeout,
+    );
     assert!(server.wait_for_effects(1, Duration::from_secs(2)).await);
 }
 
@@ -373,10 +574,23 @@ async fn an_idempotent_timeout_may_start_a_new_attempt() {
     let mut request = get(server.url("/v1/items"));
     request.timeout_ms = Some(300);
     let out = run(&f, request).await;
-    assert_error(&out, Phase::RemoteExecution, Outcome::Unknown, Retry::Backoff, Code::RemoteTimeout);
+    assert_error(
+        &out,
+        Phase::RemoteExecution,
+        Outcome::Unknown,
+        Retry::Backoff,
+        Code::RemoteTimeout,
+    );
     server.release();
-    let retried = f.broker.channel.retry(&out.invocation_id, &CallContext::default()).await;
-    assert_eq!(retried.manifest.as_ref().unwrap().verdict, Verdict::IdempotentSafe);
+    let retried = f
+        .broker
+        .channel
+        .retry(&out.invocation_id, &CallContext::default())
+        .await;
+    assert_eq!(
+        retried.manifest.as_ref().unwrap().verdict,
+        Verdict::IdempotentSafe
+    );
     assert_eq!(retried.outcome, Outcome::Committed, "{retried:?}");
 }
 
@@ -391,11 +605,20 @@ async fn caller_cancellation_after_dispatch_keeps_the_outcome_unknown() {
             server.wait_for_effects(1, Duration::from_secs(3)).await;
             cancel.cancel();
         };
-        let call = f.broker.channel.execute(post(server.url("/v1/payments"), "{}"), &ctx);
+        let call = f
+            .broker
+            .channel
+            .execute(post(server.url("/v1/payments"), "{}"), &ctx);
         let (out, ()) = tokio::join!(call, server_effects);
         out
     };
-    assert_error(&waiter, Phase::RemoteExecution, Outcome::Unknown, Retry::Reconcile, Code::CallerCancelled);
+    assert_error(
+        &waiter,
+        Phase::RemoteExecution,
+        Outcome::Unknown,
+        Retry::Reconcile,
+        Code::CallerCancelled,
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -409,8 +632,16 @@ async fn an_echoed_credential_is_redacted_from_the_result_and_counted() {
     assert!(body.contains("[REDACTED]"), "{body}");
     assert!(server.saw(CANARY), "the server did receive the credential");
     let p = f.broker.journal.projection(&out.invocation_id).unwrap();
-    assert!(p.redactions >= 2, "header and body copies counted: {}", p.redactions);
-    let stored = f.broker.journal.read_result(p.result_id.as_deref().unwrap()).unwrap();
+    assert!(
+        p.redactions >= 2,
+        "header and body copies counted: {}",
+        p.redactions
+    );
+    let stored = f
+        .broker
+        .journal
+        .read_result(p.result_id.as_deref().unwrap())
+        .unwrap();
     assert!(!format!("{stored:?}").contains(CANARY));
     assert_no_canary(&f, &out);
 }
@@ -422,8 +653,17 @@ async fn forbidden_header_is_refused_before_anything_is_touched() {
     let mut request = get(server.url("/v1/items"));
     request.headers = vec![("Authorization".into(), "Bearer mine".into())];
     let out = run(&f, request).await;
-    assert_error(&out, Phase::Validation, Outcome::NotAttempted, Retry::AfterCorrection, Code::ForbiddenHeader);
-    assert_eq!(error(&out).evidence.field.as_deref(), Some("headers[0].name"));
+    assert_error(
+        &out,
+        Phase::Validation,
+        Outcome::NotAttempted,
+        Retry::AfterCorrection,
+        Code::ForbiddenHeader,
+    );
+    assert_eq!(
+        error(&out).evidence.field.as_deref(),
+        Some("headers[0].name")
+    );
     assert_eq!(server.connections(), 0);
 }
 
@@ -432,7 +672,13 @@ async fn oversized_body_is_a_payload_limit() {
     let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
     let f = fixture(&config(&server.base_url(), "max_request_body_bytes = 16"));
     let out = run(&f, post(server.url("/v1/payments"), &"x".repeat(17))).await;
-    assert_error(&out, Phase::Validation, Outcome::NotAttempted, Retry::AfterCorrection, Code::PayloadLimit);
+    assert_error(
+        &out,
+        Phase::Validation,
+        Outcome::NotAttempted,
+        Retry::AfterCorrection,
+        Code::PayloadLimit,
+    );
     assert_eq!(error(&out).evidence.field.as_deref(), Some("body"));
     assert_eq!(server.connections(), 0);
 }
@@ -442,9 +688,18 @@ async fn an_unknown_url_is_an_invalid_target() {
     let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
     let f = fixture(&config(&server.base_url(), ""));
     let out = run(&f, get(server.url("/v2/elsewhere"))).await;
-    assert_error(&out, Phase::Validation, Outcome::NotAttempted, Retry::AfterCorrection, Code::InvalidTarget);
+    assert_error(
+        &out,
+        Phase::Validation,
+        Outcome::NotAttempted,
+        Retry::AfterCorrection,
+        Code::InvalidTarget,
+    );
     assert_eq!(error(&out).evidence.field.as_deref(), Some("url"));
-    assert!(!error(&out).error.message.contains("api-key"), "no credential naming leaks");
+    assert!(
+        !error(&out).error.message.contains("api-key"),
+        "no credential naming leaks"
+    );
     assert_eq!(server.connections(), 0);
 }
 
@@ -455,7 +710,13 @@ async fn a_method_the_target_does_not_allow_is_unsupported() {
     let mut request = get(server.url("/v1/items"));
     request.method = "DELETE".into();
     let out = run(&f, request).await;
-    assert_error(&out, Phase::Validation, Outcome::NotAttempted, Retry::AfterCorrection, Code::UnsupportedAction);
+    assert_error(
+        &out,
+        Phase::Validation,
+        Outcome::NotAttempted,
+        Retry::AfterCorrection,
+        Code::UnsupportedAction,
+    );
     assert_eq!(error(&out).evidence.field.as_deref(), Some("method"));
 }
 
@@ -465,17 +726,30 @@ async fn a_missing_credential_fails_in_injection_and_sends_nothing() {
     let f = fixture(&config(&server.base_url(), ""));
     f.broker.forget(&["api-key"]);
     let out = run(&f, get(server.url("/v1/items"))).await;
-    assert_error(&out, Phase::CredentialInjection, Outcome::NotAttempted, Retry::AfterCorrection, Code::CredentialMissing);
+    assert_error(
+        &out,
+        Phase::CredentialInjection,
+        Outcome::NotAttempted,
+        Retry::AfterCorrection,
+        Code::CredentialMissing,
+    );
     assert_eq!(server.connections(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_target_that_needs_approval_fails_fast_without_an_approver() {
     let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
-    let text = config(&server.base_url(), "").replace("approval = \"none\"", "approval = \"per_call\"");
+    let text =
+        config(&server.base_url(), "").replace("approval = \"none\"", "approval = \"per_call\"");
     let f = fixture(&text);
     let out = run(&f, get(server.url("/v1/items"))).await;
-    assert_error(&out, Phase::CredentialInjection, Outcome::NotAttempted, Retry::AfterCorrection, Code::NoApprover);
+    assert_error(
+        &out,
+        Phase::CredentialInjection,
+        Outcome::NotAttempted,
+        Retry::AfterCorrection,
+        Code::NoApprover,
+    );
     assert_eq!(server.connections(), 0);
 }
 
@@ -492,11 +766,26 @@ async fn a_config_change_after_binding_is_refused_before_dispatch() {
     let changed = config(&server.base_url(), "").replace("timeout_ms = 3000", "timeout_ms = 4000");
     let path = f.dir.path().join("postern.toml");
     std::fs::write(&path, changed).unwrap();
-    f.broker.config.replace(postern_broker::config::Config::load(&path).unwrap());
+    f.broker
+        .config
+        .replace(postern_broker::config::Config::load(&path).unwrap());
     let connections = server.connections();
-    let retried = f.broker.channel.retry(&out.invocation_id, &CallContext::default()).await;
-    assert_eq!(retried.outcome, Outcome::Unknown, "the old record is never mutated");
-    assert!(error(&retried).error.message.contains("configuration changed"));
+    let retried = f
+        .broker
+        .channel
+        .retry(&out.invocation_id, &CallContext::default())
+        .await;
+    assert_eq!(
+        retried.outcome,
+        Outcome::Unknown,
+        "the old record is never mutated"
+    );
+    assert!(
+        error(&retried)
+            .error
+            .message
+            .contains("configuration changed")
+    );
     assert_eq!(server.connections(), connections, "nothing was sent");
 }
 
@@ -504,8 +793,10 @@ async fn a_config_change_after_binding_is_refused_before_dispatch() {
 async fn basic_and_query_injection_reach_the_server_and_are_redacted_from_echoes() {
     let server = Adversary::start(Behavior::EchoAuthorization).await.unwrap();
     for inject in [r#"{ basic_user = "svc" }"#, r#"{ query = "api_key" }"#] {
-        let text = config(&server.base_url(), "")
-            .replace(r#"{ header = "Authorization", format = "Bearer {secret}" }"#, inject);
+        let text = config(&server.base_url(), "").replace(
+            r#"{ header = "Authorization", format = "Bearer {secret}" }"#,
+            inject,
+        );
         let f = fixture(&text);
         let out = run(&f, get(server.url("/v1/echo"))).await;
         assert_eq!(out.outcome, Outcome::Committed, "{inject}: {out:?}");
@@ -513,4 +804,61 @@ async fn basic_and_query_injection_reach_the_server_and_are_redacted_from_echoes
         assert!(body.contains("[REDACTED]"), "{inject}: {body}");
         assert_no_canary(&f, &out);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_killed_while_the_server_holds_the_request_recovers_as_unknown() {
+    let server = Adversary::start(Behavior::Stall).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let service = test_service();
+    let text = config(&server.base_url(), "").replace("timeout_ms = 3000", "timeout_ms = 60000");
+    let broker = open_broker(dir.path(), &text, &service).unwrap();
+    broker.set_secret("api-key", CANARY).unwrap();
+    broker.journal.clone().close().unwrap();
+
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_http_child"))
+        .arg(dir.path())
+        .arg(&service)
+        .arg(server.url("/v1/payments"))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(
+        server.wait_for_effects(1, Duration::from_secs(20)).await,
+        "the request reached the server"
+    );
+    child.kill().unwrap(); // SIGKILL: no destructor, no clean shutdown
+    child.wait().unwrap();
+
+    let journal = postern_tests::open_journal(&dir.path().join("journal.db")).unwrap();
+    let conn = rusqlite::Connection::open(dir.path().join("journal.db")).unwrap();
+    let id: String = conn
+        .query_row(
+            "SELECT id FROM invocations ORDER BY accepted_seq DESC LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let p = journal.projection(&id).unwrap();
+    assert_eq!(
+        p.outcome,
+        Outcome::Unknown,
+        "never not_attempted after dispatch"
+    );
+    assert!(p.ever_dispatched);
+    journal.recover_interrupted().unwrap();
+    let env = journal
+        .projection(&id)
+        .unwrap()
+        .envelope(journal.now_ms())
+        .unwrap();
+    assert_eq!(
+        (env.error.code, env.error.outcome, env.error.retry),
+        (
+            Code::RemoteOutcomeUnknown,
+            Outcome::Unknown,
+            Retry::Reconcile
+        )
+    );
+    broker.forget(&["api-key"]);
 }

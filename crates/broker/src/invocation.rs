@@ -40,6 +40,17 @@ pub struct Recorder {
     generation: u32,
 }
 
+/// What was observed of a complete exchange, recorded with its result.
+#[derive(Debug, Clone, Default)]
+pub struct Exchange {
+    pub headers_sent: bool,
+    pub body_complete: bool,
+    pub http_status: Option<u16>,
+    pub remote_request_id: Option<String>,
+    /// Digest of the complete response as received (before redaction).
+    pub digest: String,
+}
+
 /// What a retry decision produced.
 #[derive(Debug, Clone)]
 pub struct RetryPlan {
@@ -203,11 +214,15 @@ impl Recorder {
         &self,
         credential_id: &str,
         version: &str,
-    ) -> Result<Appended, JournalError> {
-        self.append(EventBody::CredentialAuthorized {
-            credential_id: credential_id.to_string(),
-            credential_version: version.to_string(),
-        })
+    ) -> Result<(), JournalError> {
+        // Pipelined: the lease taken next waits for it and is refused without it.
+        self.journal.append_pipelined(
+            &self.id,
+            EventBody::CredentialAuthorized {
+                credential_id: credential_id.to_string(),
+                credential_version: version.to_string(),
+            },
+        )
     }
 
     /// Takes the lease for the next attempt; the generation guards dispatch.
@@ -241,10 +256,6 @@ impl Recorder {
         connection_id: Option<String>,
         peer_identity: Option<String>,
     ) -> Result<Appended, StepError> {
-        let bound = self.projection()?.fingerprint;
-        if bound.as_deref() != Some(fingerprint_now) {
-            return Err(self.fingerprint_mismatch()?);
-        }
         match self.journal.dispatch_started(
             &self.id,
             self.generation,
@@ -253,6 +264,7 @@ impl Recorder {
             peer_identity,
         ) {
             Ok(a) => Ok(a),
+            Err(JournalError::FingerprintChanged(failed)) => Err(self.stopped(&failed)),
             Err(JournalError::LeaseLost { .. }) => {
                 // Another holder owns the invocation now. Record nothing on its record
                 // beyond what the generation check already refused.
@@ -285,32 +297,44 @@ impl Recorder {
         })
     }
 
+    /// Pipelined: a marker, not a durable transition.
     pub fn request_sent(
         &self,
         headers_sent: bool,
         body_complete: bool,
-    ) -> Result<Appended, JournalError> {
-        self.append(EventBody::RequestSent {
-            headers_sent,
-            body_complete,
-        })
+    ) -> Result<(), JournalError> {
+        self.journal.append_pipelined(
+            &self.id,
+            EventBody::RequestSent {
+                headers_sent,
+                body_complete,
+            },
+        )
     }
 
+    /// Pipelined: a marker; the settling append that follows waits for it.
     pub fn response_started(
         &self,
         http_status: Option<u16>,
         remote_request_id: Option<String>,
-    ) -> Result<Appended, JournalError> {
-        self.append(EventBody::RemoteResponseStarted {
-            http_status,
-            remote_request_id,
-        })
+    ) -> Result<(), JournalError> {
+        self.journal.append_pipelined(
+            &self.id,
+            EventBody::RemoteResponseStarted {
+                http_status,
+                remote_request_id,
+            },
+        )
     }
 
-    pub fn response_complete(&self, digest: &str) -> Result<Appended, JournalError> {
-        self.append(EventBody::RemoteResponseComplete {
-            digest: digest.to_string(),
-        })
+    /// Pipelined: RESULT_COMMITTED, which waits, is refused unless this landed.
+    pub fn response_complete(&self, digest: &str) -> Result<(), JournalError> {
+        self.journal.append_pipelined(
+            &self.id,
+            EventBody::RemoteResponseComplete {
+                digest: digest.to_string(),
+            },
+        )
     }
 
     /// RESULT_COMMITTED with the stored result, fsynced, before anything is returned.
@@ -319,7 +343,35 @@ impl Recorder {
         result: ResultToStore,
         settle: Settle,
     ) -> Result<Appended, JournalError> {
-        self.journal.commit_result(&self.id, result, settle)
+        self.journal
+            .commit_result(&self.id, Vec::new(), result, settle)
+    }
+
+    /// The whole tail of a complete exchange in one fsynced transaction: the request
+    /// markers, the final response's start and completion, and RESULT_COMMITTED with
+    /// the stored result. One commit instead of four on the hot path.
+    pub fn commit_exchange(
+        &self,
+        exchange: Exchange,
+        result: ResultToStore,
+        settle: Settle,
+    ) -> Result<Appended, JournalError> {
+        let mut preceding = Vec::new();
+        if exchange.headers_sent || exchange.body_complete {
+            preceding.push(EventBody::RequestSent {
+                headers_sent: exchange.headers_sent,
+                body_complete: exchange.body_complete,
+            });
+        }
+        preceding.push(EventBody::RemoteResponseStarted {
+            http_status: exchange.http_status,
+            remote_request_id: exchange.remote_request_id,
+        });
+        preceding.push(EventBody::RemoteResponseComplete {
+            digest: exchange.digest,
+        });
+        self.journal
+            .commit_result(&self.id, preceding, result, settle)
     }
 
     /// RESULT_DELIVERED, after the caller-facing protocol confirmed the handoff.
@@ -358,28 +410,33 @@ impl Recorder {
         message: &str,
         field: Option<&str>,
     ) -> Result<Appended, JournalError> {
-        let p = self.projection()?;
-        let dispatched = p.attempt.dispatched && !p.attempt.closed;
-        let body = if dispatched {
-            EventBody::Failed {
-                phase: Phase::RemoteExecution,
-                outcome: Outcome::Unknown,
-                retry: p.retry(self.journal.now_ms()),
-                code,
-                message: message.to_string(),
-                field: None,
-            }
-        } else {
-            EventBody::Failed {
-                phase,
-                outcome: Outcome::NotAttempted,
-                retry,
-                code,
-                message: message.to_string(),
-                field: field.map(str::to_string),
-            }
-        };
-        self.append(body)
+        let id = self.id.clone();
+        let message = message.to_string();
+        let field = field.map(str::to_string);
+        // Decided inside the writer, against the same state the append is checked on.
+        self.journal.write(true, move |ctx| {
+            let p = ctx.projection(&id)?;
+            let body = if p.attempt.dispatched && !p.attempt.closed {
+                EventBody::Failed {
+                    phase: Phase::RemoteExecution,
+                    outcome: Outcome::Unknown,
+                    retry: p.retry(ctx.now_ms()),
+                    code,
+                    message,
+                    field,
+                }
+            } else {
+                EventBody::Failed {
+                    phase,
+                    outcome: Outcome::NotAttempted,
+                    retry,
+                    code,
+                    message,
+                    field,
+                }
+            };
+            ctx.append_checked(&id, &body)
+        })
     }
 
     /// Runs `decide()` on the record and appends the retry manifest (fsynced) before any

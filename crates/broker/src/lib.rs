@@ -28,3 +28,11 @@ pub mod invocation;
 pub mod journal;
 pub mod retry;
 pub mod vault;
+
+/// The whole of `docs/errors.md`: every code, then the HTTP status mapping. Generated so
+/// the documentation cannot drift from the code (a test compares them).
+pub fn errors_document() -> String {
+    let mut doc = contract::errors_table_markdown();
+    doc.push_str(&channel::http::status::mapping_table_markdown());
+    doc
+}

@@ -25,6 +25,8 @@ fn main() -> ExitCode {
     };
     let result = postern_tests::run_lifecycle(&journal, |n| {
         if n == stop_after {
+            // Markers are pipelined (not waited for); crash once the step is recorded.
+            let _ = journal.flush();
             std::process::abort();
         }
     });

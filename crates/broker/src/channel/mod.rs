@@ -57,6 +57,12 @@ impl Credentials {
     /// Opens credential metadata in the journal database at `db`.
     pub fn open(vault: Vault, db: &Path) -> Result<Credentials, JournalError> {
         let conn = crate::journal::schema::open_and_migrate(db)?;
+        // Credential metadata writes (last-used times) need no fsync of their own: a
+        // lost last-used time after a power cut is harmless, and an fsync here would sit
+        // on every injection's hot path. WAL commits are ordered, so the journal's next
+        // fsync makes a rotation durable too.
+        conn.execute_batch("PRAGMA synchronous = NORMAL")
+            .map_err(|e| JournalError::Storage(e.to_string()))?;
         Ok(Credentials {
             vault,
             conn: Mutex::new(conn),

@@ -86,6 +86,8 @@ pub enum JournalError {
     },
     #[error("invocation {invocation_id}: retry budget of {budget} dispatches is spent")]
     BudgetExhausted { invocation_id: String, budget: u32 },
+    #[error("invocation {}: the fingerprint changed before dispatch; nothing was sent", .0.projection.invocation_id)]
+    FingerprintChanged(Box<Appended>),
     #[error("invocation {0}: the stored result is missing or incomplete")]
     ResultIncomplete(String),
     #[error("event body in the journal does not parse at sequence {seq}: {detail}")]
@@ -161,6 +163,12 @@ struct ChainPos {
 /// What a job sees inside the writer's transaction.
 pub struct WriteCtx<'a> {
     conn: &'a Connection,
+    /// Projections of invocations the writer touched recently. The writer is the only
+    /// writer of events, so a cached fold is exact; entries a rolled-back job touched
+    /// are dropped.
+    cache: &'a mut ProjectionCache,
+    /// Invocations this job changed, to forget if the job rolls back.
+    touched: Vec<String>,
     pos: ChainPos,
     hasher: &'a mut ChainHasher,
     now_ms: i64,
@@ -238,16 +246,21 @@ impl WriteCtx<'_> {
         Ok(())
     }
 
-    /// Folds the invocation's stored events.
-    pub fn projection(&self, invocation_id: &str) -> Result<Projection, JournalError> {
+    /// The invocation's current projection (cached, or folded from its events).
+    pub fn projection(&mut self, invocation_id: &str) -> Result<Projection, JournalError> {
+        if let Some(p) = self.cache.map.get(invocation_id) {
+            return Ok(p.clone());
+        }
         let events = load_events(self.conn, invocation_id)?;
-        Ok(Projection::fold(invocation_id, &events)?)
+        let p = Projection::fold(invocation_id, &events)?;
+        self.cache.insert(invocation_id, p.clone());
+        Ok(p)
     }
 
     /// The fingerprints bound by other invocations of the same target under
     /// idempotency key `key` (the target is `invocation_id`'s).
     pub fn other_fingerprints_for_key(
-        &self,
+        &mut self,
         invocation_id: &str,
         key: &str,
     ) -> Result<Vec<String>, JournalError> {
@@ -280,6 +293,8 @@ impl WriteCtx<'_> {
         }
         projection.apply(self.pos.last_seq + 1, body)?;
         let seq = self.append_raw(invocation_id, body)?;
+        self.touched.push(invocation_id.to_string());
+        self.cache.insert(invocation_id, projection.clone());
         Ok(Appended { seq, projection })
     }
 }
@@ -341,6 +356,7 @@ impl Journal {
         let (sender, receiver) = mpsc::sync_channel::<Job>(4096);
         let state = WriterState {
             conn,
+            cache: ProjectionCache::default(),
             pos: ChainPos { last_seq, head },
             hasher: ChainHasher::new(),
             clock: options.clock.clone(),
@@ -400,6 +416,16 @@ impl Journal {
                 }),
             }
         });
+        self.submit(Job { durable, run })?;
+        rx.recv().map_err(|_| JournalError::Closed)?
+    }
+
+    /// Waits until every append queued before this call has been applied.
+    pub fn flush(&self) -> Result<(), JournalError> {
+        self.write(false, |_| Ok(()))
+    }
+
+    fn submit(&self, job: Job) -> Result<(), JournalError> {
         let sender = self
             .inner
             .sender
@@ -407,10 +433,42 @@ impl Journal {
             .map_err(|_| JournalError::Closed)?
             .clone()
             .ok_or(JournalError::Closed)?;
-        sender
-            .send(Job { durable, run })
-            .map_err(|_| JournalError::Closed)?;
-        rx.recv().map_err(|_| JournalError::Closed)?
+        sender.send(job).map_err(|_| JournalError::Closed)
+    }
+
+    /// Queues an append without waiting for its commit. The single writer applies jobs
+    /// in order, so a later waited append sees it; if it is refused, every later event
+    /// that depends on it is refused too and the error surfaces there. Only for markers
+    /// whose loss in a crash the contract tolerates (seed 000: markers "help
+    /// diagnosis"); a durable transition always waits.
+    pub fn append_pipelined(
+        &self,
+        invocation_id: &str,
+        body: EventBody,
+    ) -> Result<(), JournalError> {
+        if body.must_be_durable() {
+            return self.append(invocation_id, body).map(|_| ());
+        }
+        let id = invocation_id.to_string();
+        self.pipeline(move |ctx| ctx.append_checked(&id, &body).map(|_| ()))
+    }
+
+    /// Queues `f` for the writer without waiting for it (see `append_pipelined`).
+    fn pipeline<F>(&self, f: F) -> Result<(), JournalError>
+    where
+        F: FnOnce(&mut WriteCtx<'_>) -> Result<(), JournalError> + Send + 'static,
+    {
+        let run: JobFn = Box::new(move |ctx| {
+            let ok = ctx.is_some_and(|ctx| f(ctx).is_ok());
+            JobOutcome {
+                ok,
+                finish: Box::new(|_| {}),
+            }
+        });
+        self.submit(Job {
+            durable: false,
+            run,
+        })
     }
 
     /// Records a new invocation (ACTION_ACCEPTED) and its identity row.
@@ -545,7 +603,8 @@ impl Journal {
             connection_id,
             peer_identity,
         };
-        self.write(true, move |ctx| {
+        let bound = fingerprint.to_string();
+        let dispatched = self.write(true, move |ctx| {
             let now = ctx.now_ms();
             let lease: Option<(u32, i64)> = ctx
                 .conn()
@@ -565,6 +624,22 @@ impl Journal {
                 }
             }
             let projection = ctx.projection(&id)?;
+            if projection.fingerprint.as_deref() != Some(bound.as_str()) {
+                // The request or its bound configuration changed: nothing is sent, and
+                // the invocation ends saying so, in this same transaction.
+                let failed = ctx.append_checked(
+                    &id,
+                    &EventBody::Failed {
+                        phase: Phase::Validation,
+                        outcome: Outcome::NotAttempted,
+                        retry: Retry::AfterCorrection,
+                        code: Code::FingerprintMismatch,
+                        message: "The request or its configuration changed after it was bound; nothing was sent.".into(),
+                        field: None,
+                    },
+                )?;
+                return Ok(Err(failed));
+            }
             let budget = projection.operation.as_ref().map_or(1, |o| o.retry_budget);
             if projection.dispatches >= budget {
                 return Err(JournalError::BudgetExhausted {
@@ -572,22 +647,31 @@ impl Journal {
                     budget,
                 });
             }
-            ctx.append_checked(&id, &body)
-        })
+            Ok(Ok(ctx.append_checked(&id, &body)?))
+        })?;
+        dispatched.map_err(|failed| JournalError::FingerprintChanged(Box::new(failed)))
     }
 
-    /// Stores a settled result and appends RESULT_COMMITTED in one fsynced transaction.
+    /// Stores a settled result and appends RESULT_COMMITTED in one fsynced transaction,
+    /// after `preceding` events (the exchange's markers) in the same transaction.
     pub fn commit_result(
         &self,
         invocation_id: &str,
+        preceding: Vec<EventBody>,
         result: ResultToStore,
         settle: Settle,
     ) -> Result<Appended, JournalError> {
         let id = invocation_id.to_string();
-        self.write(true, move |ctx| results::commit(ctx, &id, &result, &settle))
+        self.write(true, move |ctx| {
+            for body in &preceding {
+                ctx.append_checked(&id, body)?;
+            }
+            results::commit(ctx, &id, &result, &settle)
+        })
     }
 
     /// Keeps the request an invocation was accepted with (see `0003_requests.sql`).
+    /// Pipelined: only a later retry reads it, after waited appends that follow it.
     pub fn store_request(
         &self,
         invocation_id: &str,
@@ -597,7 +681,7 @@ impl Journal {
         let id = invocation_id.to_string();
         let meta = serde_json::to_string(&meta)
             .map_err(|e| JournalError::Storage(format!("request encoding: {e}")))?;
-        self.write(false, move |ctx| {
+        self.pipeline(move |ctx| {
             ctx.conn()
                 .prepare_cached(
                     "INSERT OR REPLACE INTO requests (invocation_id, meta, body) VALUES (?1, ?2, ?3)",
@@ -815,8 +899,27 @@ fn chain_tail(conn: &Connection) -> Result<(u64, [u8; 32]), JournalError> {
     }
 }
 
+/// A bounded map of recent projections; cleared wholesale when full (a miss only costs
+/// a fold).
+#[derive(Default)]
+struct ProjectionCache {
+    map: std::collections::HashMap<String, Projection>,
+}
+
+impl ProjectionCache {
+    const MAX: usize = 4096;
+
+    fn insert(&mut self, id: &str, p: Projection) {
+        if self.map.len() >= Self::MAX && !self.map.contains_key(id) {
+            self.map.clear();
+        }
+        self.map.insert(id.to_string(), p);
+    }
+}
+
 struct WriterState {
     conn: Connection,
+    cache: ProjectionCache,
     pos: ChainPos,
     hasher: ChainHasher,
     clock: Arc<dyn Clock>,
@@ -910,6 +1013,8 @@ impl WriterState {
             let savepoint = self.conn.execute_batch("SAVEPOINT job");
             let mut ctx = WriteCtx {
                 conn: &self.conn,
+                cache: &mut self.cache,
+                touched: Vec::new(),
                 pos: before,
                 hasher: &mut self.hasher,
                 now_ms,
@@ -918,7 +1023,11 @@ impl WriterState {
                 checkpoint: None,
             };
             let outcome = (job.run)(Some(&mut ctx));
-            let (pos, cp) = (ctx.pos, ctx.checkpoint.take());
+            let (pos, cp, touched) = (
+                ctx.pos,
+                ctx.checkpoint.take(),
+                std::mem::take(&mut ctx.touched),
+            );
             let kept =
                 savepoint.is_ok() && outcome.ok && self.conn.execute_batch("RELEASE job").is_ok();
             if kept {
@@ -930,6 +1039,9 @@ impl WriterState {
                 // Undo only this job's writes; the chain position stays where it was.
                 let _ = self.conn.execute_batch("ROLLBACK TO job; RELEASE job");
                 self.pos = before;
+                for id in touched {
+                    self.cache.map.remove(&id);
+                }
             }
             finishes.push(outcome.finish);
         }
@@ -952,6 +1064,7 @@ impl WriterState {
             Err(e) => {
                 let _ = self.conn.execute_batch("ROLLBACK");
                 self.pos = start;
+                self.cache.map.clear();
                 for finish in finishes {
                     finish(Err(JournalError::Storage(format!("commit failed: {e}"))));
                 }

@@ -169,7 +169,7 @@ fn preflight_codes_never_claim_the_remote_acted() {
 #[test]
 fn errors_table_matches_the_code_enum() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/errors.md");
-    let rendered = errors_table_markdown();
+    let rendered = postern_broker::errors_document();
     if std::env::var_os("POSTERN_BLESS").is_some() {
         std::fs::write(path, &rendered).unwrap();
     }

@@ -32,8 +32,9 @@ use crate::config::{ApprovalMode, HttpTarget, Injection};
 use crate::contract::{
     Code, ConfidenceSource, Envelope, IdempotencyEvidence, Outcome, Phase, RemoteContract, Retry,
 };
-use crate::invocation::{Recorder, RetryPlan, StepError, new_invocation_id};
+use crate::invocation::{Exchange, Recorder, RetryPlan, StepError, new_invocation_id};
 use crate::journal::events::{Channel, OperationFacts, ResultFacts, Settlement as Reconciled};
+use crate::journal::projection::Projection;
 use crate::journal::{Journal, JournalError, NewInvocation, ResultToStore, Settle};
 use crate::retry::{Decision, RetryRequest};
 use status::Repeat;
@@ -197,17 +198,18 @@ impl HttpChannel {
 
     fn outcome_of(&self, rec: &Recorder) -> HttpOutcome {
         match rec.projection() {
-            Ok(p) => {
-                let now = self.inner.journal.now_ms();
-                HttpOutcome {
-                    invocation_id: rec.id().to_string(),
-                    outcome: p.outcome,
-                    response: None,
-                    error: p.envelope(now),
-                    manifest: None,
-                }
-            }
+            Ok(p) => self.outcome_of_projection(&p),
             Err(e) => self.unrecorded(rec.id(), &e),
+        }
+    }
+
+    fn outcome_of_projection(&self, p: &Projection) -> HttpOutcome {
+        HttpOutcome {
+            invocation_id: p.invocation_id.clone(),
+            outcome: p.outcome,
+            response: None,
+            error: p.envelope(self.inner.journal.now_ms()),
+            manifest: None,
         }
     }
 
@@ -250,7 +252,7 @@ impl HttpChannel {
         field: Option<&str>,
     ) -> HttpOutcome {
         match rec.fail_field(phase, code, retry, message, field) {
-            Ok(_) => self.outcome_of(rec),
+            Ok(appended) => self.outcome_of_projection(&appended.projection),
             Err(e) => self.journal_failed(rec, &e),
         }
     }
@@ -431,28 +433,16 @@ impl HttpChannel {
                 Some("url"),
             )));
         };
-        let credentials = self.inner.credentials.clone();
-        let credential_id = target.credential.as_str().to_string();
-        let meta = tokio::task::spawn_blocking(move || credentials.meta(&credential_id)).await;
-        let meta = match meta {
-            Ok(Ok(meta)) => meta,
-            Ok(Err(e)) => {
+        // An indexed read of non-secret metadata: microseconds, fine inline.
+        let meta = match self.inner.credentials.meta(target.credential.as_str()) {
+            Ok(meta) => meta,
+            Err(e) => {
                 return Err(Box::new(self.fail(
                     rec,
                     Phase::CredentialInjection,
                     e.code(),
                     e.code().spec().retry,
                     &e.to_string(),
-                    None,
-                )));
-            }
-            Err(_) => {
-                return Err(Box::new(self.fail(
-                    rec,
-                    Phase::CredentialInjection,
-                    Code::VaultLocked,
-                    Retry::AfterCorrection,
-                    "The keychain lookup did not finish.",
                     None,
                 )));
             }
@@ -951,7 +941,7 @@ impl HttpChannel {
                 }
             })
         });
-        let mut builder = reqwest::Client::builder()
+        let builder = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .retry(reqwest::retry::never())
             .no_proxy()
@@ -964,19 +954,26 @@ impl HttpChannel {
                 probe: probe.clone(),
                 gate,
             });
-        if let Some(inner) = verifier {
-            let tls = rustls::ClientConfig::builder_with_provider(self.inner.provider.clone())
-                .with_safe_default_protocol_versions()
-                .map_err(|e| format!("TLS setup: {e}"))?
+        // Always hand reqwest a prepared TLS config: building its default one loads the
+        // platform's roots on every client (milliseconds per request).
+        let base = rustls::ClientConfig::builder_with_provider(self.inner.provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS setup: {e}"))?;
+        let tls = match verifier {
+            Some(inner) => base
                 .dangerous()
                 .with_custom_certificate_verifier(Arc::new(RecordingVerifier {
                     inner,
                     probe: probe.clone(),
                 }))
-                .with_no_client_auth();
-            builder = builder.tls_backend_preconfigured(tls);
-        }
+                .with_no_client_auth(),
+            // Plain http (loopback only): TLS is never used, so trust nothing.
+            None => base
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth(),
+        };
         builder
+            .tls_backend_preconfigured(tls)
             .build()
             .map_err(|e| format!("HTTP client setup: {e}"))
     }
@@ -993,11 +990,13 @@ impl HttpChannel {
         ctx: &CallContext,
     ) -> HttpOutcome {
         let status = response.status().as_u16();
-        self.mark_request(rec, probe);
         let request_id = header(&response, "x-request-id");
-        if let Err(e) = rec.response_started(Some(status), request_id.clone()) {
-            return self.journal_failed(rec, &e);
-        }
+        // On the success path the markers go in with the result, in one transaction; a
+        // failure while the body arrives records them first.
+        let head = || {
+            self.mark_request(rec, probe);
+            let _ = rec.response_started(Some(status), request_id.clone());
+        };
         let limit = target.max_response_bytes;
         let mut body: Vec<u8> = Vec::new();
         let deadline = tokio::time::sleep(p.timeout);
@@ -1006,10 +1005,12 @@ impl HttpChannel {
             let chunk = tokio::select! {
                 c = response.chunk() => c,
                 () = &mut deadline => {
+                    head();
                     return self.fail(rec, Phase::RemoteExecution, Code::RemoteTimeout, Retry::Reconcile,
                         "The response body did not complete in time; what arrived is not a result.", None);
                 }
                 () = ctx.cancel.cancelled() => {
+                    head();
                     return self.fail(rec, Phase::RemoteExecution, Code::CallerCancelled, Retry::Reconcile,
                         "The caller cancelled while the response was arriving; what arrived is not a result.", None);
                 }
@@ -1020,6 +1021,7 @@ impl HttpChannel {
                         let message = format!(
                             "The response exceeded this target's limit of {limit} bytes; it is not returned as a result."
                         );
+                        head();
                         return self.fail(
                             rec,
                             Phase::RemoteExecution,
@@ -1039,6 +1041,7 @@ impl HttpChannel {
                         "The response broke off after {} body bytes; a partial body is not a result.",
                         body.len()
                     );
+                    head();
                     return self.fail(
                         rec,
                         Phase::RemoteExecution,
@@ -1051,9 +1054,6 @@ impl HttpChannel {
             }
         }
         let digest = format!("blake3:{}", blake3::hash(&body).to_hex());
-        if let Err(e) = rec.response_complete(&digest) {
-            return self.journal_failed(rec, &e);
-        }
         let mut redactions = 0u32;
         let mut headers: Vec<(String, String)> = Vec::new();
         for (name, value) in response.headers() {
@@ -1079,9 +1079,10 @@ impl HttpChannel {
             });
         let settlement = status::classify(status, p.repeat, retry_after.is_some());
         let location = header(&response, "location").map(|l| redactor.scrub_str(&l).0);
+        let facts_request_id = request_id.clone();
         let facts = ResultFacts {
             http_status: Some(status),
-            remote_request_id: request_id,
+            remote_request_id: request_id.clone(),
             status_resource: if status == 202 {
                 location.clone()
             } else {
@@ -1107,16 +1108,25 @@ impl HttpChannel {
             confidence: ConfidenceSource::RemoteResponse,
             redactions,
         };
-        if let Err(e) = rec.commit_result(stored, settle) {
-            return self.journal_failed(rec, &e);
+        let exchange = Exchange {
+            headers_sent: probe.headers_taken(),
+            body_complete: probe.body_taken(),
+            http_status: Some(status),
+            remote_request_id: facts_request_id,
+            digest,
+        };
+        match rec.commit_exchange(exchange, stored, settle) {
+            Ok(appended) => {
+                let mut outcome = self.outcome_of_projection(&appended.projection);
+                outcome.response = Some(HttpResponse {
+                    status,
+                    headers,
+                    body,
+                });
+                outcome
+            }
+            Err(e) => self.journal_failed(rec, &e),
         }
-        let mut outcome = self.outcome_of(rec);
-        outcome.response = Some(HttpResponse {
-            status,
-            headers,
-            body,
-        });
-        outcome
     }
 
     /// Follows a redirect only for a target that opted in, and only to a URL under the
