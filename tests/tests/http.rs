@@ -862,3 +862,50 @@ async fn a_broker_killed_while_the_server_holds_the_request_recovers_as_unknown(
     );
     broker.forget(&["api-key"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_opted_in_same_target_redirect_is_a_new_linked_exchange() {
+    let server = Adversary::start(Behavior::Sequence(vec![
+        Behavior::status(307).header("Location", "/v1/final"),
+        Behavior::ok_json("{\"final\":true}"),
+    ]))
+    .await
+    .unwrap();
+    let f = fixture(&config(&server.base_url(), "follow_redirects = true"));
+    let out = run(&f, get(server.url("/v1/start"))).await;
+    assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
+    assert_eq!(out.response.as_ref().unwrap().status, 200);
+    let seen = server.requests();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[1].path(), "/v1/final");
+    // Two invocations, each with its own dispatch record.
+    let conn = rusqlite::Connection::open(f.dir.path().join("journal.db")).unwrap();
+    let dispatches: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM events WHERE kind = 'DISPATCH_STARTED'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(dispatches, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_idempotency_header_is_sent_to_a_target_without_a_contract() {
+    let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let f = fixture(&config(&server.base_url(), ""));
+    let mut request = post(server.url("/v1/payments"), "{}");
+    request.idempotency_key = Some("order-7".into());
+    let out = run(&f, request).await;
+    assert_eq!(out.outcome, Outcome::Committed);
+    assert!(
+        !server.saw("order-7"),
+        "a key alone proves nothing; it is not sent"
+    );
+    let p = f.broker.journal.projection(&out.invocation_id).unwrap();
+    let idem = p.evidence().idempotency.unwrap();
+    assert_eq!(
+        idem.remote_contract,
+        postern_broker::contract::RemoteContract::None
+    );
+}

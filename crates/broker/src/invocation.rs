@@ -72,6 +72,21 @@ impl Recorder {
         })
     }
 
+    /// [`Recorder::accept`] without waiting for the commit; the next waited step
+    /// (preflight) fails if the acceptance did.
+    pub fn accept_pipelined(
+        journal: &Journal,
+        new: NewInvocation,
+    ) -> Result<Recorder, JournalError> {
+        let id = new.invocation_id.clone();
+        journal.accept_pipelined(new)?;
+        Ok(Recorder {
+            journal: journal.clone(),
+            id,
+            generation: 0,
+        })
+    }
+
     /// Picks up an existing invocation (a retry, a reconciliation, a restart).
     pub fn resume(journal: &Journal, invocation_id: &str) -> Result<Recorder, JournalError> {
         let p = journal.projection(invocation_id)?;
@@ -131,7 +146,7 @@ impl Recorder {
         let fingerprint = fingerprint.to_string();
         // The key check and the binding are one transaction, so two concurrent
         // invocations cannot both bind one key to different requests.
-        let appended = self.journal.write(key.is_some(), move |ctx| {
+        let appended = self.journal.write(false, move |ctx| {
             if let Some(key) = key {
                 let reused = ctx.other_fingerprints_for_key(&id, &key)?;
                 if reused.iter().any(|bound| *bound != fingerprint) {
@@ -228,6 +243,25 @@ impl Recorder {
     /// Takes the lease for the next attempt; the generation guards dispatch.
     pub fn start_attempt(&mut self, holder: &str, ttl_ms: i64) -> Result<Appended, JournalError> {
         let appended = self.journal.start_attempt(&self.id, holder, ttl_ms)?;
+        self.generation = appended.projection.attempt.generation;
+        Ok(appended)
+    }
+
+    /// CREDENTIAL_AUTHORIZED and the next attempt's lease in one transaction.
+    pub fn authorize_and_start(
+        &mut self,
+        credential_id: &str,
+        version: &str,
+        holder: &str,
+        ttl_ms: i64,
+    ) -> Result<Appended, JournalError> {
+        let authorized = EventBody::CredentialAuthorized {
+            credential_id: credential_id.to_string(),
+            credential_version: version.to_string(),
+        };
+        let appended =
+            self.journal
+                .start_attempt_after(&self.id, vec![authorized], holder, ttl_ms)?;
         self.generation = appended.projection.attempt.generation;
         Ok(appended)
     }

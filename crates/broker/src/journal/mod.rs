@@ -473,44 +473,13 @@ impl Journal {
 
     /// Records a new invocation (ACTION_ACCEPTED) and its identity row.
     pub fn accept(&self, new: NewInvocation) -> Result<Appended, JournalError> {
-        self.write(false, move |ctx| {
-            let exists: Option<i64> = ctx
-                .conn()
-                .query_row("SELECT 1 FROM invocations WHERE id = ?1", [&new.invocation_id], |r| {
-                    r.get(0)
-                })
-                .optional()?;
-            if exists.is_some() {
-                return Err(JournalError::DuplicateInvocation(new.invocation_id));
-            }
-            let body = EventBody::ActionAccepted {
-                channel: new.channel,
-                target: new.target.clone(),
-                summary: new.summary.clone(),
-                session: new.session.clone(),
-            };
-            let appended = ctx.append_checked(&new.invocation_id, &body)?;
-            let channel = match new.channel {
-                Channel::Http => "http",
-                Channel::Ssh => "ssh",
-            };
-            ctx.conn()
-                .prepare_cached(
-                    "INSERT INTO invocations
-                     (id, accepted_seq, accepted_at_ms, channel, target, session_id, idempotency_key)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                )?
-                .execute(params![
-                    new.invocation_id,
-                    appended.seq as i64,
-                    ctx.now_ms(),
-                    channel,
-                    new.target,
-                    new.session,
-                    new.idempotency_key
-                ])?;
-            Ok(appended)
-        })
+        self.write(false, move |ctx| accept_in(ctx, new))
+    }
+
+    /// [`Journal::accept`] without waiting: the preflight that follows waits, and is
+    /// refused (unknown invocation) if this was.
+    pub fn accept_pipelined(&self, new: NewInvocation) -> Result<(), JournalError> {
+        self.pipeline(move |ctx| accept_in(ctx, new).map(|_| ()))
     }
 
     /// Appends one event to an existing invocation, checked against its projection;
@@ -530,9 +499,24 @@ impl Journal {
         holder: &str,
         ttl_ms: i64,
     ) -> Result<Appended, JournalError> {
+        self.start_attempt_after(invocation_id, Vec::new(), holder, ttl_ms)
+    }
+
+    /// [`Journal::start_attempt`] after `preceding` events (the credential
+    /// authorization), in the same transaction.
+    pub fn start_attempt_after(
+        &self,
+        invocation_id: &str,
+        preceding: Vec<EventBody>,
+        holder: &str,
+        ttl_ms: i64,
+    ) -> Result<Appended, JournalError> {
         let id = invocation_id.to_string();
         let holder = holder.to_string();
         self.write(false, move |ctx| {
+            for body in &preceding {
+                ctx.append_checked(&id, body)?;
+            }
             let now = ctx.now_ms();
             let lease: Option<(i64, String, i64)> = ctx
                 .conn()
@@ -841,6 +825,47 @@ impl Drop for Inner {
         // A clean shutdown signs a final checkpoint; errors have nowhere to go here.
         let _ = self.shutdown();
     }
+}
+
+fn accept_in(ctx: &mut WriteCtx<'_>, new: NewInvocation) -> Result<Appended, JournalError> {
+    let exists: Option<i64> = ctx
+        .conn()
+        .query_row(
+            "SELECT 1 FROM invocations WHERE id = ?1",
+            [&new.invocation_id],
+            |r| r.get(0),
+        )
+        .optional()?;
+    if exists.is_some() {
+        return Err(JournalError::DuplicateInvocation(new.invocation_id));
+    }
+    let body = EventBody::ActionAccepted {
+        channel: new.channel,
+        target: new.target.clone(),
+        summary: new.summary.clone(),
+        session: new.session.clone(),
+    };
+    let appended = ctx.append_checked(&new.invocation_id, &body)?;
+    let channel = match new.channel {
+        Channel::Http => "http",
+        Channel::Ssh => "ssh",
+    };
+    ctx.conn()
+        .prepare_cached(
+            "INSERT INTO invocations
+             (id, accepted_seq, accepted_at_ms, channel, target, session_id, idempotency_key)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        )?
+        .execute(params![
+            new.invocation_id,
+            appended.seq as i64,
+            ctx.now_ms(),
+            channel,
+            new.target,
+            new.session,
+            new.idempotency_key
+        ])?;
+    Ok(appended)
 }
 
 fn reap_expired(ctx: &mut WriteCtx<'_>, id: &str) -> Result<bool, JournalError> {

@@ -273,7 +273,8 @@ impl HttpChannel {
                     .ok()
                     .map(|t| t.name.clone())
             });
-        let rec = match Recorder::accept(
+        // Pipelined: the preflight below waits, and fails if acceptance did.
+        let rec = match Recorder::accept_pipelined(
             &self.inner.journal,
             NewInvocation {
                 invocation_id: id.clone(),
@@ -658,14 +659,16 @@ impl HttpChannel {
                 None,
             );
         }
-        if let Err(e) = rec.credential_authorized(&p.snapshot.credential_id, meta.version.as_str())
-        {
-            return self.journal_failed(rec, &e);
-        }
         let ttl = i64::try_from(p.timeout.as_millis())
             .unwrap_or(i64::MAX)
             .saturating_add(30_000);
-        if let Err(e) = rec.start_attempt(&self.inner.holder, ttl) {
+        let authorized = rec.authorize_and_start(
+            &p.snapshot.credential_id,
+            meta.version.as_str(),
+            &self.inner.holder,
+            ttl,
+        );
+        if let Err(e) = authorized {
             return self.journal_failed(rec, &e);
         }
 
