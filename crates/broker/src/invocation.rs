@@ -152,12 +152,12 @@ impl Recorder {
                 if reused.iter().any(|bound| *bound != fingerprint) {
                     let failed = ctx.append_checked(
                         &id,
-                        &EventBody::Failed {
-                            phase: Phase::Validation,
-                            outcome: Outcome::NotAttempted,
-                            retry: Retry::AfterCorrection,
-                            code: Code::IdempotencyMismatch,
-                            message: "This idempotency key was already used with a different request; nothing was sent.".into(), field: None },
+                        &EventBody::failed_before_dispatch(
+                            Phase::Validation,
+                            Code::IdempotencyMismatch,
+                            Retry::AfterCorrection,
+                            "This idempotency key was already used with a different request; nothing was sent.",
+                        ),
                     )?;
                     return Ok(Err(failed));
                 }

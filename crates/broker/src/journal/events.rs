@@ -188,6 +188,23 @@ pub enum EventBody {
 }
 
 impl EventBody {
+    /// A FAILED record for a stop before dispatch (nothing was sent).
+    pub fn failed_before_dispatch(
+        phase: Phase,
+        code: Code,
+        retry: Retry,
+        message: &str,
+    ) -> EventBody {
+        EventBody::Failed {
+            phase,
+            outcome: Outcome::NotAttempted,
+            retry,
+            code,
+            message: message.to_string(),
+            field: None,
+        }
+    }
+
     /// The tag stored in the `kind` column.
     pub fn kind(&self) -> &'static str {
         match self {

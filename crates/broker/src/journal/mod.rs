@@ -613,14 +613,12 @@ impl Journal {
                 // the invocation ends saying so, in this same transaction.
                 let failed = ctx.append_checked(
                     &id,
-                    &EventBody::Failed {
-                        phase: Phase::Validation,
-                        outcome: Outcome::NotAttempted,
-                        retry: Retry::AfterCorrection,
-                        code: Code::FingerprintMismatch,
-                        message: "The request or its configuration changed after it was bound; nothing was sent.".into(),
-                        field: None,
-                    },
+                    &EventBody::failed_before_dispatch(
+                        Phase::Validation,
+                        Code::FingerprintMismatch,
+                        Retry::AfterCorrection,
+                        "The request or its configuration changed after it was bound; nothing was sent.",
+                    ),
                 )?;
                 return Ok(Err(failed));
             }

@@ -257,6 +257,18 @@ impl HttpChannel {
         }
     }
 
+    /// Records a validation failure (nothing touched, nothing sent).
+    fn reject(&self, rec: &Recorder, v: &Invalid) -> HttpOutcome {
+        self.fail(
+            rec,
+            Phase::Validation,
+            v.code,
+            Retry::AfterCorrection,
+            &v.message,
+            Some(&v.field),
+        )
+    }
+
     async fn execute_as(
         &self,
         id: String,
@@ -291,14 +303,7 @@ impl HttpChannel {
         let prepared = match self.validate(&request) {
             Ok(p) => p,
             Err(v) => {
-                return self.fail(
-                    &rec,
-                    Phase::Validation,
-                    v.code,
-                    Retry::AfterCorrection,
-                    &v.message,
-                    Some(&v.field),
-                );
+                return self.reject(&rec, &v);
             }
         };
         let prepared = match self.bind(&rec, prepared).await {
@@ -1422,14 +1427,7 @@ impl HttpChannel {
                 // The configured query method may be outside the agent-facing method
                 // list; it is the operator's configuration, so only the rest applies.
                 if v.code != Code::UnsupportedAction {
-                    return self.fail(
-                        &rec,
-                        Phase::Validation,
-                        v.code,
-                        Retry::AfterCorrection,
-                        &v.message,
-                        Some(&v.field),
-                    );
+                    return self.reject(&rec, &v);
                 }
                 match self.validate(&HttpRequest {
                     method: "GET".into(),
@@ -1440,14 +1438,7 @@ impl HttpChannel {
                         p
                     }
                     Err(v) => {
-                        return self.fail(
-                            &rec,
-                            Phase::Validation,
-                            v.code,
-                            Retry::AfterCorrection,
-                            &v.message,
-                            Some(&v.field),
-                        );
+                        return self.reject(&rec, &v);
                     }
                 }
             }
