@@ -23,6 +23,7 @@
 //! - [`results`]: the settled-result store (chunked, with a completeness marker).
 
 pub mod events;
+pub mod query;
 pub mod projection;
 pub mod results;
 pub mod schema;
