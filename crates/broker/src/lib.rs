@@ -11,6 +11,7 @@
 //!   where the contract needs it), its projection, the result store and attempt leases.
 //! - [`channel`]: the HTTP channel (SSH later): injection, connection setup,
 //!   dispatch and settlement, each recorded through [`invocation`].
+//! - [`approvals`]: the queue a person answers; approvals bind one fingerprint.
 //! - [`invocation`]: the lifecycle API the channels drive, one durable transition at a
 //!   time.
 //! - [`retry`]: `decide()` and the retry manifest.
@@ -19,6 +20,7 @@
 //! - [`clock`]: time passed in, so expiry and leases are deterministic in tests.
 
 pub mod action;
+pub mod approvals;
 pub mod audit;
 pub mod channel;
 pub mod clock;

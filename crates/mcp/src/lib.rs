@@ -1,4 +1,18 @@
-//! Postern's agent-facing side (being written).
+//! Postern's agent-facing side: the MCP server agents reach over a local socket, and the
+//! stdio bridge (`postern mcp`) their MCP clients launch.
+//!
+//! # Layout
+//! - [`tools`]: tool names, descriptions and exact input schemas.
+//! - [`server`]: one session's MCP server over the broker; delivery acknowledgements.
+//! - [`daemon`]: the headless broker: socket (0700 dir, 0600 socket, peer uid checked).
+//! - [`bridge`]: stdio ↔ socket relay; BROKER_UNAVAILABLE when no broker runs.
+//! - [`peer`]: peer credentials and the agent process behind a bridge.
+
+pub mod bridge;
+pub mod daemon;
+pub mod peer;
+pub mod server;
+pub mod tools;
 
 use std::path::{Path, PathBuf};
 
@@ -31,12 +45,12 @@ pub fn default_socket(data_dir: &Path) -> PathBuf {
     data_dir.join("run").join("postern.sock")
 }
 
-/// Runs the headless broker until interrupted.
-pub async fn run_daemon(_args: DaemonArgs) -> Result<(), String> {
-    Err("not yet".into())
+/// Runs the headless broker until SIGINT or SIGTERM.
+pub async fn run_daemon(args: DaemonArgs) -> Result<(), String> {
+    daemon::run(args).await.map_err(|e| e.to_string())
 }
 
 /// Runs the stdio bridge an agent's MCP client launches.
-pub async fn run_bridge(_args: BridgeArgs) -> Result<(), String> {
-    Err("not yet".into())
+pub async fn run_bridge(args: BridgeArgs) -> Result<(), String> {
+    bridge::run(&args.socket).await.map_err(|e| e.to_string())
 }

@@ -23,8 +23,8 @@
 //! - [`results`]: the settled-result store (chunked, with a completeness marker).
 
 pub mod events;
-pub mod query;
 pub mod projection;
+pub mod query;
 pub mod results;
 pub mod schema;
 

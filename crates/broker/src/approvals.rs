@@ -1,0 +1,181 @@
+//! Approvals: the queue a person answers from the desktop console.
+//!
+//! An approval is bound to one fingerprint. The console lists pending requests and
+//! answers with the fingerprint it showed; the channel then records the grant, and the
+//! journal refuses a grant for any other fingerprint (FINGERPRINT_MISMATCH, nothing
+//! sent). Session-mode approvals are remembered per (agent session, target) so the
+//! same agent process is asked once.
+//!
+//! The agent side never holds this type: only the operator side (console, tests acting
+//! as the console) can answer.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use crate::channel::{ApprovalAnswer, ApprovalRequest, Approver};
+
+/// A request waiting for a person.
+#[derive(Debug, Clone)]
+pub struct Pending {
+    pub request: ApprovalRequest,
+    pub requested_at_ms: i64,
+    pub expires_at_ms: i64,
+}
+
+/// Why an answer was not taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AnswerError {
+    #[error("no pending approval for invocation {0}")]
+    NotPending(String),
+}
+
+struct Waiting {
+    pending: Pending,
+    answer: oneshot::Sender<ApprovalAnswer>,
+}
+
+/// The approval queue.
+pub struct Approvals {
+    waiting: Mutex<HashMap<String, Waiting>>,
+    /// (session, target) pairs a person approved for the whole session.
+    sessions: Mutex<HashSet<(String, String)>>,
+    timeout: Duration,
+    clock: std::sync::Arc<dyn crate::clock::Clock>,
+}
+
+impl Approvals {
+    pub fn new(timeout: Duration, clock: std::sync::Arc<dyn crate::clock::Clock>) -> Self {
+        Approvals {
+            waiting: Mutex::new(HashMap::new()),
+            sessions: Mutex::new(HashSet::new()),
+            timeout,
+            clock,
+        }
+    }
+
+    /// Everything waiting for an answer, oldest first.
+    pub fn pending(&self) -> Vec<Pending> {
+        let mut out: Vec<Pending> = match self.waiting.lock() {
+            Ok(w) => w.values().map(|w| w.pending.clone()).collect(),
+            Err(_) => Vec::new(),
+        };
+        out.sort_by_key(|p| p.requested_at_ms);
+        out
+    }
+
+    fn take(&self, invocation_id: &str) -> Result<Waiting, AnswerError> {
+        self.waiting
+            .lock()
+            .ok()
+            .and_then(|mut w| w.remove(invocation_id))
+            .ok_or_else(|| AnswerError::NotPending(invocation_id.to_string()))
+    }
+
+    /// Approves exactly `fingerprint` for `invocation_id`. A fingerprint other than the
+    /// bound one is passed on and refused by the journal (FINGERPRINT_MISMATCH).
+    pub fn approve(
+        &self,
+        invocation_id: &str,
+        fingerprint: &str,
+        by: &str,
+    ) -> Result<(), AnswerError> {
+        let waiting = self.take(invocation_id)?;
+        let request = &waiting.pending.request;
+        if request.mode == "session"
+            && request.fingerprint == fingerprint
+            && let (Some(session), Ok(mut sessions)) = (&request.session, self.sessions.lock())
+        {
+            sessions.insert((session.clone(), request.target.clone()));
+        }
+        let _ = waiting.answer.send(ApprovalAnswer::Approved {
+            fingerprint: fingerprint.to_string(),
+            by: by.to_string(),
+        });
+        Ok(())
+    }
+
+    /// Denies `invocation_id`: APPROVAL_DENIED, retry never.
+    pub fn deny(&self, invocation_id: &str, by: &str) -> Result<(), AnswerError> {
+        let waiting = self.take(invocation_id)?;
+        let _ = waiting
+            .answer
+            .send(ApprovalAnswer::Denied { by: by.to_string() });
+        Ok(())
+    }
+
+    /// Forgets session approvals of an agent session that ended.
+    pub fn end_session(&self, session: &str) {
+        if let Ok(mut sessions) = self.sessions.lock() {
+            sessions.retain(|(s, _)| s != session);
+        }
+    }
+}
+
+impl Approver for Approvals {
+    fn approve(
+        &self,
+        request: ApprovalRequest,
+    ) -> Pin<Box<dyn Future<Output = ApprovalAnswer> + Send + '_>> {
+        Box::pin(async move {
+            if request.mode == "session"
+                && let Some(session) = &request.session
+                && self
+                    .sessions
+                    .lock()
+                    .is_ok_and(|s| s.contains(&(session.clone(), request.target.clone())))
+            {
+                return ApprovalAnswer::Approved {
+                    fingerprint: request.fingerprint.clone(),
+                    by: format!("session approval ({session})"),
+                };
+            }
+            let (tx, rx) = oneshot::channel();
+            let id = request.invocation_id.clone();
+            let now = self.clock.now_ms();
+            let expires =
+                now.saturating_add(i64::try_from(self.timeout.as_millis()).unwrap_or(i64::MAX));
+            if let Ok(mut waiting) = self.waiting.lock() {
+                waiting.insert(
+                    id.clone(),
+                    Waiting {
+                        pending: Pending {
+                            request,
+                            requested_at_ms: now,
+                            expires_at_ms: expires,
+                        },
+                        answer: tx,
+                    },
+                );
+            }
+            // Whatever happens (answer, timeout, the caller going away), the request is
+            // no longer pending afterwards.
+            let _pending = RemoveOnDrop {
+                waiting: &self.waiting,
+                id,
+            };
+            let answer = tokio::time::timeout(self.timeout, rx).await;
+            match answer {
+                Ok(Ok(answer)) => answer,
+                _ => ApprovalAnswer::TimedOut,
+            }
+        })
+    }
+}
+
+struct RemoveOnDrop<'a> {
+    waiting: &'a Mutex<HashMap<String, Waiting>>,
+    id: String,
+}
+
+impl Drop for RemoveOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut waiting) = self.waiting.lock() {
+            waiting.remove(&self.id);
+        }
+    }
+}

@@ -1,0 +1,382 @@
+//! One agent session's MCP server: the tools, served over one bridge connection.
+//!
+//! Results are written back through the bridge, which acknowledges each response it has
+//! written to the agent's stdout with a `notifications/postern/delivered` notification.
+//! Only that acknowledgement records RESULT_DELIVERED; a connection that closes first
+//! leaves the result stored with `result_delivery` / `fetch_result`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use base64::Engine;
+use rmcp::ErrorData as McpError;
+use rmcp::ServerHandler;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, CustomNotification, ListToolsResult,
+    PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities, ServerConfig,
+};
+use rmcp::service::{NotificationContext, RequestContext, RoleServer};
+use serde_json::{Value, json};
+
+use postern_broker::channel::http::{
+    HttpChannel, HttpOutcome, HttpRequest, HttpResponse, stored_response,
+};
+use postern_broker::channel::{Approver, CallContext, ConfigHandle};
+use postern_broker::invocation::Recorder;
+use postern_broker::journal::Journal;
+use postern_broker::journal::projection::Projection;
+
+use crate::peer::AgentIdentity;
+use crate::tools::{self, HttpRequestArgs, InvocationArgs, NoArgs};
+
+/// The custom notification a bridge sends after writing a response to the agent.
+pub const DELIVERED: &str = "notifications/postern/delivered";
+
+/// What every session shares: the broker.
+pub struct Broker {
+    pub channel: HttpChannel,
+    pub journal: Journal,
+    pub config: ConfigHandle,
+    /// The approval console, when one is attached (the desktop app). A headless daemon
+    /// has none: targets that need approval fail fast with NO_APPROVER.
+    pub approver: Option<Arc<dyn Approver>>,
+}
+
+/// One bridge connection, for one agent session. Clones share state.
+#[derive(Clone)]
+pub struct Session {
+    broker: Arc<Broker>,
+    identity: AgentIdentity,
+    /// JSON-RPC request id (as JSON text) → invocation id, until the bridge acknowledges.
+    undelivered: Arc<Mutex<HashMap<String, String>>>,
+}
+
+impl Session {
+    pub fn new(broker: Arc<Broker>, identity: AgentIdentity) -> Self {
+        Session {
+            broker,
+            identity,
+            undelivered: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    pub fn identity(&self) -> &AgentIdentity {
+        &self.identity
+    }
+
+    /// Records every result the bridge never acknowledged as undelivered: the remote
+    /// outcome stands, and the agent can read it with `fetch_result`.
+    pub fn connection_closed(&self) {
+        let undelivered: Vec<String> = match self.undelivered.lock() {
+            Ok(mut map) => map.drain().map(|(_, id)| id).collect(),
+            Err(_) => Vec::new(),
+        };
+        for id in undelivered {
+            if let Ok(rec) = Recorder::resume(&self.broker.journal, &id)
+                && rec
+                    .projection()
+                    .is_ok_and(|p| p.result_id.is_some() && !p.delivered)
+            {
+                let _ =
+                    rec.delivery_failed("The agent's bridge closed before the result reached it.");
+            }
+        }
+    }
+
+    fn owned(&self, invocation_id: &str) -> Result<Projection, McpError> {
+        let not_found = || {
+            McpError::invalid_params(
+                format!("no invocation {invocation_id} in this session"),
+                None,
+            )
+        };
+        let p = self
+            .broker
+            .journal
+            .projection(invocation_id)
+            .map_err(|_| not_found())?;
+        if p.session.as_deref() != Some(self.identity.session.as_str()) {
+            return Err(not_found());
+        }
+        Ok(p)
+    }
+
+    fn remember(&self, context: &RequestContext<RoleServer>, invocation_id: &str) {
+        if let (Ok(key), Ok(mut map)) =
+            (serde_json::to_string(&context.id), self.undelivered.lock())
+        {
+            map.insert(key, invocation_id.to_string());
+        }
+    }
+
+    async fn http_request(
+        &self,
+        args: HttpRequestArgs,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, McpError> {
+        let body = match (args.body, args.body_base64) {
+            (Some(_), Some(_)) => {
+                return Err(McpError::invalid_params(
+                    "give body or body_base64, not both",
+                    None,
+                ));
+            }
+            (Some(text), None) => text.into_bytes(),
+            (None, Some(b64)) => base64::engine::general_purpose::STANDARD
+                .decode(b64.as_bytes())
+                .map_err(|e| McpError::invalid_params(format!("body_base64: {e}"), None))?,
+            (None, None) => Vec::new(),
+        };
+        let request = HttpRequest {
+            url: args.url,
+            method: args.method,
+            headers: args.headers.into_iter().collect(),
+            query: args.query,
+            body,
+            idempotency_key: args.idempotency_key,
+            timeout_ms: args.timeout_ms,
+        };
+        let ctx = CallContext {
+            session: Some(self.identity.session.clone()),
+            approver: self.broker.approver.clone(),
+            cancel: context.ct.clone(),
+        };
+        let progress = self.progress_ticker(context);
+        let outcome = self.broker.channel.execute(request, &ctx).await;
+        progress.abort();
+        self.remember(context, &outcome.invocation_id);
+        Ok(result_of(&outcome))
+    }
+
+    /// Progress notifications while the call waits (approval, remote), if the client
+    /// asked for progress.
+    fn progress_ticker(&self, context: &RequestContext<RoleServer>) -> tokio::task::JoinHandle<()> {
+        let token = context.meta.get_progress_token();
+        let peer = context.peer.clone();
+        tokio::spawn(async move {
+            let Some(token) = token else { return };
+            let mut n = 0u32;
+            loop {
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                n += 1;
+                let mut param = ProgressNotificationParam::new(token.clone(), f64::from(n));
+                param.message = Some("waiting for approval or for the remote system".into());
+                if peer.notify_progress(param).await.is_err() {
+                    return;
+                }
+            }
+        })
+    }
+
+    fn fetch_result(&self, args: InvocationArgs) -> Result<CallToolResult, McpError> {
+        let p = self.owned(&args.invocation_id)?;
+        let mut outcome = HttpOutcome {
+            invocation_id: p.invocation_id.clone(),
+            outcome: p.outcome,
+            response: None,
+            error: p.envelope(self.broker.journal.now_ms()),
+            manifest: None,
+        };
+        if let Some(result_id) = &p.result_id {
+            let stored = self
+                .broker
+                .journal
+                .read_result(result_id)
+                .map_err(|e| McpError::internal_error(e.to_string(), None))?;
+            outcome.response = stored_response(&stored);
+        }
+        Ok(result_of(&outcome))
+    }
+
+    fn get_invocation(&self, args: InvocationArgs) -> Result<CallToolResult, McpError> {
+        let p = self.owned(&args.invocation_id)?;
+        let now = self.broker.journal.now_ms();
+        let events = self
+            .broker
+            .journal
+            .events(&args.invocation_id)
+            .map_err(|e| McpError::internal_error(e.to_string(), None))?;
+        let events: Vec<Value> = events
+            .into_iter()
+            .map(|e| {
+                json!({
+                    "seq": e.seq,
+                    "kind": e.body.kind(),
+                    "recorded_at_ms": e.recorded_at_ms,
+                    "body": serde_json::to_value(&e.body).unwrap_or(Value::Null),
+                })
+            })
+            .collect();
+        Ok(CallToolResult::structured(json!({
+            "invocation_id": p.invocation_id,
+            "target": p.target,
+            "summary": p.summary,
+            "phase": p.phase,
+            "outcome": p.outcome,
+            "retry": p.retry(now),
+            "code": p.effective_code(),
+            "delivered": p.delivered,
+            "evidence": p.evidence(),
+            "events": events,
+        })))
+    }
+
+    async fn retry_invocation(
+        &self,
+        args: InvocationArgs,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, McpError> {
+        self.owned(&args.invocation_id)?;
+        let ctx = CallContext {
+            session: Some(self.identity.session.clone()),
+            approver: self.broker.approver.clone(),
+            cancel: context.ct.clone(),
+        };
+        let outcome = self.broker.channel.retry(&args.invocation_id, &ctx).await;
+        self.remember(context, &outcome.invocation_id);
+        Ok(result_of(&outcome))
+    }
+
+    fn list_targets(&self) -> CallToolResult {
+        let config = self.broker.config.current();
+        let targets: Vec<Value> = config
+            .http
+            .iter()
+            .map(|t| {
+                json!({
+                    "name": t.name,
+                    "kind": "http",
+                    "base_url": t.base_url.as_str(),
+                    "methods": t.methods,
+                    "idempotent_methods": t.idempotent_methods,
+                    "approval": match t.approval {
+                        postern_broker::config::ApprovalMode::None => "none",
+                        postern_broker::config::ApprovalMode::Session => "session",
+                        postern_broker::config::ApprovalMode::PerCall => "per_call",
+                    },
+                    "idempotency_contract": t.idempotency.is_some(),
+                })
+            })
+            .collect();
+        CallToolResult::structured(json!({ "targets": targets }))
+    }
+}
+
+fn response_json(response: &HttpResponse) -> Value {
+    let headers: serde_json::Map<String, Value> = response
+        .headers
+        .iter()
+        .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+        .collect();
+    let mut out = json!({ "status": response.status, "headers": headers });
+    match std::str::from_utf8(&response.body) {
+        Ok(text) => out["body"] = Value::String(text.to_string()),
+        Err(_) => {
+            out["body_base64"] =
+                Value::String(base64::engine::general_purpose::STANDARD.encode(&response.body))
+        }
+    }
+    out
+}
+
+/// A tool result: the remote response with `invocation_id` and `outcome`, or, when the
+/// record carries a code, `isError` with the envelope (plus the response, if complete).
+pub fn result_of(outcome: &HttpOutcome) -> CallToolResult {
+    let mut value = match &outcome.error {
+        Some(envelope) => serde_json::to_value(envelope).unwrap_or(Value::Null),
+        None => json!({ "invocation_id": outcome.invocation_id, "outcome": outcome.outcome }),
+    };
+    if let Some(response) = &outcome.response {
+        if outcome.error.is_some() {
+            value["response"] = response_json(response);
+        } else if let (Value::Object(map), Value::Object(extra)) =
+            (&mut value, response_json(response))
+        {
+            map.extend(extra);
+        }
+    }
+    if let Some(manifest) = &outcome.manifest {
+        value["manifest"] = serde_json::to_value(manifest).unwrap_or(Value::Null);
+    }
+    if outcome.error.is_some() {
+        CallToolResult::structured_error(value)
+    } else {
+        CallToolResult::structured(value)
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(request: &CallToolRequestParams) -> Result<T, McpError> {
+    let args = Value::Object(request.arguments.clone().unwrap_or_default());
+    serde_json::from_value(args)
+        .map_err(|e| McpError::invalid_params(format!("{}: {e}", request.name), None))
+}
+
+/// Instructions every client receives at initialization.
+pub const INSTRUCTIONS: &str = "Postern sends HTTP requests for you with credentials you never \
+see, and tells you what its records prove when something fails. Read `outcome` and \
+`error.retry`; never resend an `unknown` request yourself.";
+
+impl ServerHandler for Session {
+    fn get_info(&self) -> ServerConfig {
+        let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build());
+        info.instructions = Some(INSTRUCTIONS.to_string());
+        info
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        Ok(ListToolsResult::with_all_items(tools::tools()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let result = match request.name.as_ref() {
+            tools::HTTP_REQUEST => self.http_request(parse(&request)?, &context).await?,
+            tools::FETCH_RESULT => self.fetch_result(parse(&request)?)?,
+            tools::GET_INVOCATION => self.get_invocation(parse(&request)?)?,
+            tools::RETRY_INVOCATION => self.retry_invocation(parse(&request)?, &context).await?,
+            tools::LIST_TARGETS => {
+                let _: NoArgs = parse(&request)?;
+                self.list_targets()
+            }
+            other => {
+                return Err(McpError::invalid_params(
+                    format!("unknown tool {other}"),
+                    None,
+                ));
+            }
+        };
+        Ok(result.into())
+    }
+
+    async fn on_custom_notification(
+        &self,
+        notification: CustomNotification,
+        _context: NotificationContext<RoleServer>,
+    ) {
+        if notification.method != DELIVERED {
+            return;
+        }
+        let Some(id) = notification.params.as_ref().and_then(|p| p.get("id")) else {
+            return;
+        };
+        let key = id.to_string();
+        let invocation = self
+            .undelivered
+            .lock()
+            .ok()
+            .and_then(|mut map| map.remove(&key));
+        if let Some(invocation_id) = invocation
+            && let Ok(rec) = Recorder::resume(&self.broker.journal, &invocation_id)
+            && rec.projection().is_ok_and(|p| p.terminal && !p.delivered)
+        {
+            let _ = rec.delivered();
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! The agent-facing tools: names, descriptions written for a model, exact input schemas
+//! (unknown fields rejected), and the typed arguments they parse into.
+//!
+//! There is deliberately no tool that reveals a secret, approves, reads the audit log
+//! or changes configuration: those belong to the operator side only.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use rmcp::model::{JsonObject, Tool};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+pub const HTTP_REQUEST: &str = "http_request";
+pub const FETCH_RESULT: &str = "fetch_result";
+pub const GET_INVOCATION: &str = "get_invocation";
+pub const RETRY_INVOCATION: &str = "retry_invocation";
+pub const LIST_TARGETS: &str = "list_targets";
+
+/// Every tool's name, for checking that nothing else is exposed.
+pub const ALL: &[&str] = &[
+    HTTP_REQUEST,
+    FETCH_RESULT,
+    GET_INVOCATION,
+    RETRY_INVOCATION,
+    LIST_TARGETS,
+];
+
+const OUTCOMES: &str = "Every answer carries `invocation_id` and `outcome`. Outcomes: \
+`not_attempted` = nothing reached the remote system (safe to fix and send again); \
+`rejected` = the remote refused it with a complete answer (it did not act); \
+`committed` = the remote gave a complete answer (it may have acted, even if the status is an error); \
+`unknown` = the request may have reached the remote and no complete answer arrived: it MAY HAVE \
+ACTED. Never resend an `unknown` request as a new call; use retry_invocation, which only repeats \
+when that is provably safe, or ask a person to reconcile. Errors carry `error.code`, `error.phase`, \
+`error.outcome` and `error.retry` (never, after_correction, backoff, same_idempotency_key, \
+reconcile, fetch_result): follow `retry`, do not parse `message`.";
+
+fn schema(value: Value) -> Arc<JsonObject> {
+    match value {
+        Value::Object(map) => Arc::new(map),
+        _ => Arc::new(JsonObject::new()),
+    }
+}
+
+fn invocation_schema() -> Arc<JsonObject> {
+    schema(json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["invocation_id"],
+        "properties": {
+            "invocation_id": {"type": "string", "description": "The id an earlier call returned."}
+        }
+    }))
+}
+
+/// The tool list, in a stable order.
+pub fn tools() -> Vec<Tool> {
+    vec![
+        Tool::new(
+            HTTP_REQUEST,
+            format!(
+                "Send an HTTP request to a configured target. Postern adds the credential; you \
+                 never see it, and you must not send Authorization or similar headers yourself. \
+                 Some targets need a person's approval first (the call waits). {OUTCOMES}"
+            ),
+            schema(json!({
+                "type": "object",
+                "additionalProperties": false,
+                "required": ["url", "method"],
+                "properties": {
+                    "url": {"type": "string", "description": "Absolute URL under a configured target (see list_targets)."},
+                    "method": {"type": "string", "description": "HTTP method, e.g. GET or POST."},
+                    "headers": {"type": "object", "additionalProperties": {"type": "string"}, "description": "Extra request headers (not credentials, not framing)."},
+                    "query": {"type": "array", "items": {"type": "array", "items": {"type": "string"}, "minItems": 2, "maxItems": 2}, "description": "Extra query parameters as [name, value] pairs, in order."},
+                    "body": {"type": "string", "description": "Request body as text."},
+                    "body_base64": {"type": "string", "description": "Request body as base64 (instead of body)."},
+                    "idempotency_key": {"type": "string", "description": "Your key for this logical operation; reusing it with a different request is refused."},
+                    "timeout_ms": {"type": "integer", "minimum": 1, "description": "Give up waiting after this long (the remote may still act)."}
+                }
+            })),
+        ),
+        Tool::new(
+            FETCH_RESULT,
+            "Read the stored result of an earlier invocation again. This never re-sends \
+             anything: use it when an answer was lost on the way to you (retry = fetch_result).",
+            invocation_schema(),
+        ),
+        Tool::new(
+            GET_INVOCATION,
+            "Show what Postern recorded for one of your invocations: phase, outcome, retry \
+             advice, the evidence, and every recorded step in order.",
+            invocation_schema(),
+        ),
+        Tool::new(
+            RETRY_INVOCATION,
+            format!(
+                "Ask Postern to repeat one of your invocations. It repeats only on a safe basis \
+                 (never sent, declared idempotent, or the same idempotency key under the API's \
+                 contract); otherwise it returns the recorded evidence and a retry manifest \
+                 saying why not (for example: reconcile first). {OUTCOMES}"
+            ),
+            invocation_schema(),
+        ),
+        Tool::new(
+            LIST_TARGETS,
+            "List the targets you can call: name, base URL, allowed methods, which methods the \
+             API declares idempotent, and whether calls need approval.",
+            schema(json!({"type": "object", "additionalProperties": false, "properties": {}})),
+        ),
+    ]
+}
+
+/// `http_request` arguments, exactly.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpRequestArgs {
+    pub url: String,
+    pub method: String,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub query: Vec<(String, String)>,
+    pub body: Option<String>,
+    pub body_base64: Option<String>,
+    pub idempotency_key: Option<String>,
+    pub timeout_ms: Option<u64>,
+}
+
+/// Arguments naming one invocation.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InvocationArgs {
+    pub invocation_id: String,
+}
+
+/// `list_targets` takes nothing.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoArgs {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_schema_rejects_unknown_fields() {
+        for tool in tools() {
+            assert_eq!(
+                tool.input_schema.get("additionalProperties"),
+                Some(&json!(false)),
+                "{}",
+                tool.name
+            );
+        }
+    }
+
+    #[test]
+    fn no_tool_reveals_approves_audits_or_configures() {
+        for tool in tools() {
+            for word in ["secret", "approve", "audit", "config", "vault"] {
+                assert!(
+                    !tool.name.contains(word),
+                    "{} looks like an operator tool",
+                    tool.name
+                );
+            }
+        }
+        assert_eq!(tools().len(), ALL.len());
+    }
+
+    #[test]
+    fn unknown_argument_fields_are_refused() {
+        let bad = json!({"url": "http://x", "method": "GET", "authorization": "x"});
+        assert!(serde_json::from_value::<HttpRequestArgs>(bad).is_err());
+    }
+}
