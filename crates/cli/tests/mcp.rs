@@ -1,0 +1,522 @@
+//! End to end through the real binaries: `postern daemon` serving the broker, `postern mcp`
+//! launched over stdio by an rmcp client (this test process is the agent), against the
+//! adversarial HTTP server.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use rmcp::ServiceExt;
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::service::{RoleClient, RunningService};
+use rmcp::transport::TokioChildProcess;
+use serde_json::{Value, json};
+
+use postern_broker::channel::Credentials;
+use postern_broker::vault::{CredentialKind, Keychain, KeychainBackend, Secret, Vault};
+use postern_tests::adversary::{Adversary, Behavior};
+use postern_tests::fixture::test_service;
+
+const POSTERN: &str = env!("CARGO_BIN_EXE_postern");
+const SECRET: &str = "pstn-mcp-canary-41c7";
+
+struct Daemon {
+    child: Child,
+    dir: tempfile::TempDir,
+    socket: PathBuf,
+    service: String,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let db = self.dir.path().join("journal.db");
+        if let Ok(keychain) = Keychain::new(KeychainBackend::SecretService, &self.service)
+            && let Ok(credentials) = Credentials::open(Vault::new(keychain), &db)
+        {
+            let _ = credentials.remove("api-key");
+            let _ = credentials.remove("postern-audit-signing");
+        }
+    }
+}
+
+fn config(base: &str, approval: &str) -> String {
+    format!(
+        r#"
+[[http]]
+name = "api"
+base_url = "{base}/v1"
+methods = ["GET", "POST"]
+credential = "api-key"
+inject = {{ header = "Authorization", format = "Bearer {{secret}}" }}
+approval = "{approval}"
+idempotent_methods = ["GET"]
+timeout_ms = 5000
+
+[http.reconcile]
+method = "GET"
+path = "/lookup"
+committed_status = [200]
+not_applied_status = [404]
+"#
+    )
+}
+
+fn start_daemon(base: &str, approval: &str) -> Daemon {
+    let dir = tempfile::tempdir().unwrap();
+    let service = test_service();
+    let db = dir.path().join("journal.db");
+    let keychain = Keychain::new(KeychainBackend::SecretService, &service).unwrap();
+    let credentials = Credentials::open(Vault::new(keychain), &db).unwrap();
+    credentials
+        .set(
+            "api-key",
+            CredentialKind::Token,
+            &Secret::from(SECRET.to_string()),
+            1,
+        )
+        .unwrap();
+    drop(credentials);
+    let config_path = dir.path().join("postern.toml");
+    std::fs::write(&config_path, config(base, approval)).unwrap();
+    let socket = dir.path().join("run").join("postern.sock");
+    let child = Command::new(POSTERN)
+        .args(["daemon", "--data-dir"])
+        .arg(dir.path())
+        .arg("--config")
+        .arg(&config_path)
+        .args(["--keychain-service", &service])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..200 {
+        if socket.exists() {
+            return Daemon {
+                child,
+                dir,
+                socket,
+                service,
+            };
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    panic!("the daemon did not start");
+}
+
+async fn client(socket: &Path) -> RunningService<RoleClient, ()> {
+    let mut command = tokio::process::Command::new(POSTERN);
+    command.arg("mcp").arg("--socket").arg(socket);
+    ().serve(TokioChildProcess::new(command).unwrap())
+        .await
+        .unwrap()
+}
+
+async fn call(client: &RunningService<RoleClient, ()>, tool: &str, args: Value) -> CallToolResult {
+    let Value::Object(args) = args else {
+        panic!("arguments must be an object")
+    };
+    client
+        .call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(args))
+        .await
+        .unwrap()
+}
+
+fn structured(result: &CallToolResult) -> Value {
+    result.structured_content.clone().unwrap_or(Value::Null)
+}
+
+fn is_error(result: &CallToolResult) -> bool {
+    result.is_error == Some(true)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_through_the_bridge_returns_the_result_with_its_outcome() {
+    let server = Adversary::start(Behavior::ok_json("{\"items\":[1,2]}"))
+        .await
+        .unwrap();
+    let daemon = start_daemon(&server.base_url(), "none");
+    let client = client(&daemon.socket).await;
+    let tools: Vec<String> = client
+        .list_all_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert_eq!(
+        tools,
+        [
+            "http_request",
+            "fetch_result",
+            "get_invocation",
+            "retry_invocation",
+            "list_targets"
+        ]
+    );
+
+    let result = call(
+        &client,
+        "http_request",
+        json!({"url": server.url("/v1/items"), "method": "GET"}),
+    )
+    .await;
+    assert!(!is_error(&result), "{result:?}");
+    let value = structured(&result);
+    assert_eq!(value["outcome"], "committed");
+    assert_eq!(value["status"], 200);
+    assert!(value["invocation_id"].as_str().unwrap().starts_with("inv_"));
+    assert!(value["body"].as_str().unwrap().contains("items"));
+    // The text content carries the same JSON.
+    let text = format!("{:?}", result.content);
+    assert!(text.contains("committed"));
+    assert!(!text.contains(SECRET) && !value.to_string().contains(SECRET));
+
+    // The bridge acknowledged the write: RESULT_DELIVERED is recorded.
+    let id = value["invocation_id"].as_str().unwrap().to_string();
+    let mut delivered = false;
+    for _ in 0..100 {
+        let inv = call(&client, "get_invocation", json!({"invocation_id": id})).await;
+        if structured(&inv)["delivered"] == true {
+            delivered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        delivered,
+        "RESULT_DELIVERED after the bridge's acknowledgement"
+    );
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_come_back_as_errors_with_the_envelope() {
+    let server = Adversary::start(Behavior::ApplyThenCloseWithLookup)
+        .await
+        .unwrap();
+    let daemon = start_daemon(&server.base_url(), "none");
+    let client = client(&daemon.socket).await;
+
+    let result = call(
+        &client,
+        "http_request",
+        json!({"url": server.url("/v1/pay"), "method": "POST", "body": "{}"}),
+    )
+    .await;
+    assert!(is_error(&result));
+    let env = structured(&result);
+    assert_eq!(env["error"]["code"], "REMOTE_OUTCOME_UNKNOWN");
+    assert_eq!(env["error"]["outcome"], "unknown");
+    assert_eq!(env["error"]["retry"], "reconcile");
+    assert_eq!(env["evidence"]["dispatch_started"], true);
+
+    // retry_invocation does not re-send: it returns the evidence and the manifest.
+    let id = env["invocation_id"].as_str().unwrap();
+    let retried = call(&client, "retry_invocation", json!({"invocation_id": id})).await;
+    let value = structured(&retried);
+    assert_eq!(value["manifest"]["decision"], "reconcile");
+    assert_eq!(value["manifest"]["verdict"], "query_first_required");
+    assert_eq!(server.effects(), 1, "no second payment");
+
+    let forbidden = call(
+        &client,
+        "http_request",
+        json!({"url": server.url("/v1/pay"), "method": "GET", "headers": {"Authorization": "Bearer mine"}}),
+    )
+    .await;
+    let env = structured(&forbidden);
+    assert_eq!(env["error"]["code"], "FORBIDDEN_HEADER");
+    assert_eq!(env["error"]["phase"], "validation");
+    assert_eq!(env["evidence"]["field"], "headers[0].name");
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotent_timeout_is_retried_through_retry_invocation() {
+    let server = Adversary::start(Behavior::Stall).await.unwrap();
+    let daemon = start_daemon(&server.base_url(), "none");
+    let client = client(&daemon.socket).await;
+    let result = call(
+        &client,
+        "http_request",
+        json!({"url": server.url("/v1/x"), "method": "GET", "timeout_ms": 300}),
+    )
+    .await;
+    let env = structured(&result);
+    assert_eq!(env["error"]["code"], "REMOTE_TIMEOUT");
+    assert_eq!(env["error"]["retry"], "backoff");
+    server.release();
+    let retried = call(
+        &client,
+        "retry_invocation",
+        json!({"invocation_id": env["invocation_id"]}),
+    )
+    .await;
+    let value = structured(&retried);
+    assert_eq!(value["manifest"]["verdict"], "idempotent_safe");
+    assert_eq!(value["outcome"], "committed", "{value}");
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_bridge_leaves_the_result_stored_and_fetch_result_reads_it_without_resending() {
+    let server = Adversary::start(Behavior::Stall).await.unwrap();
+    let daemon = start_daemon(&server.base_url(), "none");
+    // A raw bridge we can kill mid-call.
+    let mut bridge = Command::new(POSTERN)
+        .arg("mcp")
+        .arg("--socket")
+        .arg(&daemon.socket)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let stdin = bridge.stdin.as_mut().unwrap();
+        let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}});
+        let initialized = json!({"jsonrpc":"2.0","method":"notifications/initialized"});
+        let call = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"http_request","arguments":{"url": server.url("/v1/pay"),"method":"POST","body":"{}"}}});
+        writeln!(stdin, "{init}\n{initialized}\n{call}").unwrap();
+    }
+    assert!(server.wait_for_effects(1, Duration::from_secs(10)).await);
+    bridge.kill().unwrap();
+    bridge.wait().unwrap();
+    server.release();
+
+    // The same agent (this process) reconnects and finds the stored result.
+    let db = daemon.dir.path().join("journal.db");
+    let mut id = None;
+    for _ in 0..200 {
+        let conn = rusqlite_ro(&db);
+        let found: Option<String> = conn
+            .query_row(
+                "SELECT invocation_id FROM events WHERE kind = 'DELIVERY_FAILED' LIMIT 1",
+                [],
+                |r| r.get(0),
+            )
+            .ok();
+        if found.is_some() {
+            id = found;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let id = id.expect("the undelivered result is recorded as result_delivery");
+    let client = client(&daemon.socket).await;
+    let inv = structured(&call(&client, "get_invocation", json!({"invocation_id": id})).await);
+    assert_eq!(inv["phase"], "result_delivery");
+    assert_eq!(inv["outcome"], "committed");
+    assert_eq!(inv["retry"], "fetch_result");
+    let fetched = call(&client, "fetch_result", json!({"invocation_id": id})).await;
+    let value = structured(&fetched);
+    assert_eq!(value["response"]["status"], 200, "{value}");
+    assert_eq!(server.effects(), 1, "fetching never re-sends");
+    client.cancel().await.unwrap();
+}
+
+fn rusqlite_ro(db: &Path) -> rusqlite::Connection {
+    rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_in_one_session_all_complete() {
+    let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let daemon = start_daemon(&server.base_url(), "none");
+    let client = client(&daemon.socket).await;
+    let calls = (0..8).map(|i| {
+        call(
+            &client,
+            "http_request",
+            json!({"url": server.url(&format!("/v1/{i}")), "method": "GET"}),
+        )
+    });
+    let results = futures::future::join_all(calls).await;
+    assert!(
+        results
+            .iter()
+            .all(|r| structured(r)["outcome"] == "committed")
+    );
+    assert_eq!(server.requests().len(), 8);
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_tools_and_wrong_arguments_are_protocol_errors_and_the_daemon_keeps_serving() {
+    let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let daemon = start_daemon(&server.base_url(), "none");
+    let client = client(&daemon.socket).await;
+    let unknown = client
+        .call_tool(CallToolRequestParams::new("reveal_secret"))
+        .await;
+    assert!(unknown.is_err());
+    let Value::Object(bad) = json!({"url": 5, "method": "GET"}) else {
+        unreachable!()
+    };
+    let wrong = client
+        .call_tool(CallToolRequestParams::new("http_request").with_arguments(bad))
+        .await;
+    assert!(wrong.is_err());
+    let Value::Object(extra) =
+        json!({"url": server.url("/v1/x"), "method": "GET", "approve": true})
+    else {
+        unreachable!()
+    };
+    let extra = client
+        .call_tool(CallToolRequestParams::new("http_request").with_arguments(extra))
+        .await;
+    assert!(extra.is_err(), "unknown fields are rejected");
+    // Still serving.
+    let ok = call(
+        &client,
+        "http_request",
+        json!({"url": server.url("/v1/x"), "method": "GET"}),
+    )
+    .await;
+    assert_eq!(structured(&ok)["outcome"], "committed");
+    client.cancel().await.unwrap();
+
+    // Garbage on a raw connection does not take the daemon down.
+    let mut raw = Command::new(POSTERN)
+        .arg("mcp")
+        .arg("--socket")
+        .arg(&daemon.socket)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let stdin = raw.stdin.as_mut().unwrap();
+        writeln!(stdin, "this is not json").unwrap();
+        writeln!(stdin, "{}", "x".repeat(2 * 1024 * 1024)).unwrap();
+    }
+    drop(raw.stdin.take());
+    let _ = raw.wait();
+    let again = client_after(&daemon.socket).await;
+    let ok = call(&again, "list_targets", json!({})).await;
+    assert_eq!(structured(&ok)["targets"][0]["name"], "api");
+    again.cancel().await.unwrap();
+}
+
+async fn client_after(socket: &Path) -> RunningService<RoleClient, ()> {
+    client(socket).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_cannot_read_another_sessions_invocation() {
+    let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let daemon = start_daemon(&server.base_url(), "none");
+    let mine = client(&daemon.socket).await;
+    let result = call(
+        &mine,
+        "http_request",
+        json!({"url": server.url("/v1/x"), "method": "GET"}),
+    )
+    .await;
+    let id = structured(&result)["invocation_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // Another agent: the bridge's parent is a different process (a shell).
+    let mut command = tokio::process::Command::new("sh");
+    command.arg("-c").arg(format!(
+        "'{POSTERN}' mcp --socket '{}'",
+        daemon.socket.display()
+    ));
+    let other: RunningService<RoleClient, ()> =
+        ().serve(TokioChildProcess::new(command).unwrap())
+            .await
+            .unwrap();
+    let Value::Object(args) = json!({"invocation_id": id}) else {
+        unreachable!()
+    };
+    let read = other
+        .call_tool(CallToolRequestParams::new("fetch_result").with_arguments(args))
+        .await;
+    assert!(read.is_err(), "another session's invocation is not visible");
+    other.cancel().await.unwrap();
+    mine.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_that_needs_approval_fails_fast_on_a_headless_daemon() {
+    let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let daemon = start_daemon(&server.base_url(), "per_call");
+    let client = client(&daemon.socket).await;
+    let result = call(
+        &client,
+        "http_request",
+        json!({"url": server.url("/v1/x"), "method": "GET"}),
+    )
+    .await;
+    assert_eq!(structured(&result)["error"]["code"], "NO_APPROVER");
+    assert!(server.requests().is_empty());
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_broker_the_bridge_answers_broker_unavailable() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = client(&dir.path().join("nothing.sock")).await;
+    let result = call(
+        &client,
+        "http_request",
+        json!({"url": "http://127.0.0.1:9/x", "method": "GET"}),
+    )
+    .await;
+    assert!(is_error(&result));
+    let env = structured(&result);
+    assert_eq!(env["error"]["code"], "BROKER_UNAVAILABLE");
+    assert_eq!(env["error"]["outcome"], "not_attempted");
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_uid_cannot_reach_the_broker() {
+    use std::os::unix::process::CommandExt;
+    let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let daemon = start_daemon(&server.base_url(), "none");
+    // Only meaningful when we can switch users (CI runs as root).
+    if !std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .any(|l| l.starts_with("Uid:\t0\t"))
+    {
+        eprintln!("skipped: not root, cannot run a child as another uid");
+        return;
+    }
+    let mut command = std::process::Command::new(POSTERN);
+    command
+        .arg("mcp")
+        .arg("--socket")
+        .arg(&daemon.socket)
+        .uid(65534)
+        .gid(65534);
+    let mut command = tokio::process::Command::from(command);
+    command.current_dir("/");
+    let other: RunningService<RoleClient, ()> =
+        ().serve(TokioChildProcess::new(command).unwrap())
+            .await
+            .unwrap();
+    let result = call(
+        &other,
+        "http_request",
+        json!({"url": server.url("/v1/x"), "method": "GET"}),
+    )
+    .await;
+    assert_eq!(
+        structured(&result)["error"]["code"],
+        "BROKER_UNAVAILABLE",
+        "the socket refused the other uid"
+    );
+    assert!(server.requests().is_empty());
+    other.cancel().await.unwrap();
+}
