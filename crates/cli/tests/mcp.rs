@@ -83,7 +83,7 @@ fn start_daemon(base: &str, approval: &str) -> Daemon {
     let config_path = dir.path().join("postern.toml");
     std::fs::write(&config_path, config(base, approval)).unwrap();
     let socket = dir.path().join("run").join("postern.sock");
-    let child = Command::new(POSTERN)
+    let mut child = Command::new(POSTERN)
         .args(["daemon", "--data-dir"])
         .arg(dir.path())
         .arg("--config")
@@ -104,6 +104,8 @@ fn start_daemon(base: &str, approval: &str) -> Daemon {
         }
         std::thread::sleep(Duration::from_millis(25));
     }
+    let _ = child.kill();
+    let _ = child.wait();
     panic!("the daemon did not start");
 }
 
