@@ -1,37 +1,398 @@
-//! Temporary entry point while the operator commands land.
+//! The `postern` binary: the headless daemon, the stdio MCP bridge an agent's client
+//! launches, and the operator commands (audit, log, stats, vault, config).
+//!
+//! Exit status: 0 success; 1 a check failed or an operation was refused (audit chain
+//! broken, config invalid, vault refused); 2 the command could not run (no journal,
+//! unreadable file, keychain unreachable, usage error).
+
+mod common;
+mod config_cmd;
+mod journal_cmds;
+mod timefmt;
+mod vault_cmd;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-fn arg(args: &[String], name: &str) -> Option<String> {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use postern_broker::contract::{Code, Outcome, Phase};
+use postern_broker::vault::{CredentialKind, DEFAULT_SERVICE, KeychainBackend};
+
+use common::Failure;
+
+#[derive(Parser)]
+#[command(
+    name = "postern",
+    version,
+    about = "Postern: a secret broker and approval console for AI agents",
+    long_about = None,
+    after_help = "Examples:\n  \
+        postern daemon --data-dir ~/.local/share/postern --config targets.toml\n  \
+        postern log --since 2h --outcome unknown\n  \
+        printf '%s' \"$TOKEN\" | postern vault set payments-key\n\n\
+        Exit status: 0 success, 1 a check failed or was refused, 2 could not run."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the broker headless (servers, CI, tests).
+    #[command(after_help = "Example:\n  \
+        postern daemon --data-dir /var/lib/postern --config /etc/postern/targets.toml\n\n\
+        The agent-facing socket defaults to DIR/run/postern.sock.")]
+    Daemon(DaemonCmd),
+    /// The stdio MCP server an agent's client launches; it connects to a running daemon.
+    #[command(after_help = "Example (an MCP client's server entry):\n  \
+        {\"command\": \"postern\", \"args\": [\"mcp\"]}\n  \
+        POSTERN_SOCKET=/var/lib/postern/run/postern.sock postern mcp")]
+    Mcp(McpCmd),
+    /// Verify the audit chain and its signed checkpoints.
+    #[command(
+        subcommand,
+        after_help = "Example:\n  postern audit verify --data-dir ~/.local/share/postern"
+    )]
+    Audit(AuditCmd),
+    /// The activity log: invocations, newest first.
+    #[command(after_help = "Examples:\n  \
+        postern log --since 15m\n  \
+        postern log --session s-42 --outcome unknown --json\n  \
+        postern log --target payments --since 2026-11-29T10:00:00Z --limit 20\n\n\
+        Phases: validation, credential_injection, connection_setup, remote_execution, \
+        result_delivery\n\
+        Outcomes: not_attempted, rejected, committed, unknown")]
+    Log(LogCmd),
+    /// Counts of invocations by phase, by outcome (kept separate) and by code.
+    #[command(after_help = "Example:\n  postern stats --data-dir ~/.local/share/postern --json")]
+    Stats(StatsCmd),
+    /// Credentials in the OS keychain (secrets are read from stdin or a prompt, never argv).
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  \
+            postern vault set payments-key < token.txt\n  \
+            postern vault list\n  \
+            postern vault rm payments-key"
+    )]
+    Vault(VaultCmd),
+    /// Check a targets file.
+    #[command(
+        subcommand,
+        after_help = "Example:\n  postern config check /etc/postern/targets.toml"
+    )]
+    Config(ConfigCmd),
+}
+
+#[derive(Args)]
+struct DataDirArg {
+    /// The data directory [default: $XDG_DATA_HOME/postern or ~/.local/share/postern].
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+}
+
+impl DataDirArg {
+    fn resolve(self) -> PathBuf {
+        common::data_dir_or_default(self.data_dir)
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum KeychainArg {
+    /// The freedesktop Secret Service (GNOME Keyring, KWallet, KeePassXC).
+    SecretService,
+    /// The Linux kernel keyring (secrets vanish on reboot).
+    Keyutils,
+}
+
+impl KeychainArg {
+    fn backend(self) -> KeychainBackend {
+        match self {
+            KeychainArg::SecretService => KeychainBackend::SecretService,
+            KeychainArg::Keyutils => KeychainBackend::Keyutils,
+        }
+    }
+
+    fn choice(self) -> postern_mcp::KeychainChoice {
+        match self {
+            KeychainArg::SecretService => postern_mcp::KeychainChoice::SecretService,
+            KeychainArg::Keyutils => postern_mcp::KeychainChoice::Keyutils,
+        }
+    }
+}
+
+#[derive(Args)]
+struct KeychainArgs {
+    /// Which OS keychain holds the secrets.
+    #[arg(long, value_enum, default_value_t = KeychainArg::SecretService)]
+    keychain: KeychainArg,
+    /// The keychain service name entries live under.
+    #[arg(long, value_name = "NAME", default_value = DEFAULT_SERVICE)]
+    keychain_service: String,
+}
+
+#[derive(Args)]
+struct DaemonCmd {
+    #[command(flatten)]
+    data_dir: DataDirArg,
+    /// The targets file.
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    /// The agent-facing socket [default: DIR/run/postern.sock].
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    #[command(flatten)]
+    keychain: KeychainArgs,
+}
+
+#[derive(Args)]
+struct McpCmd {
+    /// The daemon's socket [env: POSTERN_SOCKET; default: the default data dir's
+    /// run/postern.sock].
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum AuditCmd {
+    /// Verify the hash chain and signed checkpoints; exit 1 with the first bad sequence.
+    #[command(after_help = "Examples:\n  \
+        postern audit verify --data-dir ~/.local/share/postern\n  \
+        postern audit verify --data-dir /var/lib/postern --keychain keyutils --json\n\n\
+        Exit status: 0 verified, 1 the record was altered (the first bad sequence is \
+        printed), 2 the journal or the audit key cannot be read.")]
+    Verify {
+        #[command(flatten)]
+        data_dir: DataDirArg,
+        #[command(flatten)]
+        keychain: KeychainArgs,
+        /// Print the report (or the failure) as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args)]
+struct LogCmd {
+    #[command(flatten)]
+    data_dir: DataDirArg,
+    /// Only this agent session.
+    #[arg(long, value_name = "S")]
+    session: Option<String>,
+    /// Only this target.
+    #[arg(long, value_name = "T")]
+    target: Option<String>,
+    /// Only invocations currently in this phase.
+    #[arg(long, value_name = "P", value_parser = journal_cmds::parse_phase)]
+    phase: Option<Phase>,
+    /// Only invocations with this outcome.
+    #[arg(long, value_name = "O", value_parser = journal_cmds::parse_outcome)]
+    outcome: Option<Outcome>,
+    /// Only invocations with this code (e.g. REMOTE_OUTCOME_UNKNOWN).
+    #[arg(long, value_name = "C", value_parser = journal_cmds::parse_code)]
+    code: Option<Code>,
+    /// Only invocations accepted since TIME: RFC 3339 (2026-11-29T10:00:00Z) or a span
+    /// back from now (90s, 15m, 2h, 3d, 1w).
+    #[arg(long, value_name = "TIME")]
+    since: Option<String>,
+    /// At most N invocations (after filtering).
+    #[arg(long, value_name = "N")]
+    limit: Option<usize>,
+    /// One JSON object per line.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct StatsCmd {
+    #[command(flatten)]
+    data_dir: DataDirArg,
+    /// Print the counts as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum KindArg {
+    /// An API or bearer token.
+    Token,
+    /// An SSH private key.
+    #[value(name = "ssh_key", alias = "ssh-key")]
+    SshKey,
+}
+
+#[derive(Subcommand)]
+enum VaultCmd {
+    /// Store or rotate a credential. The secret is read from stdin (one trailing newline
+    /// is stripped), or prompted for without echo when stdin is a terminal.
+    #[command(after_help = "Examples:\n  \
+        postern vault set payments-key              # prompts, without echo\n  \
+        printf '%s' \"$TOKEN\" | postern vault set payments-key\n  \
+        postern vault set web1-key --kind ssh_key --from-file ~/.ssh/id_ed25519\n\n\
+        There is deliberately no option that takes the secret itself: argv and the \
+        environment are visible to other processes.")]
+    Set {
+        /// The credential id targets name in `credential = "..."`.
+        id: String,
+        /// What the credential is.
+        #[arg(long, value_enum, default_value_t = KindArg::Token)]
+        kind: KindArg,
+        /// Read the secret from this file instead of stdin.
+        #[arg(long, value_name = "PATH")]
+        from_file: Option<PathBuf>,
+        #[command(flatten)]
+        data_dir: DataDirArg,
+        #[command(flatten)]
+        keychain: KeychainArgs,
+    },
+    /// List credentials: id, kind, version, created, rotated, last used. Never secrets.
+    #[command(after_help = "Example:\n  postern vault list --data-dir ~/.local/share/postern")]
+    List {
+        #[command(flatten)]
+        data_dir: DataDirArg,
+        #[command(flatten)]
+        keychain: KeychainArgs,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a credential: its keychain entry, then its metadata.
+    #[command(
+        alias = "remove",
+        after_help = "Example:\n  postern vault rm payments-key"
+    )]
+    Rm {
+        id: String,
+        /// Also allow removing the audit signing key.
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        data_dir: DataDirArg,
+        #[command(flatten)]
+        keychain: KeychainArgs,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigCmd {
+    /// Load and validate a targets file; list its targets or name the bad field.
+    #[command(
+        after_help = "Example:\n  postern config check /etc/postern/targets.toml\n\n\
+        Exit status: 0 valid, 1 invalid (the message names file, target and field)."
+    )]
+    Check {
+        /// The targets file.
+        file: PathBuf,
+    },
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::unavailable(format!("cannot start the async runtime: {e}")))
+}
+
+fn run(cli: Cli) -> common::Outcome {
+    match cli.command {
+        Command::Daemon(cmd) => {
+            let args = postern_mcp::DaemonArgs {
+                data_dir: cmd.data_dir.resolve(),
+                config: cmd.config,
+                socket: cmd.socket,
+                keychain: cmd.keychain.keychain.choice(),
+                service: cmd.keychain.keychain_service,
+            };
+            runtime()?
+                .block_on(postern_mcp::run_daemon(args))
+                .map_err(|e| Failure::failed(format!("daemon: {e}")))
+        }
+        Command::Mcp(cmd) => {
+            let socket = cmd
+                .socket
+                .or_else(|| {
+                    std::env::var_os("POSTERN_SOCKET")
+                        .filter(|s| !s.is_empty())
+                        .map(PathBuf::from)
+                })
+                .unwrap_or_else(|| postern_mcp::default_socket(&common::default_data_dir()));
+            runtime()?
+                .block_on(postern_mcp::run_bridge(postern_mcp::BridgeArgs { socket }))
+                .map_err(|e| Failure::failed(format!("mcp: {e}")))
+        }
+        Command::Audit(AuditCmd::Verify {
+            data_dir,
+            keychain,
+            json,
+        }) => journal_cmds::audit_verify(
+            &data_dir.resolve(),
+            keychain.keychain.backend(),
+            &keychain.keychain_service,
+            json,
+        ),
+        Command::Log(cmd) => journal_cmds::log(
+            &cmd.data_dir.resolve(),
+            journal_cmds::LogArgs {
+                session: cmd.session,
+                target: cmd.target,
+                phase: cmd.phase,
+                outcome: cmd.outcome,
+                code: cmd.code,
+                since: cmd.since,
+                limit: cmd.limit,
+                json: cmd.json,
+            },
+        ),
+        Command::Stats(cmd) => journal_cmds::stats(&cmd.data_dir.resolve(), cmd.json),
+        Command::Vault(VaultCmd::Set {
+            id,
+            kind,
+            from_file,
+            data_dir,
+            keychain,
+        }) => {
+            let kind = match kind {
+                KindArg::Token => CredentialKind::Token,
+                KindArg::SshKey => CredentialKind::SshKey,
+            };
+            let source = match from_file {
+                Some(path) => vault_cmd::Source::File(path),
+                None => vault_cmd::Source::Stdin,
+            };
+            vault_cmd::set(
+                &data_dir.resolve(),
+                keychain.keychain.backend(),
+                &keychain.keychain_service,
+                &id,
+                kind,
+                &source,
+            )
+        }
+        Command::Vault(VaultCmd::List {
+            data_dir,
+            keychain: _,
+            json,
+        }) => vault_cmd::list(&data_dir.resolve(), json),
+        Command::Vault(VaultCmd::Rm {
+            id,
+            force,
+            data_dir,
+            keychain,
+        }) => vault_cmd::remove(
+            &data_dir.resolve(),
+            keychain.keychain.backend(),
+            &keychain.keychain_service,
+            &id,
+            force,
+        ),
+        Command::Config(ConfigCmd::Check { file }) => config_cmd::check(&file),
+    }
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().collect();
-    let Ok(rt) = tokio::runtime::Runtime::new() else {
-        return ExitCode::FAILURE;
-    };
-    let result = match args.get(1).map(String::as_str) {
-        Some("daemon") => rt.block_on(postern_mcp::run_daemon(postern_mcp::DaemonArgs {
-            data_dir: PathBuf::from(arg(&args, "--data-dir").unwrap_or_default()),
-            config: PathBuf::from(arg(&args, "--config").unwrap_or_default()),
-            socket: arg(&args, "--socket").map(PathBuf::from),
-            keychain: postern_mcp::KeychainChoice::SecretService,
-            service: arg(&args, "--keychain-service").unwrap_or_else(|| "postern".into()),
-        })),
-        Some("mcp") => rt.block_on(postern_mcp::run_bridge(postern_mcp::BridgeArgs {
-            socket: PathBuf::from(arg(&args, "--socket").unwrap_or_default()),
-        })),
-        _ => Err("usage".into()),
-    };
-    match result {
+    let cli = Cli::parse();
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("{e}");
-            ExitCode::FAILURE
-        }
+        Err(failure) => failure.report(),
     }
 }

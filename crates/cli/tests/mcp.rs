@@ -522,3 +522,46 @@ async fn another_uid_cannot_reach_the_broker() {
     assert!(server.requests().is_empty());
     other.cancel().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_call_after_dispatch_keeps_the_outcome_unknown() {
+    let server = Adversary::start(Behavior::Stall).await.unwrap();
+    let daemon = start_daemon(&server.base_url(), "none");
+    let client = client(&daemon.socket).await;
+    let Value::Object(args) = json!({"url": server.url("/v1/pay"), "method": "POST", "body": "{}"})
+    else {
+        unreachable!()
+    };
+    let pending = client.call_tool(CallToolRequestParams::new("http_request").with_arguments(args));
+    // Dropping the call sends notifications/cancelled once the server holds the request.
+    let cancelled = tokio::select! {
+        _ = pending => false,
+        true = server.wait_for_effects(1, Duration::from_secs(10)) => true,
+    };
+    assert!(
+        cancelled,
+        "the request reached the server before the caller gave up"
+    );
+    let db = daemon.dir.path().join("journal.db");
+    let mut found = None;
+    for _ in 0..200 {
+        let conn = rusqlite_ro(&db);
+        found = conn
+            .query_row(
+                "SELECT invocation_id FROM events WHERE kind = 'FAILED' AND body LIKE '%CALLER_CANCELLED%'",
+                [],
+                |r| r.get::<_, String>(0),
+            )
+            .ok();
+        if found.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let id = found.expect("the cancellation is recorded");
+    let inv = structured(&call(&client, "get_invocation", json!({"invocation_id": id})).await);
+    assert_eq!(inv["outcome"], "unknown", "the remote may still be running");
+    assert_eq!(inv["code"], "CALLER_CANCELLED");
+    assert_eq!(server.effects(), 1);
+    client.cancel().await.unwrap();
+}

@@ -8,6 +8,7 @@ mod config;
 mod contract;
 mod journal;
 mod projection;
+mod query;
 mod retry;
 mod support;
 mod vault;

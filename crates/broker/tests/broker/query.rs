@@ -1,0 +1,360 @@
+//! Operator queries: the activity log (filters, order, limit) and the phase/outcome/code
+//! counts, read through a separate read-only connection as the CLI does.
+
+use postern_broker::clock::Clock;
+use postern_broker::contract::*;
+use postern_broker::invocation::Recorder;
+use postern_broker::journal::events::{Channel, ResultFacts};
+use postern_broker::journal::query::{self, Filter, InvocationRow};
+use postern_broker::journal::{NewInvocation, ResultToStore, Settle};
+use rusqlite::{Connection, OpenFlags};
+
+use crate::support::*;
+
+fn read_only(f: &Fixture) -> Connection {
+    f.journal.flush().unwrap();
+    Connection::open_with_flags(f.db(), OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap()
+}
+
+fn accept(f: &Fixture, id: &str, target: &str, session: Option<&str>) -> Recorder {
+    Recorder::accept(
+        &f.journal,
+        NewInvocation {
+            invocation_id: id.to_string(),
+            channel: Channel::Http,
+            target: target.to_string(),
+            summary: format!("GET https://{target}.example.test/{id}"),
+            session: session.map(str::to_string),
+            idempotency_key: None,
+        },
+    )
+    .unwrap()
+}
+
+/// Drives a ready invocation through a complete, delivered 200 response.
+fn complete(rec: &Recorder) {
+    rec.dispatch_started(FP, None, None).unwrap();
+    rec.request_sent(true, true).unwrap();
+    rec.response_started(Some(200), None).unwrap();
+    rec.response_complete("blake3:body").unwrap();
+    rec.commit_result(
+        ResultToStore {
+            meta: serde_json::json!({"status": 200}),
+            streams: vec![("body".to_string(), b"ok".to_vec())],
+        },
+        Settle {
+            outcome: Outcome::Committed,
+            code: None,
+            retry: Retry::Never,
+            facts: ResultFacts {
+                http_status: Some(200),
+                ..Default::default()
+            },
+            confidence: ConfidenceSource::RemoteResponse,
+            redactions: 0,
+        },
+    )
+    .unwrap();
+    rec.delivered().unwrap();
+}
+
+/// Five invocations, one second apart:
+/// - `inv_1` payments/session-1: committed and delivered (phase remote_execution)
+/// - `inv_2` payments/session-1: dispatched, no response (unknown)
+/// - `inv_3` search/session-2: DNS failure (not_attempted, connection_setup)
+/// - `inv_4` search/no session: rejected in validation
+/// - `inv_5` payments/session-1: accepted only (in flight)
+fn populated() -> Fixture {
+    let f = Fixture::new();
+    let rec = ready(&f.journal, "inv_1", false, None);
+    complete(&rec);
+    f.clock.advance_ms(1000);
+
+    let rec = ready(&f.journal, "inv_2", false, None);
+    rec.dispatch_started(FP, None, None).unwrap();
+    f.clock.advance_ms(1000);
+
+    let mut rec = accept(&f, "inv_3", "search", Some("session-2"));
+    rec.preflight(FP, snapshot(None), operation(true, None))
+        .unwrap();
+    rec.credential_authorized("payments-key", "v1-abcdef01")
+        .unwrap();
+    rec.start_attempt("worker-a", 60_000).unwrap();
+    rec.fail(
+        Phase::ConnectionSetup,
+        Code::DnsFailed,
+        Retry::Backoff,
+        "no such host",
+    )
+    .unwrap();
+    f.clock.advance_ms(1000);
+
+    let rec = accept(&f, "inv_4", "search", None);
+    rec.fail(
+        Phase::Validation,
+        Code::InvalidTarget,
+        Retry::AfterCorrection,
+        "no target",
+    )
+    .unwrap();
+    f.clock.advance_ms(1000);
+
+    accept(&f, "inv_5", "payments", Some("session-1"));
+    f
+}
+
+fn ids(rows: &[InvocationRow]) -> Vec<&str> {
+    rows.iter().map(|r| r.id.as_str()).collect()
+}
+
+#[test]
+fn list_is_newest_first_with_folded_status() {
+    let f = populated();
+    let conn = read_only(&f);
+    let rows = query::list(&conn, &Filter::default(), f.clock.now_ms()).unwrap();
+    assert_eq!(ids(&rows), ["inv_5", "inv_4", "inv_3", "inv_2", "inv_1"]);
+
+    let by_id = |id: &str| rows.iter().find(|r| r.id == id).unwrap();
+    let done = by_id("inv_1");
+    assert_eq!(done.accepted_at_ms, T0);
+    assert_eq!(done.session.as_deref(), Some("session-1"));
+    assert_eq!(done.target, "payments");
+    assert_eq!(done.summary, "POST https://api.example.test/v1/payments");
+    assert_eq!(done.outcome, Outcome::Committed);
+    // A settled result stays in the phase where the broker stopped.
+    assert_eq!(done.phase, Phase::RemoteExecution);
+    assert_eq!(done.code, None);
+
+    let unknown = by_id("inv_2");
+    assert_eq!(unknown.accepted_at_ms, T0 + 1000);
+    assert_eq!(unknown.phase, Phase::RemoteExecution);
+    assert_eq!(unknown.outcome, Outcome::Unknown);
+    assert_eq!(unknown.code, Some(Code::RemoteOutcomeUnknown));
+    // A non-idempotent operation without a key contract is never blindly re-run.
+    assert_ne!(unknown.retry, Retry::Backoff);
+    assert_ne!(unknown.retry, Retry::SameIdempotencyKey);
+
+    let dns = by_id("inv_3");
+    assert_eq!(dns.phase, Phase::ConnectionSetup);
+    assert_eq!(dns.outcome, Outcome::NotAttempted);
+    assert_eq!(dns.retry, Retry::Backoff);
+    assert_eq!(dns.code, Some(Code::DnsFailed));
+    assert_eq!(dns.summary, "GET https://search.example.test/inv_3");
+
+    let invalid = by_id("inv_4");
+    assert_eq!(invalid.session, None);
+    assert_eq!(invalid.phase, Phase::Validation);
+    assert_eq!(invalid.retry, Retry::AfterCorrection);
+    assert_eq!(invalid.code, Some(Code::InvalidTarget));
+
+    let in_flight = by_id("inv_5");
+    assert_eq!(in_flight.outcome, Outcome::NotAttempted);
+    assert_eq!(in_flight.code, None);
+}
+
+#[test]
+fn identity_filters_select_by_session_target_and_time() {
+    let f = populated();
+    let conn = read_only(&f);
+    let now = f.clock.now_ms();
+    let list = |filter: Filter| ids(&query::list(&conn, &filter, now).unwrap()).join(",");
+
+    let session = |s: &str| Filter {
+        session: Some(s.to_string()),
+        ..Filter::default()
+    };
+    assert_eq!(list(session("session-1")), "inv_5,inv_2,inv_1");
+    assert_eq!(list(session("session-2")), "inv_3");
+    assert_eq!(list(session("nobody")), "");
+
+    let target = Filter {
+        target: Some("search".to_string()),
+        ..Filter::default()
+    };
+    assert_eq!(list(target), "inv_4,inv_3");
+
+    // Inclusive lower bound on the acceptance time.
+    let since = Filter {
+        since_ms: Some(T0 + 2000),
+        ..Filter::default()
+    };
+    assert_eq!(list(since), "inv_5,inv_4,inv_3");
+
+    let both = Filter {
+        session: Some("session-1".to_string()),
+        target: Some("payments".to_string()),
+        since_ms: Some(T0 + 1),
+        ..Filter::default()
+    };
+    assert_eq!(list(both), "inv_5,inv_2");
+}
+
+#[test]
+fn status_filters_apply_to_the_folded_projection() {
+    let f = populated();
+    let conn = read_only(&f);
+    let now = f.clock.now_ms();
+    let list = |filter: Filter| ids(&query::list(&conn, &filter, now).unwrap()).join(",");
+
+    let outcome = |o| Filter {
+        outcome: Some(o),
+        ..Filter::default()
+    };
+    assert_eq!(list(outcome(Outcome::NotAttempted)), "inv_5,inv_4,inv_3");
+    assert_eq!(list(outcome(Outcome::Unknown)), "inv_2");
+    assert_eq!(list(outcome(Outcome::Committed)), "inv_1");
+    assert_eq!(list(outcome(Outcome::Rejected)), "");
+
+    let phase = |p| Filter {
+        phase: Some(p),
+        ..Filter::default()
+    };
+    assert_eq!(list(phase(Phase::RemoteExecution)), "inv_2,inv_1");
+    assert_eq!(list(phase(Phase::ConnectionSetup)), "inv_3");
+    // An in-flight invocation that only got accepted is still in validation.
+    assert_eq!(list(phase(Phase::Validation)), "inv_5,inv_4");
+
+    let code = |c| Filter {
+        code: Some(c),
+        ..Filter::default()
+    };
+    assert_eq!(list(code(Code::RemoteOutcomeUnknown)), "inv_2");
+    assert_eq!(list(code(Code::DnsFailed)), "inv_3");
+    assert_eq!(list(code(Code::TlsRejected)), "");
+
+    // Phase and outcome are independent axes: combining them narrows.
+    let combined = Filter {
+        phase: Some(Phase::Validation),
+        outcome: Some(Outcome::NotAttempted),
+        code: Some(Code::InvalidTarget),
+        ..Filter::default()
+    };
+    assert_eq!(list(combined), "inv_4");
+}
+
+#[test]
+fn limit_applies_after_filtering() {
+    let f = populated();
+    let conn = read_only(&f);
+    let now = f.clock.now_ms();
+    let list = |filter: Filter| ids(&query::list(&conn, &filter, now).unwrap()).join(",");
+
+    let limited = |limit| Filter {
+        limit: Some(limit),
+        ..Filter::default()
+    };
+    assert_eq!(list(limited(2)), "inv_5,inv_4");
+    assert_eq!(list(limited(0)), "");
+    assert_eq!(list(limited(99)).split(',').count(), 5);
+
+    // The newest two not_attempted invocations, not the not_attempted among the newest two.
+    let filtered = Filter {
+        outcome: Some(Outcome::NotAttempted),
+        limit: Some(2),
+        ..Filter::default()
+    };
+    assert_eq!(list(filtered), "inv_5,inv_4");
+    let filtered = Filter {
+        outcome: Some(Outcome::Unknown),
+        limit: Some(1),
+        ..Filter::default()
+    };
+    assert_eq!(list(filtered), "inv_2");
+}
+
+#[test]
+fn stats_count_phase_and_outcome_separately() {
+    let f = populated();
+    let conn = read_only(&f);
+    let stats = query::stats(&conn, f.clock.now_ms()).unwrap();
+    assert_eq!(stats.invocations, 5);
+
+    // Every phase and outcome is listed, zeros included, and each axis sums to the
+    // number of invocations on its own.
+    assert_eq!(stats.by_phase.len(), Phase::ALL.len());
+    assert_eq!(stats.by_outcome.len(), Outcome::ALL.len());
+    assert_eq!(stats.by_phase.values().sum::<u64>(), 5);
+    assert_eq!(stats.by_outcome.values().sum::<u64>(), 5);
+
+    assert_eq!(stats.by_phase["validation"], 2);
+    assert_eq!(stats.by_phase["credential_injection"], 0);
+    assert_eq!(stats.by_phase["connection_setup"], 1);
+    // The committed and the unknown invocation share a phase but not an outcome.
+    assert_eq!(stats.by_phase["remote_execution"], 2);
+    assert_eq!(stats.by_phase["result_delivery"], 0);
+
+    assert_eq!(stats.by_outcome["not_attempted"], 3);
+    assert_eq!(stats.by_outcome["unknown"], 1);
+    assert_eq!(stats.by_outcome["committed"], 1);
+    assert_eq!(stats.by_outcome["rejected"], 0);
+
+    // Only codes that occur; the success and the in-flight one have none.
+    assert_eq!(stats.by_code.len(), 3);
+    assert_eq!(stats.by_code["REMOTE_OUTCOME_UNKNOWN"], 1);
+    assert_eq!(stats.by_code["DNS_FAILED"], 1);
+    assert_eq!(stats.by_code["INVALID_TARGET"], 1);
+
+    let json = serde_json::to_value(&stats).unwrap();
+    assert!(json["by_phase"].is_object() && json["by_outcome"].is_object());
+}
+
+#[test]
+fn empty_journal_has_no_rows_and_zero_counts() {
+    let f = Fixture::new();
+    let conn = read_only(&f);
+    assert!(
+        query::list(&conn, &Filter::default(), T0)
+            .unwrap()
+            .is_empty()
+    );
+    let stats = query::stats(&conn, T0).unwrap();
+    assert_eq!(stats.invocations, 0);
+    assert!(stats.by_phase.values().all(|n| *n == 0));
+    assert!(stats.by_outcome.values().all(|n| *n == 0));
+    assert!(stats.by_code.is_empty());
+}
+
+#[test]
+fn rows_serialize_with_wire_names() {
+    let f = populated();
+    let conn = read_only(&f);
+    let filter = Filter {
+        code: Some(Code::RemoteOutcomeUnknown),
+        ..Filter::default()
+    };
+    let rows = query::list(&conn, &filter, f.clock.now_ms()).unwrap();
+    let json = serde_json::to_value(&rows[0]).unwrap();
+    assert_eq!(json["id"], "inv_2");
+    assert_eq!(json["phase"], "remote_execution");
+    assert_eq!(json["outcome"], "unknown");
+    assert_eq!(json["code"], "REMOTE_OUTCOME_UNKNOWN");
+    assert_eq!(json["session"], "session-1");
+    assert!(json["retry"].is_string());
+    assert_eq!(json["accepted_at_ms"], T0 + 1000);
+}
+
+#[test]
+fn a_record_that_does_not_fold_is_an_error_not_a_status() {
+    let f = populated();
+    f.journal.flush().unwrap();
+    // Rewrite inv_2's DISPATCH_STARTED into a second ACTION_ACCEPTED: impossible.
+    let writer = Connection::open(f.db()).unwrap();
+    let body: String = writer
+        .query_row(
+            "SELECT body FROM events WHERE invocation_id = 'inv_1' AND kind = 'ACTION_ACCEPTED'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    writer
+        .execute(
+            "UPDATE events SET body = ?1
+             WHERE invocation_id = 'inv_2' AND kind = 'DISPATCH_STARTED'",
+            [body],
+        )
+        .unwrap();
+    let conn = read_only(&f);
+    let err = query::list(&conn, &Filter::default(), f.clock.now_ms()).unwrap_err();
+    assert!(err.to_string().contains("inv_2"), "{err}");
+    assert!(query::stats(&conn, f.clock.now_ms()).is_err());
+}

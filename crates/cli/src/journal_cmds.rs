@@ -1,0 +1,293 @@
+//! The read-only journal commands: `log`, `stats` and `audit verify`. None of them
+//! creates, migrates or writes the database.
+
+use std::path::Path;
+
+use ed25519_dalek::SigningKey;
+use postern_broker::audit::{self, AUDIT_KEY_ID, AuditError};
+use postern_broker::contract::{Code, Outcome, Phase};
+use postern_broker::journal::query::{self, Filter, InvocationRow};
+use postern_broker::vault::{CredentialId, KeychainBackend, VaultError, meta};
+use serde_json::{Value, json};
+
+use crate::common::{self, Failure, print_table, printable};
+use crate::timefmt;
+
+/// `--phase`: a wire name of [`Phase`].
+pub fn parse_phase(s: &str) -> Result<Phase, String> {
+    Phase::parse(&s.to_ascii_lowercase()).ok_or_else(|| {
+        allowed(
+            "phase",
+            s,
+            Phase::ALL.iter().map(|p| p.as_str()).collect::<Vec<_>>(),
+        )
+    })
+}
+
+/// `--outcome`: a wire name of [`Outcome`].
+pub fn parse_outcome(s: &str) -> Result<Outcome, String> {
+    Outcome::parse(&s.to_ascii_lowercase()).ok_or_else(|| {
+        allowed(
+            "outcome",
+            s,
+            Outcome::ALL.iter().map(|o| o.as_str()).collect::<Vec<_>>(),
+        )
+    })
+}
+
+/// `--code`: a SCREAMING_SNAKE [`Code`].
+pub fn parse_code(s: &str) -> Result<Code, String> {
+    serde_json::from_value::<Code>(Value::String(s.to_ascii_uppercase())).map_err(|_| {
+        allowed(
+            "code",
+            s,
+            Code::ALL.iter().map(|c| c.as_str()).collect::<Vec<_>>(),
+        )
+    })
+}
+
+fn allowed(what: &str, value: &str, values: Vec<&str>) -> String {
+    format!(
+        "unknown {what} `{value}`; allowed values: {}",
+        values.join(", ")
+    )
+}
+
+/// The filters of `postern log`, as given on the command line.
+pub struct LogArgs {
+    pub session: Option<String>,
+    pub target: Option<String>,
+    pub phase: Option<Phase>,
+    pub outcome: Option<Outcome>,
+    pub code: Option<Code>,
+    pub since: Option<String>,
+    pub limit: Option<usize>,
+    pub json: bool,
+}
+
+fn row_json(row: &InvocationRow) -> Value {
+    let mut value = serde_json::to_value(row).unwrap_or(Value::Null);
+    if let Value::Object(map) = &mut value {
+        map.insert(
+            "accepted_at".into(),
+            Value::String(timefmt::format_ms(row.accepted_at_ms)),
+        );
+    }
+    value
+}
+
+pub fn log(data_dir: &Path, args: LogArgs) -> common::Outcome {
+    let now = common::now_ms();
+    let since_ms = args
+        .since
+        .as_deref()
+        .map(|s| timefmt::parse_since(s, now))
+        .transpose()
+        .map_err(|e| Failure::unavailable(format!("--since: {e}")).with_json(args.json, "usage"))?;
+    let (db, conn) = common::open_journal_read_only(data_dir)
+        .map_err(|f| f.with_json(args.json, "no_journal"))?;
+    let filter = Filter {
+        session: args.session,
+        target: args.target,
+        phase: args.phase,
+        outcome: args.outcome,
+        code: args.code,
+        since_ms,
+        limit: args.limit,
+    };
+    let rows = query::list(&conn, &filter, now).map_err(|e| {
+        Failure::unavailable(format!("{}: {e}", db.display())).with_json(args.json, "unreadable")
+    })?;
+    if args.json {
+        for row in &rows {
+            println!("{}", row_json(row));
+        }
+        return Ok(());
+    }
+    if rows.is_empty() {
+        println!("no invocations match");
+        return Ok(());
+    }
+    let table: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                printable(&r.id),
+                timefmt::format_secs(r.accepted_at_ms),
+                r.session.as_deref().map_or_else(|| "-".into(), printable),
+                printable(&r.target),
+                r.phase.to_string(),
+                r.outcome.to_string(),
+                r.retry.to_string(),
+                r.code.map_or_else(|| "-".into(), |c| c.to_string()),
+                printable(&r.summary),
+            ]
+        })
+        .collect();
+    print_table(
+        &[
+            "ID", "ACCEPTED", "SESSION", "TARGET", "PHASE", "OUTCOME", "RETRY", "CODE", "SUMMARY",
+        ],
+        &table,
+    );
+    Ok(())
+}
+
+pub fn stats(data_dir: &Path, json: bool) -> common::Outcome {
+    let (db, conn) =
+        common::open_journal_read_only(data_dir).map_err(|f| f.with_json(json, "no_journal"))?;
+    let stats = query::stats(&conn, common::now_ms()).map_err(|e| {
+        Failure::unavailable(format!("{}: {e}", db.display())).with_json(json, "unreadable")
+    })?;
+    if json {
+        println!("{}", serde_json::to_value(&stats).unwrap_or(Value::Null));
+        return Ok(());
+    }
+    println!("invocations: {}", stats.invocations);
+    // Phase and outcome are separate axes (seed 000); each table sums to the total.
+    let count = |map: &std::collections::BTreeMap<String, u64>, key: &str| {
+        map.get(key).copied().unwrap_or(0).to_string()
+    };
+    println!();
+    let phases: Vec<Vec<String>> = Phase::ALL
+        .iter()
+        .map(|p| vec![p.to_string(), count(&stats.by_phase, p.as_str())])
+        .collect();
+    print_table(&["PHASE", "COUNT"], &phases);
+    println!();
+    let outcomes: Vec<Vec<String>> = Outcome::ALL
+        .iter()
+        .map(|o| vec![o.to_string(), count(&stats.by_outcome, o.as_str())])
+        .collect();
+    print_table(&["OUTCOME", "COUNT"], &outcomes);
+    println!();
+    if stats.by_code.is_empty() {
+        println!("no codes recorded");
+    } else {
+        let mut codes: Vec<(&String, &u64)> = stats.by_code.iter().collect();
+        codes.sort_by(|a, b| b.1.cmp(a.1).then_with(|| a.0.cmp(b.0)));
+        let codes: Vec<Vec<String>> = codes
+            .into_iter()
+            .map(|(c, n)| vec![c.clone(), n.to_string()])
+            .collect();
+        print_table(&["CODE", "COUNT"], &codes);
+    }
+    Ok(())
+}
+
+/// Reads the audit signing key without creating one and without writing anything:
+/// the metadata is read on the read-only connection, the seed straight from the
+/// keychain entry it names.
+fn audit_key(
+    conn: &rusqlite::Connection,
+    db: &Path,
+    backend: KeychainBackend,
+    service: &str,
+) -> Result<SigningKey, Failure> {
+    let id = CredentialId::new(AUDIT_KEY_ID)
+        .map_err(|e| Failure::unavailable(format!("audit key id: {e}")))?;
+    let recorded = meta::get(conn, &id).map_err(|e| {
+        Failure::unavailable(format!(
+            "{}: cannot read credential metadata: {e}",
+            db.display()
+        ))
+    })?;
+    let Some(recorded) = recorded else {
+        return Err(Failure::unavailable(format!(
+            "no audit signing key is recorded in {} (credential `{AUDIT_KEY_ID}`); \
+             nothing was created. Was this journal written by a broker with a keychain?",
+            db.display()
+        )));
+    };
+    let vault = common::vault(backend, service)?;
+    let secret = vault
+        .keychain()
+        .get(&id, &recorded.version)
+        .map_err(|e| match e {
+            VaultError::Missing { .. } => Failure::unavailable(format!(
+                "the audit signing key `{AUDIT_KEY_ID}` version {} is not in the {backend} \
+                 keychain under service `{service}` (is --keychain/--keychain-service right?); \
+                 nothing was created",
+                recorded.version
+            )),
+            other => Failure::unavailable(format!("audit signing key: {other}")),
+        })?;
+    let seed: [u8; 32] = secret.expose().try_into().map_err(|_| {
+        Failure::unavailable(format!(
+            "the audit signing key `{AUDIT_KEY_ID}` in the keychain is not a 32-byte ed25519 seed"
+        ))
+    })?;
+    Ok(SigningKey::from_bytes(&seed))
+}
+
+pub fn audit_verify(
+    data_dir: &Path,
+    backend: KeychainBackend,
+    service: &str,
+    json: bool,
+) -> common::Outcome {
+    let (db, conn) =
+        common::open_journal_read_only(data_dir).map_err(|f| f.with_json(json, "unreadable"))?;
+    let key = audit_key(&conn, &db, backend, service).map_err(|f| f.with_json(json, "no_key"))?;
+    drop(conn);
+    match audit::verify_file(&db, &key.verifying_key()) {
+        Ok(report) => {
+            if json {
+                let mut value = serde_json::to_value(&report).unwrap_or(Value::Null);
+                if let Value::Object(map) = &mut value {
+                    map.insert("ok".into(), Value::Bool(true));
+                }
+                println!("{value}");
+            } else {
+                let checkpoint = report.last_checkpoint_seq.map_or_else(
+                    || "no signed checkpoint yet".to_string(),
+                    |s| format!("last signed checkpoint at {s}"),
+                );
+                println!(
+                    "verified: {} events, through sequence {}, {checkpoint}",
+                    report.events, report.verified_through
+                );
+                if let Some(s) = report.last_checkpoint_seq
+                    && s < report.verified_through
+                {
+                    println!(
+                        "note: events after sequence {s} are chained but not yet signed \
+                         (the broker signs at the next checkpoint or clean shutdown)"
+                    );
+                }
+            }
+            Ok(())
+        }
+        Err(AuditError::Broken {
+            first_bad_seq,
+            kind,
+            detail,
+        }) => {
+            let kind_name = serde_json::to_value(kind)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_else(|| format!("{kind:?}"));
+            let message =
+                format!("audit FAILED at sequence {first_bad_seq}: {kind_name}: {detail}");
+            if json {
+                println!(
+                    "{}",
+                    json!({
+                        "ok": false,
+                        "error": "broken",
+                        "first_bad_seq": first_bad_seq,
+                        "kind": kind_name,
+                        "detail": detail,
+                    })
+                );
+            } else {
+                println!("{message}");
+            }
+            // Already reported on stdout, which is where a check's result goes.
+            Err(Failure::silent(common::EXIT_FAILED))
+        }
+        Err(e @ AuditError::Unreadable { .. }) => {
+            Err(Failure::unavailable(e.to_string()).with_json(json, "unreadable"))
+        }
+    }
+}

@@ -1,0 +1,229 @@
+//! `postern vault set|list|rm`: credentials in the OS keychain, metadata in the journal
+//! database. Secrets come from stdin or a no-echo prompt, never from argv or the
+//! environment, and are never printed.
+
+use std::io::{IsTerminal, Read};
+use std::path::{Path, PathBuf};
+
+use postern_broker::audit::AUDIT_KEY_ID;
+use postern_broker::channel::Credentials;
+use postern_broker::vault::{
+    CredentialId, CredentialKind, CredentialMeta, KeychainBackend, Secret, meta,
+};
+use serde_json::json;
+
+use crate::common::{self, Failure, print_table};
+use crate::timefmt;
+
+/// Where `vault set` reads the secret from.
+pub enum Source {
+    /// stdin: piped (read to the end), or a terminal (prompted without echo).
+    Stdin,
+    File(PathBuf),
+}
+
+/// Removes one trailing line ending (`\n` or `\r\n`): what `echo` and editors add.
+fn strip_one_newline(bytes: &mut Vec<u8>) {
+    if bytes.last() == Some(&b'\n') {
+        bytes.pop();
+        if bytes.last() == Some(&b'\r') {
+            bytes.pop();
+        }
+    }
+}
+
+fn read_secret(id: &str, source: &Source) -> Result<Secret, Failure> {
+    let mut bytes = match source {
+        Source::File(path) => std::fs::read(path)
+            .map_err(|e| Failure::unavailable(format!("cannot read {}: {e}", path.display())))?,
+        Source::Stdin if std::io::stdin().is_terminal() => {
+            let first = rpassword::prompt_password(format!("Secret for `{id}` (not echoed): "))
+                .map_err(|e| Failure::unavailable(format!("cannot read the secret: {e}")))?;
+            let first = Secret::from(first);
+            let again = rpassword::prompt_password("Again, to confirm: ")
+                .map_err(|e| Failure::unavailable(format!("cannot read the secret: {e}")))?;
+            let again = Secret::from(again);
+            if first.expose() != again.expose() {
+                return Err(Failure::failed(
+                    "the two entries differ; nothing was stored",
+                ));
+            }
+            return Ok(first);
+        }
+        Source::Stdin => {
+            let mut buf = Vec::with_capacity(8192);
+            std::io::stdin()
+                .lock()
+                .read_to_end(&mut buf)
+                .map_err(|e| Failure::unavailable(format!("cannot read stdin: {e}")))?;
+            buf
+        }
+    };
+    strip_one_newline(&mut bytes);
+    Ok(Secret::new(bytes))
+}
+
+/// Creates the data directory (owner-only) if it does not exist yet.
+fn ensure_data_dir(dir: &Path) -> Result<(), Failure> {
+    use std::os::unix::fs::DirBuilderExt;
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| Failure::unavailable(format!("cannot create {}: {e}", dir.display())))
+}
+
+fn credential_id(id: &str) -> Result<CredentialId, Failure> {
+    CredentialId::new(id).map_err(|e| Failure::failed(e.to_string()))
+}
+
+pub fn set(
+    data_dir: &Path,
+    backend: KeychainBackend,
+    service: &str,
+    id: &str,
+    kind: CredentialKind,
+    source: &Source,
+) -> common::Outcome {
+    credential_id(id)?;
+    if id == AUDIT_KEY_ID {
+        return Err(Failure::failed(format!(
+            "`{AUDIT_KEY_ID}` is the audit signing key; the broker manages it"
+        )));
+    }
+    let vault = common::vault(backend, service)?;
+    let secret = read_secret(id, source)?;
+    if secret.is_empty() {
+        return Err(Failure::failed("the secret is empty; nothing was stored"));
+    }
+    ensure_data_dir(data_dir)?;
+    let db = common::journal_path(data_dir);
+    let credentials = Credentials::open(vault, &db)
+        .map_err(|e| Failure::unavailable(format!("{}: {e}", db.display())))?;
+    let stored = credentials
+        .set(id, kind, &secret, common::now_ms())
+        .map_err(|e| Failure::failed(e.to_string()))?;
+    drop(secret);
+    let verb = if stored.created_at_ms == stored.rotated_at_ms {
+        "stored"
+    } else {
+        "rotated"
+    };
+    println!(
+        "{verb} credential `{}` ({}), version {}",
+        stored.id, stored.kind, stored.version
+    );
+    Ok(())
+}
+
+fn meta_json(m: &CredentialMeta) -> serde_json::Value {
+    json!({
+        "id": m.id.as_str(),
+        "kind": m.kind.as_str(),
+        "version": m.version.as_str(),
+        "created_at_ms": m.created_at_ms,
+        "created_at": timefmt::format_ms(m.created_at_ms),
+        "rotated_at_ms": m.rotated_at_ms,
+        "rotated_at": timefmt::format_ms(m.rotated_at_ms),
+        "last_used_at_ms": m.last_used_at_ms,
+        "last_used_at": m.last_used_at_ms.map(timefmt::format_ms),
+    })
+}
+
+/// Lists credential metadata (never secrets) from a read-only connection; the keychain
+/// is not touched.
+pub fn list(data_dir: &Path, json: bool) -> common::Outcome {
+    let db = common::journal_path(data_dir);
+    if !db.exists() {
+        if !json {
+            eprintln!("no journal at {}: no credentials stored", db.display());
+        }
+        return Ok(());
+    }
+    let (db, conn) = common::open_journal_read_only(data_dir)?;
+    let all =
+        meta::list(&conn).map_err(|e| Failure::unavailable(format!("{}: {e}", db.display())))?;
+    if json {
+        for m in &all {
+            println!("{}", meta_json(m));
+        }
+        return Ok(());
+    }
+    if all.is_empty() {
+        println!("no credentials stored");
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = all
+        .iter()
+        .map(|m| {
+            vec![
+                m.id.to_string(),
+                m.kind.to_string(),
+                m.version.to_string(),
+                timefmt::format_secs(m.created_at_ms),
+                timefmt::format_secs(m.rotated_at_ms),
+                m.last_used_at_ms
+                    .map_or_else(|| "never".into(), timefmt::format_secs),
+            ]
+        })
+        .collect();
+    print_table(
+        &["ID", "KIND", "VERSION", "CREATED", "ROTATED", "LAST USED"],
+        &rows,
+    );
+    Ok(())
+}
+
+pub fn remove(
+    data_dir: &Path,
+    backend: KeychainBackend,
+    service: &str,
+    id: &str,
+    force: bool,
+) -> common::Outcome {
+    credential_id(id)?;
+    if id == AUDIT_KEY_ID && !force {
+        return Err(Failure::failed(format!(
+            "`{AUDIT_KEY_ID}` is the audit signing key; without it the audit log can no \
+             longer be verified. Pass --force to remove it anyway"
+        )));
+    }
+    let vault = common::vault(backend, service)?;
+    let db = common::journal_path(data_dir);
+    if !db.is_file() {
+        return Err(Failure::failed(format!(
+            "credential `{id}` is not stored (no journal at {})",
+            db.display()
+        )));
+    }
+    let credentials = Credentials::open(vault, &db)
+        .map_err(|e| Failure::unavailable(format!("{}: {e}", db.display())))?;
+    credentials
+        .remove(id)
+        .map_err(|e| Failure::failed(e.to_string()))?;
+    println!("removed credential `{id}`");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::strip_one_newline;
+
+    #[test]
+    fn strips_exactly_one_line_ending() {
+        for (input, expected) in [
+            (&b"tok\n"[..], &b"tok"[..]),
+            (b"tok\r\n", b"tok"),
+            (b"tok\n\n", b"tok\n"),
+            (b"tok", b"tok"),
+            (b"", b""),
+        ] {
+            let mut v = input.to_vec();
+            strip_one_newline(&mut v);
+            assert_eq!(v, expected);
+        }
+    }
+}
