@@ -415,6 +415,11 @@ pub fn signing_key_from_vault(
         }
         Err(e) => return Err(e.into()),
     };
+    signing_key_from_secret(&secret)
+}
+
+/// The audit key from the keychain entry's bytes (a 32-byte ed25519 seed).
+pub fn signing_key_from_secret(secret: &crate::vault::Secret) -> Result<SigningKey, AuditKeyError> {
     let seed: [u8; 32] = secret
         .expose()
         .try_into()

@@ -212,12 +212,7 @@ fn audit_key(
             )),
             other => Failure::unavailable(format!("audit signing key: {other}")),
         })?;
-    let seed: [u8; 32] = secret.expose().try_into().map_err(|_| {
-        Failure::unavailable(format!(
-            "the audit signing key `{AUDIT_KEY_ID}` in the keychain is not a 32-byte ed25519 seed"
-        ))
-    })?;
-    Ok(SigningKey::from_bytes(&seed))
+    audit::signing_key_from_secret(&secret).map_err(|e| Failure::unavailable(e.to_string()))
 }
 
 pub fn audit_verify(
