@@ -22,10 +22,15 @@ if [ ! -f "$config" ]; then
 fi
 "$postern" config check "$config" >/dev/null
 
-# The desktop keychain when a session bus exists, the kernel keyring otherwise.
-keychain="secret-service"
-[ -n "${DBUS_SESSION_BUS_ADDRESS:-}" ] || keychain="keyutils"
-
-step "postern daemon ($keychain keychain, data in $data_dir)"
-echo "agents connect with: $postern mcp --socket $data_dir/run/postern.sock"
-exec "$postern" daemon --data-dir "$data_dir" --config "$config" --keychain "$keychain"
+socket="$data_dir/run/postern.sock"
+echo "agents connect with: $postern mcp --socket $socket"
+if [ -n "${DBUS_SESSION_BUS_ADDRESS:-}" ]; then
+    # A desktop session: the Secret Service (gnome-keyring, KWallet, ...).
+    step "postern daemon (Secret Service keychain, data in $data_dir)"
+    exec "$postern" daemon --data-dir "$data_dir" --config "$config"
+fi
+# Headless: the kernel keyring, in a named session keyring that `postern vault` joins
+# the same way: keyctl session postern postern vault set NAME --keychain keyutils
+step "postern daemon (kernel keyring 'postern', data in $data_dir)"
+exec keyctl session postern "$postern" daemon --data-dir "$data_dir" --config "$config" \
+    --keychain keyutils
