@@ -565,3 +565,47 @@ async fn a_cancelled_call_after_dispatch_keeps_the_outcome_unknown() {
     assert_eq!(server.effects(), 1);
     client.cancel().await.unwrap();
 }
+
+/// Counts progress notifications.
+#[derive(Clone, Default)]
+struct ProgressCounter(std::sync::Arc<std::sync::atomic::AtomicU32>);
+
+impl rmcp::ClientHandler for ProgressCounter {
+    async fn on_progress(
+        &self,
+        _params: rmcp::model::ProgressNotificationParam,
+        _context: rmcp::service::NotificationContext<RoleClient>,
+    ) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_call_sends_progress_notifications_when_asked() {
+    let server = Adversary::start(Behavior::Stall).await.unwrap();
+    let daemon = start_daemon(&server.base_url(), "none");
+    let counter = ProgressCounter::default();
+    let mut command = tokio::process::Command::new(POSTERN);
+    command.arg("mcp").arg("--socket").arg(&daemon.socket);
+    let client = counter
+        .clone()
+        .serve(TokioChildProcess::new(command).unwrap())
+        .await
+        .unwrap();
+    let Value::Object(args) =
+        json!({"url": server.url("/v1/x"), "method": "GET", "timeout_ms": 2500})
+    else {
+        unreachable!()
+    };
+    let mut params = CallToolRequestParams::new("http_request").with_arguments(args);
+    params.meta = Some(rmcp::model::RequestMetaObject::with_progress_token(
+        rmcp::model::ProgressToken(rmcp::model::NumberOrString::Number(7)),
+    ));
+    let result = client.call_tool(params).await.unwrap();
+    assert_eq!(structured(&result)["error"]["code"], "REMOTE_TIMEOUT");
+    assert!(
+        counter.0.load(std::sync::atomic::Ordering::SeqCst) >= 1,
+        "progress while waiting"
+    );
+    client.cancel().await.unwrap();
+}

@@ -82,6 +82,7 @@ pub fn open_broker(args: &DaemonArgs) -> Result<Arc<Broker>, DaemonError> {
         journal,
         config,
         approver: None,
+        sessions: Default::default(),
     }))
 }
 
@@ -120,15 +121,19 @@ pub async fn serve_connection(broker: Arc<Broker>, stream: UnixStream) {
         .and_then(|pid| u32::try_from(pid).ok())
         .and_then(identify_agent);
     let Some(identity) = identity else { return };
-    let session = Session::new(broker, identity);
+    broker
+        .sessions
+        .connected(&identity, broker.journal.now_ms());
+    let session = Session::new(broker.clone(), identity.clone());
     let undelivered = session.clone();
-    match session.serve(stream).await {
-        Ok(running) => {
-            let _ = running.waiting().await;
-        }
-        Err(_) => return,
+    // A bridge that fails the MCP handshake simply ends its connection.
+    if let Ok(running) = session.serve(stream).await {
+        let _ = running.waiting().await;
     }
     undelivered.connection_closed();
+    broker
+        .sessions
+        .disconnected(&identity, broker.journal.now_ms());
 }
 
 /// Runs until SIGINT/SIGTERM.
@@ -140,6 +145,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         .unwrap_or_else(|| default_socket(&args.data_dir));
     let listener = bind(&socket).await?;
     eprintln!("postern: broker listening on {}", socket.display());
+    let mut sweep = tokio::time::interval(std::time::Duration::from_secs(5));
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|source| DaemonError::Socket {
         path: socket.display().to_string(),
@@ -152,6 +158,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
                     tokio::spawn(serve_connection(broker.clone(), stream));
                 }
             }
+            _ = sweep.tick() => broker.sessions.sweep(broker.journal.now_ms()),
             _ = tokio::signal::ctrl_c() => break,
             _ = terminate.recv() => break,
         }

@@ -124,6 +124,25 @@ mod tests {
     }
 
     #[test]
+    fn a_session_ends_when_its_agent_process_exits() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let agent = process_info(child.id()).unwrap();
+        let identity = AgentIdentity {
+            session: format!("sess_{}_{}", agent.pid, agent.start_time),
+            agent,
+            bridge_pid: 0,
+            parent_chain: Vec::new(),
+        };
+        assert!(session_alive(&identity));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!session_alive(&identity));
+    }
+
+    #[test]
     fn only_the_same_uid_is_allowed() {
         assert!(peer_allowed(1000, 1000));
         assert!(!peer_allowed(65534, 1000));
