@@ -15,15 +15,13 @@ use rmcp::ServerHandler;
 use rmcp::ServiceExt;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ListToolsResult,
-    PaginatedRequestParams, ServerCapabilities, ServerConfig,
+    PaginatedRequestParams, ServerConfig,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
-
-use postern_broker::contract::{Code, Envelope, ErrorBody, Evidence, Outcome, Phase, Retry};
 
 use crate::server::DELIVERED;
 use crate::tools;
@@ -121,9 +119,7 @@ struct Unavailable {
 
 impl ServerHandler for Unavailable {
     fn get_info(&self) -> ServerConfig {
-        let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build());
-        info.instructions = Some(crate::server::INSTRUCTIONS.to_string());
-        info
+        crate::server::server_info()
     }
 
     async fn list_tools(
@@ -145,20 +141,13 @@ impl ServerHandler for Unavailable {
                 None,
             ));
         }
-        let envelope = Envelope {
-            invocation_id: String::new(),
-            error: ErrorBody {
-                code: Code::BrokerUnavailable,
-                phase: Phase::Validation,
-                outcome: Outcome::NotAttempted,
-                retry: Retry::Backoff,
-                message: format!(
-                    "No Postern broker is running at {}; nothing was sent. Start it and retry.",
-                    self.socket
-                ),
-            },
-            evidence: Evidence::default(),
-        };
+        let envelope = postern_broker::channel::broker_unavailable(
+            "",
+            format!(
+                "No Postern broker is running at {}; nothing was sent. Start it and retry.",
+                self.socket
+            ),
+        );
         let value = serde_json::to_value(envelope).unwrap_or(Value::Null);
         Ok(CallToolResult::structured_error(value).into())
     }

@@ -380,11 +380,16 @@ pub const INSTRUCTIONS: &str = "Postern sends HTTP requests for you with credent
 see, and tells you what its records prove when something fails. Read `outcome` and \
 `error.retry`; never resend an `unknown` request yourself.";
 
+/// What every Postern MCP server announces: tools, and the instructions.
+pub fn server_info() -> ServerConfig {
+    let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build());
+    info.instructions = Some(INSTRUCTIONS.to_string());
+    info
+}
+
 impl ServerHandler for Session {
     fn get_info(&self) -> ServerConfig {
-        let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build());
-        info.instructions = Some(INSTRUCTIONS.to_string());
-        info
+        server_info()
     }
 
     async fn list_tools(

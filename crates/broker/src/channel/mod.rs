@@ -166,6 +166,14 @@ pub struct CallContext {
 /// Nothing was sent: every path that reaches the network records DISPATCH_STARTED
 /// first, and that record is what failed.
 pub fn unrecorded_failure(invocation_id: &str, error: &JournalError) -> Envelope {
+    broker_unavailable(
+        invocation_id,
+        format!("The broker could not record this request; nothing was sent. ({error})"),
+    )
+}
+
+/// BROKER_UNAVAILABLE: nothing was recorded and nothing was sent.
+pub fn broker_unavailable(invocation_id: &str, message: String) -> Envelope {
     Envelope {
         invocation_id: invocation_id.to_string(),
         error: ErrorBody {
@@ -173,9 +181,7 @@ pub fn unrecorded_failure(invocation_id: &str, error: &JournalError) -> Envelope
             phase: Phase::Validation,
             outcome: Outcome::NotAttempted,
             retry: Retry::Backoff,
-            message: format!(
-                "The broker could not record this request; nothing was sent. ({error})"
-            ),
+            message,
         },
         evidence: Evidence::default(),
     }

@@ -716,19 +716,21 @@ impl HttpChannel {
         drop(secret_text);
 
         let https = p.action.scheme == "https";
+        // The local TLS setup (trust roots, ca_file) failed: nothing was sent.
+        let tls_setup_failed = |message: String| {
+            self.fail(
+                rec,
+                Phase::ConnectionSetup,
+                Code::TlsRejected,
+                Retry::AfterCorrection,
+                &message,
+                None,
+            )
+        };
         let verifier = if https {
             match self.verifier(&target) {
                 Ok(v) => Some(v),
-                Err(message) => {
-                    return self.fail(
-                        rec,
-                        Phase::ConnectionSetup,
-                        Code::TlsRejected,
-                        Retry::AfterCorrection,
-                        &message,
-                        None,
-                    );
-                }
+                Err(message) => return tls_setup_failed(message),
             }
         } else {
             None
@@ -747,16 +749,7 @@ impl HttpChannel {
                 connection_id,
             ) {
                 Ok(c) => c,
-                Err(message) => {
-                    return self.fail(
-                        rec,
-                        Phase::ConnectionSetup,
-                        Code::TlsRejected,
-                        Retry::AfterCorrection,
-                        &message,
-                        None,
-                    );
-                }
+                Err(message) => return tls_setup_failed(message),
             };
             let method = match reqwest::Method::from_bytes(p.action.method.as_bytes()) {
                 Ok(m) => m,
