@@ -495,7 +495,14 @@ async fn another_uid_cannot_reach_the_broker() {
         eprintln!("skipped: not root, cannot run a child as another uid");
         return;
     }
-    let mut command = std::process::Command::new(POSTERN);
+    // A copy of the binary the other user can execute wherever this checkout lives.
+    use std::os::unix::fs::PermissionsExt;
+    let shared = tempfile::tempdir().unwrap();
+    let binary = shared.path().join("postern");
+    std::fs::copy(POSTERN, &binary).unwrap();
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut command = std::process::Command::new(&binary);
     command
         .arg("mcp")
         .arg("--socket")
