@@ -426,3 +426,17 @@ pub fn signing_key_from_secret(secret: &crate::vault::Secret) -> Result<SigningK
         .map_err(|_| AuditKeyError::Malformed)?;
     Ok(SigningKey::from_bytes(&seed))
 }
+
+/// The public key of the newest signed checkpoint in the journal at `db`, if any: lets
+/// a broker notice that the audit key it loaded is not the one that signed the past.
+pub fn last_checkpoint_key(db: &Path) -> Option<[u8; 32]> {
+    let conn = Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY).ok()?;
+    let key: Vec<u8> = conn
+        .query_row(
+            "SELECT public_key FROM checkpoints ORDER BY seq DESC LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .ok()?;
+    key.try_into().ok()
+}

@@ -64,6 +64,16 @@ pub fn open_broker(args: &DaemonArgs) -> Result<Arc<Broker>, DaemonError> {
     let db = args.data_dir.join("journal.db");
     let clock = Arc::new(SystemClock);
     let signing_key = signing_key_from_vault(&Vault::new(keychain(args)?), &db, clock.now_ms())?;
+    if let Some(previous) = postern_broker::audit::last_checkpoint_key(&db)
+        && previous != signing_key.verifying_key().to_bytes()
+    {
+        // Say it loudly: earlier checkpoints verify only against the key that signed them.
+        eprintln!(
+            "postern: warning: the audit signing key in the keychain is not the key that signed \
+             this journal's earlier checkpoints (the keychain lost it); `postern audit verify` \
+             will report those checkpoints as not signed by the current key"
+        );
+    }
     let journal = Journal::open(
         &db,
         JournalOptions {
