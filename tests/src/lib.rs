@@ -246,3 +246,179 @@ pub mod fixture {
         }
     }
 }
+/// A real OpenSSH server on 127.0.0.1 for the SSH channel tests: its own host key, user
+/// keys and config in a temp dir, killed (by PID) on drop.
+pub mod ssh_fixture {
+    use std::path::{Path, PathBuf};
+    use std::process::{Child, Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    pub const SSHD: &str = "/usr/sbin/sshd";
+
+    pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+    /// An OpenSSH key pair made by `ssh-keygen`.
+    #[derive(Debug, Clone)]
+    pub struct KeyPair {
+        /// The OpenSSH private key file text.
+        pub private: String,
+        /// `<algo> <base64>` (no comment).
+        pub public: String,
+        pub path: PathBuf,
+    }
+
+    /// Makes a key pair with `ssh-keygen -t <kind>` (no passphrase) at `path`.
+    pub fn keygen(kind: &str, path: &Path) -> Result<KeyPair, BoxError> {
+        let mut cmd = Command::new("ssh-keygen");
+        cmd.args(["-q", "-N", "", "-C", "", "-t", kind]);
+        if kind == "rsa" {
+            cmd.args(["-b", "2048"]);
+        }
+        let status = cmd
+            .arg("-f")
+            .arg(path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .status()?;
+        if !status.success() {
+            return Err(format!("ssh-keygen -t {kind} failed: {status}").into());
+        }
+        let private = std::fs::read_to_string(path)?;
+        let public_line = std::fs::read_to_string(path.with_extension("pub"))?;
+        let public = public_line
+            .split_whitespace()
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(" ");
+        Ok(KeyPair {
+            private,
+            public,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// A running `sshd -D -e` and the keys it trusts.
+    pub struct Sshd {
+        /// A fresh directory, removed on drop.
+        pub dir: PathBuf,
+        pub port: u16,
+        /// `<algo> <base64>` of the server's host key, as pinned in a target.
+        pub host_key: String,
+        /// Authorized user keys.
+        pub user_ed25519: KeyPair,
+        pub user_rsa: KeyPair,
+        /// A key the server does not trust.
+        pub stranger: KeyPair,
+        child: Child,
+    }
+
+    impl Sshd {
+        /// Whether an OpenSSH server is installed; tests skip with a notice otherwise.
+        pub fn available() -> bool {
+            Path::new(SSHD).exists()
+        }
+
+        pub fn start() -> Result<Sshd, BoxError> {
+            std::fs::create_dir_all("/run/sshd")?;
+            let dir = unique_dir()?;
+            let host = keygen("ed25519", &dir.join("host_ed25519"))?;
+            let user_ed25519 = keygen("ed25519", &dir.join("user_ed25519"))?;
+            let user_rsa = keygen("rsa", &dir.join("user_rsa"))?;
+            let stranger = keygen("ed25519", &dir.join("stranger"))?;
+            let authorized = dir.join("authorized_keys");
+            std::fs::write(
+                &authorized,
+                format!("{}\n{}\n", user_ed25519.public, user_rsa.public),
+            )?;
+            let port = free_port()?;
+            let config = dir.join("sshd_config");
+            std::fs::write(
+                &config,
+                format!(
+                    "ListenAddress 127.0.0.1\nPort {port}\nHostKey {host}\nAuthorizedKeysFile {auth}\n\
+                     PidFile {pid}\nStrictModes no\nUsePAM no\nPermitRootLogin prohibit-password\n\
+                     PasswordAuthentication no\nKbdInteractiveAuthentication no\n\
+                     PubkeyAuthentication yes\nLogLevel ERROR\n",
+                    host = host.path.display(),
+                    auth = authorized.display(),
+                    pid = dir.join("sshd.pid").display(),
+                ),
+            )?;
+            let child = Command::new(SSHD)
+                .arg("-D")
+                .arg("-e")
+                .arg("-f")
+                .arg(&config)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .spawn()?;
+            let mut sshd = Sshd {
+                dir,
+                port,
+                host_key: host.public,
+                user_ed25519,
+                user_rsa,
+                stranger,
+                child,
+            };
+            let started = Instant::now();
+            loop {
+                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    return Ok(sshd);
+                }
+                if let Some(status) = sshd.child.try_wait()? {
+                    return Err(format!("sshd exited: {status}").into());
+                }
+                if started.elapsed() > Duration::from_secs(10) {
+                    return Err("sshd did not start listening within 10 s".into());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+
+        /// The current user's name (the tests log in as whoever runs them).
+        pub fn user() -> String {
+            std::env::var("USER")
+                .ok()
+                .filter(|u| !u.is_empty())
+                .or_else(|| {
+                    Command::new("id")
+                        .arg("-un")
+                        .output()
+                        .ok()
+                        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+                })
+                .unwrap_or_else(|| "root".to_string())
+        }
+    }
+
+    impl Drop for Sshd {
+        fn drop(&mut self) {
+            // Our own child, by PID.
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    fn unique_dir() -> Result<PathBuf, BoxError> {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_nanos();
+        let dir = std::env::temp_dir().join(format!(
+            "postern-sshd-{}-{nanos}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir)?;
+        Ok(dir)
+    }
+
+    /// A port nothing listens on right now.
+    pub fn free_port() -> Result<u16, BoxError> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        Ok(listener.local_addr()?.port())
+    }
+}

@@ -4,9 +4,11 @@
 //!
 //! - [`http`]: the HTTP channel.
 //! - [`redact`]: scrubbing the injected secret from results.
+//! - [`ssh`]: the SSH channel (russh).
 
 pub mod http;
 pub mod redact;
+pub mod ssh;
 
 use std::future::Future;
 use std::path::Path;
