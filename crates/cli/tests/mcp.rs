@@ -153,6 +153,7 @@ async fn a_get_through_the_bridge_returns_the_result_with_its_outcome() {
         tools,
         [
             "http_request",
+            "ssh_exec",
             "fetch_result",
             "get_invocation",
             "retry_invocation",
@@ -615,4 +616,106 @@ async fn a_waiting_call_sends_progress_notifications_when_asked() {
         "progress while waiting"
     );
     client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ssh_exec_through_the_bridge_reports_the_exit_status_as_a_result() {
+    use postern_tests::ssh_fixture::Sshd;
+    if !Sshd::available() {
+        eprintln!("skipped: no OpenSSH server installed");
+        return;
+    }
+    let sshd = Sshd::start().unwrap();
+    let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    // A daemon with an HTTP and an SSH target.
+    let dir = tempfile::tempdir().unwrap();
+    let service = test_service();
+    let db = dir.path().join("journal.db");
+    let keychain = Keychain::new(KeychainBackend::SecretService, &service).unwrap();
+    let credentials = Credentials::open(Vault::new(keychain), &db).unwrap();
+    credentials
+        .set(
+            "web1-key",
+            CredentialKind::SshKey,
+            &Secret::from(sshd.user_ed25519.private.clone()),
+            1,
+        )
+        .unwrap();
+    credentials
+        .set(
+            "api-key",
+            CredentialKind::Token,
+            &Secret::from(SECRET.to_string()),
+            1,
+        )
+        .unwrap();
+    let config_path = dir.path().join("postern.toml");
+    let text = format!(
+        "{}\n[[ssh]]\nname = \"web1\"\nhost = \"127.0.0.1\"\nport = {}\nuser = \"{}\"\n\
+         credential = \"web1-key\"\nhost_key = \"{}\"\napproval = \"none\"\n",
+        config(&server.base_url(), "none"),
+        sshd.port,
+        Sshd::user(),
+        sshd.host_key
+    );
+    std::fs::write(&config_path, text).unwrap();
+    let socket = dir.path().join("run").join("postern.sock");
+    let mut child = Command::new(POSTERN)
+        .args(["daemon", "--data-dir"])
+        .arg(dir.path())
+        .arg("--config")
+        .arg(&config_path)
+        .args(["--keychain-service", &service])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..200 {
+        if socket.exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    let client = client(&socket).await;
+    let result = call(
+        &client,
+        "ssh_exec",
+        json!({"host": "web1", "command": "echo hi; exit 3"}),
+    )
+    .await;
+    let value = structured(&result);
+    assert!(!is_error(&result), "{value}");
+    assert_eq!(value["outcome"], "committed");
+    assert_eq!(value["exit_status"], 3, "a non-zero exit is a result");
+    assert_eq!(value["stdout"], "hi\n");
+    assert_eq!(value["stdout_complete"], true);
+    assert!(
+        value["host_key_fingerprint"]
+            .as_str()
+            .unwrap()
+            .starts_with("SHA256:")
+    );
+    let fetched = structured(
+        &call(
+            &client,
+            "fetch_result",
+            json!({"invocation_id": value["invocation_id"]}),
+        )
+        .await,
+    );
+    assert_eq!(fetched["exit_status"], 3);
+    let key_line = sshd
+        .user_ed25519
+        .private
+        .lines()
+        .nth(1)
+        .unwrap()
+        .to_string();
+    assert!(!value.to_string().contains(&key_line) && !fetched.to_string().contains(&key_line));
+    client.cancel().await.unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = credentials.remove("web1-key");
+    let _ = credentials.remove("api-key");
+    let _ = credentials.remove("postern-audit-signing");
 }

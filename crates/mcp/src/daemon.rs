@@ -11,6 +11,7 @@ use tokio::net::{UnixListener, UnixStream};
 
 use postern_broker::audit::signing_key_from_vault;
 use postern_broker::channel::http::HttpChannel;
+use postern_broker::channel::ssh::SshChannel;
 use postern_broker::channel::{ConfigHandle, Credentials};
 use postern_broker::clock::{Clock, SystemClock};
 use postern_broker::config::Config;
@@ -86,9 +87,11 @@ pub fn open_broker(args: &DaemonArgs) -> Result<Arc<Broker>, DaemonError> {
     journal.recover_interrupted()?;
     let credentials = Arc::new(Credentials::open(Vault::new(keychain(args)?), &db)?);
     let config = ConfigHandle::new(Config::load(&args.config)?);
-    let channel = HttpChannel::new(journal.clone(), credentials, config.clone());
+    let channel = HttpChannel::new(journal.clone(), credentials.clone(), config.clone());
+    let ssh = SshChannel::new(journal.clone(), credentials, config.clone());
     Ok(Arc::new(Broker {
         channel,
+        ssh,
         journal,
         config,
         approver: None,

@@ -21,13 +21,15 @@ use serde_json::{Value, json};
 use postern_broker::channel::http::{
     HttpChannel, HttpOutcome, HttpRequest, HttpResponse, stored_response,
 };
+use postern_broker::channel::ssh::{SshChannel, SshOutcome, SshRequest, SshResult};
 use postern_broker::channel::{Approver, CallContext, ConfigHandle};
 use postern_broker::invocation::Recorder;
 use postern_broker::journal::Journal;
+use postern_broker::journal::events::Channel;
 use postern_broker::journal::projection::Projection;
 
 use crate::peer::AgentIdentity;
-use crate::tools::{self, HttpRequestArgs, InvocationArgs, NoArgs};
+use crate::tools::{self, HttpRequestArgs, InvocationArgs, NoArgs, SshExecArgs};
 
 /// The custom notification a bridge sends after writing a response to the agent.
 pub const DELIVERED: &str = "notifications/postern/delivered";
@@ -98,6 +100,7 @@ impl Sessions {
 /// What every session shares: the broker.
 pub struct Broker {
     pub channel: HttpChannel,
+    pub ssh: SshChannel,
     pub journal: Journal,
     pub config: ConfigHandle,
     /// The approval console, when one is attached (the desktop app). A headless daemon
@@ -232,8 +235,48 @@ impl Session {
         })
     }
 
+    async fn ssh_exec(
+        &self,
+        args: SshExecArgs,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, McpError> {
+        let request = SshRequest {
+            host: args.host,
+            command: args.command,
+            stdin: args.stdin.map(String::into_bytes),
+            timeout_ms: args.timeout_ms,
+        };
+        let ctx = CallContext {
+            session: Some(self.identity.session.clone()),
+            approver: self.broker.approver.clone(),
+            cancel: context.ct.clone(),
+        };
+        let progress = self.progress_ticker(context);
+        let outcome = self.broker.ssh.execute(request, &ctx).await;
+        progress.abort();
+        self.remember(context, &outcome.invocation_id);
+        Ok(ssh_result_of(&outcome))
+    }
+
     fn fetch_result(&self, args: InvocationArgs) -> Result<CallToolResult, McpError> {
         let p = self.owned(&args.invocation_id)?;
+        if p.channel == Some(Channel::Ssh) {
+            let mut outcome = SshOutcome {
+                invocation_id: p.invocation_id.clone(),
+                outcome: p.outcome,
+                result: None,
+                error: p.envelope(self.broker.journal.now_ms()),
+            };
+            if let Some(result_id) = &p.result_id {
+                let stored = self
+                    .broker
+                    .journal
+                    .read_result(result_id)
+                    .map_err(|e| McpError::internal_error(e.to_string(), None))?;
+                outcome.result = stored_ssh_result(&stored);
+            }
+            return Ok(ssh_result_of(&outcome));
+        }
         let mut outcome = HttpOutcome {
             invocation_id: p.invocation_id.clone(),
             outcome: p.outcome,
@@ -290,7 +333,18 @@ impl Session {
         args: InvocationArgs,
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
-        self.owned(&args.invocation_id)?;
+        let p = self.owned(&args.invocation_id)?;
+        if p.channel == Some(Channel::Ssh) {
+            // A shell command is never assumed safe to repeat; the record and its retry
+            // advice are what the caller gets.
+            let outcome = SshOutcome {
+                invocation_id: p.invocation_id.clone(),
+                outcome: p.outcome,
+                result: None,
+                error: p.envelope(self.broker.journal.now_ms()),
+            };
+            return Ok(ssh_result_of(&outcome));
+        }
         let ctx = CallContext {
             session: Some(self.identity.session.clone()),
             approver: self.broker.approver.clone(),
@@ -313,17 +367,101 @@ impl Session {
                     "base_url": t.base_url.as_str(),
                     "methods": t.methods,
                     "idempotent_methods": t.idempotent_methods,
-                    "approval": match t.approval {
-                        postern_broker::config::ApprovalMode::None => "none",
-                        postern_broker::config::ApprovalMode::Session => "session",
-                        postern_broker::config::ApprovalMode::PerCall => "per_call",
-                    },
+                    "approval": approval_name(t.approval),
                     "idempotency_contract": t.idempotency.is_some(),
                 })
             })
             .collect();
+        let mut targets = targets;
+        targets.extend(config.ssh.iter().map(|t| {
+            json!({
+                "name": t.name,
+                "kind": "ssh",
+                "host": t.host,
+                "port": t.port,
+                "user": t.user,
+                "approval": approval_name(t.approval),
+                "host_key_pinned": t.host_key.is_some(),
+            })
+        }));
         CallToolResult::structured(json!({ "targets": targets }))
     }
+}
+
+fn approval_name(mode: postern_broker::config::ApprovalMode) -> &'static str {
+    match mode {
+        postern_broker::config::ApprovalMode::None => "none",
+        postern_broker::config::ApprovalMode::Session => "session",
+        postern_broker::config::ApprovalMode::PerCall => "per_call",
+    }
+}
+
+fn text_or_base64(bytes: &[u8]) -> Value {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => Value::String(text.to_string()),
+        Err(_) => json!({ "base64": base64::engine::general_purpose::STANDARD.encode(bytes) }),
+    }
+}
+
+fn ssh_json(result: &SshResult) -> Value {
+    json!({
+        "exit_status": result.exit_status,
+        "exit_signal": result.exit_signal,
+        "stdout": text_or_base64(&result.stdout),
+        "stderr": text_or_base64(&result.stderr),
+        "stdout_complete": result.stdout_complete,
+        "stderr_complete": result.stderr_complete,
+        "host_key_fingerprint": result.host_key_fingerprint,
+    })
+}
+
+/// An `ssh_exec` result (DESIGN.md): `{invocation_id, outcome, exit_status, exit_signal,
+/// stdout, stderr, stdout_complete, stderr_complete, host_key_fingerprint}`, or the
+/// envelope when the record carries a code.
+pub fn ssh_result_of(outcome: &SshOutcome) -> CallToolResult {
+    match (&outcome.error, &outcome.result) {
+        (None, Some(result)) => {
+            let mut value =
+                json!({ "invocation_id": outcome.invocation_id, "outcome": outcome.outcome });
+            if let (Value::Object(map), Value::Object(extra)) = (&mut value, ssh_json(result)) {
+                map.extend(extra);
+            }
+            CallToolResult::structured(value)
+        }
+        (Some(envelope), result) => {
+            let mut value = serde_json::to_value(envelope).unwrap_or(Value::Null);
+            if let Some(result) = result {
+                value["result"] = ssh_json(result);
+            }
+            CallToolResult::structured_error(value)
+        }
+        (None, None) => CallToolResult::structured(
+            json!({ "invocation_id": outcome.invocation_id, "outcome": outcome.outcome }),
+        ),
+    }
+}
+
+/// An SSH result read back from the store.
+fn stored_ssh_result(stored: &postern_broker::journal::StoredResult) -> Option<SshResult> {
+    let stream = |name: &str| {
+        stored
+            .streams
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, b)| b.clone())
+            .unwrap_or_default()
+    };
+    Some(SshResult {
+        exit_status: stored.meta["exit_status"]
+            .as_u64()
+            .and_then(|s| u32::try_from(s).ok()),
+        exit_signal: serde_json::from_value(stored.meta["exit_signal"].clone()).ok(),
+        stdout: stream("stdout"),
+        stderr: stream("stderr"),
+        stdout_complete: stored.meta["stdout_complete"].as_bool()?,
+        stderr_complete: stored.meta["stderr_complete"].as_bool()?,
+        host_key_fingerprint: stored.meta["host_key_fingerprint"].as_str()?.to_string(),
+    })
 }
 
 fn response_json(response: &HttpResponse) -> Value {
@@ -407,6 +545,7 @@ impl ServerHandler for Session {
     ) -> Result<CallToolResponse, McpError> {
         let result = match request.name.as_ref() {
             tools::HTTP_REQUEST => self.http_request(parse(&request)?, &context).await?,
+            tools::SSH_EXEC => self.ssh_exec(parse(&request)?, &context).await?,
             tools::FETCH_RESULT => self.fetch_result(parse(&request)?)?,
             tools::GET_INVOCATION => self.get_invocation(parse(&request)?)?,
             tools::RETRY_INVOCATION => self.retry_invocation(parse(&request)?, &context).await?,

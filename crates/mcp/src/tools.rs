@@ -12,6 +12,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 pub const HTTP_REQUEST: &str = "http_request";
+pub const SSH_EXEC: &str = "ssh_exec";
 pub const FETCH_RESULT: &str = "fetch_result";
 pub const GET_INVOCATION: &str = "get_invocation";
 pub const RETRY_INVOCATION: &str = "retry_invocation";
@@ -81,6 +82,27 @@ pub fn tools() -> Vec<Tool> {
             })),
         ),
         Tool::new(
+            SSH_EXEC,
+            format!(
+                "Run a command on a configured SSH host. Postern logs in with a key you never \
+                 see, against a pinned host key. Any exit status is a result (`committed`): \
+                 exit 23 means the command ran and said 23. If the connection drops after the \
+                 command was sent, the outcome is `unknown` and the command may still be \
+                 running. {OUTCOMES}"
+            ),
+            schema(json!({
+                "type": "object",
+                "additionalProperties": false,
+                "required": ["host", "command"],
+                "properties": {
+                    "host": {"type": "string", "description": "An SSH target name or its host (see list_targets)."},
+                    "command": {"type": "string", "description": "The command line to run."},
+                    "stdin": {"type": "string", "description": "Text sent to the command's standard input."},
+                    "timeout_ms": {"type": "integer", "minimum": 1, "description": "Give up waiting after this long (the command may keep running)."}
+                }
+            })),
+        ),
+        Tool::new(
             FETCH_RESULT,
             "Read the stored result of an earlier invocation again. This never re-sends \
              anything: use it when an answer was lost on the way to you (retry = fetch_result).",
@@ -124,6 +146,16 @@ pub struct HttpRequestArgs {
     pub body: Option<String>,
     pub body_base64: Option<String>,
     pub idempotency_key: Option<String>,
+    pub timeout_ms: Option<u64>,
+}
+
+/// `ssh_exec` arguments, exactly.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SshExecArgs {
+    pub host: String,
+    pub command: String,
+    pub stdin: Option<String>,
     pub timeout_ms: Option<u64>,
 }
 
