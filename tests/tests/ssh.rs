@@ -569,3 +569,71 @@ async fn transport_lost_after_exec_is_unknown() {
     );
     assert!(o.error.unwrap().evidence.dispatch_started);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_killed_while_a_command_runs_recovers_as_unknown() {
+    let Some(sshd) = sshd() else { return };
+    let data = tempfile::tempdir().unwrap();
+    let service = test_service();
+    let text = config(sshd.port, Some(&sshd.host_key), "");
+    let broker = open_broker(data.path(), &text, &service).unwrap();
+    broker
+        .credentials
+        .set(
+            KEY_ID,
+            CredentialKind::SshKey,
+            &Secret::from(sshd.user_ed25519.private.clone()),
+            1,
+        )
+        .unwrap();
+    broker.journal.clone().close().unwrap();
+    let marker = data.path().join("started");
+    let command = format!("touch {}; sleep 5", marker.display());
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ssh_child"))
+        .arg(data.path())
+        .arg(&service)
+        .arg("box")
+        .arg(&command)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The remote command is running once its marker exists.
+    let mut started = false;
+    for _ in 0..400 {
+        if marker.exists() {
+            started = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    child.kill().unwrap(); // SIGKILL: no destructor, no clean shutdown
+    child.wait().unwrap();
+    assert!(started, "the command started on the server");
+
+    let journal = postern_tests::open_journal(&data.path().join("journal.db")).unwrap();
+    let conn = rusqlite::Connection::open(data.path().join("journal.db")).unwrap();
+    let id: String = conn
+        .query_row(
+            "SELECT id FROM invocations ORDER BY accepted_seq DESC LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let p = journal.projection(&id).unwrap();
+    assert_eq!(
+        p.outcome,
+        Outcome::Unknown,
+        "never not_attempted after dispatch"
+    );
+    journal.recover_interrupted().unwrap();
+    let env = journal
+        .projection(&id)
+        .unwrap()
+        .envelope(journal.now_ms())
+        .unwrap();
+    assert_eq!(
+        (env.error.code, env.error.outcome),
+        (Code::RemoteOutcomeUnknown, Outcome::Unknown)
+    );
+    broker.forget(&[KEY_ID]);
+}
