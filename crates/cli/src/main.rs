@@ -76,10 +76,11 @@ enum Command {
             postern vault rm payments-key"
     )]
     Vault(VaultCmd),
-    /// Check a targets file.
+    /// Check a targets file; pin an SSH target's host key.
     #[command(
         subcommand,
-        after_help = "Example:\n  postern config check /etc/postern/targets.toml"
+        after_help = "Examples:\n  postern config check /etc/postern/targets.toml\n  \
+            postern config pin-host-key targets.toml web1 --key \"ssh-ed25519 AAAA...\""
     )]
     Config(ConfigCmd),
 }
@@ -284,6 +285,32 @@ enum ConfigCmd {
         /// The targets file.
         file: PathBuf,
     },
+    /// Pin the host key of an [[ssh]] target, from a known_hosts line or a public key.
+    #[command(
+        after_help = "Examples:\n  \
+        postern config pin-host-key targets.toml web1 \\\n      \
+        --known-hosts-line \"$(ssh-keyscan -t ed25519 web1.example.com 2>/dev/null)\"\n  \
+        postern config pin-host-key targets.toml web1 --key \"ssh-ed25519 AAAA...\"\n\n\
+        The file is edited in place (comments and layout kept), validated, and replaced \
+        atomically. A different key already pinned is only replaced with --replace.",
+        group = clap::ArgGroup::new("pin_source").required(true).multiple(false)
+    )]
+    PinHostKey {
+        /// The targets file.
+        file: PathBuf,
+        /// The name of the [[ssh]] target.
+        target: String,
+        /// An OpenSSH known_hosts line for the target's host and port (hashed entries
+        /// are matched too).
+        #[arg(long, value_name = "LINE", group = "pin_source")]
+        known_hosts_line: Option<String>,
+        /// The host's public key: "<algo> <base64> [comment]".
+        #[arg(long, value_name = "KEY", group = "pin_source")]
+        key: Option<String>,
+        /// Replace a different key that is already pinned.
+        #[arg(long)]
+        replace: bool,
+    },
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
@@ -386,6 +413,24 @@ fn run(cli: Cli) -> common::Outcome {
             force,
         ),
         Command::Config(ConfigCmd::Check { file }) => config_cmd::check(&file),
+        Command::Config(ConfigCmd::PinHostKey {
+            file,
+            target,
+            known_hosts_line,
+            key,
+            replace,
+        }) => {
+            let source = match (known_hosts_line, key) {
+                (Some(line), _) => config_cmd::PinSource::KnownHostsLine(line),
+                (None, Some(key)) => config_cmd::PinSource::Key(key),
+                (None, None) => {
+                    return Err(Failure::unavailable(
+                        "pass --known-hosts-line LINE or --key \"<algo> <base64>\"",
+                    ));
+                }
+            };
+            config_cmd::pin_host_key(&file, &target, &source, replace)
+        }
     }
 }
 

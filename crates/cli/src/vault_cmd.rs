@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use postern_broker::audit::AUDIT_KEY_ID;
 use postern_broker::channel::Credentials;
+use postern_broker::channel::ssh_keys::{ImportedKey, KeyImportError, import_private_key};
 use postern_broker::vault::{
     CredentialId, CredentialKind, CredentialMeta, KeychainBackend, Secret, meta,
 };
@@ -94,11 +95,30 @@ pub fn set(
             "`{AUDIT_KEY_ID}` is the audit signing key; the broker manages it"
         )));
     }
+    if kind == CredentialKind::SshKey
+        && matches!(source, Source::Stdin)
+        && std::io::stdin().is_terminal()
+    {
+        return Err(Failure::failed(
+            "an SSH private key cannot be typed at a prompt; pass --from-file PATH or pipe the key on stdin",
+        ));
+    }
     let vault = common::vault(backend, service)?;
     let secret = read_secret(id, source)?;
     if secret.is_empty() {
         return Err(Failure::failed("the secret is empty; nothing was stored"));
     }
+    let (secret, shown) = if kind == CredentialKind::SshKey {
+        let key = import_ssh_key(&secret, source)?;
+        drop(secret);
+        let shown = format!(
+            "public key: {}\nfingerprint: {} ({})",
+            key.public, key.fingerprint, key.algorithm
+        );
+        (key.private_openssh, Some(shown))
+    } else {
+        (secret, None)
+    };
     ensure_data_dir(data_dir)?;
     let db = common::journal_path(data_dir);
     let credentials = Credentials::open(vault, &db)
@@ -116,7 +136,37 @@ pub fn set(
         "{verb} credential `{}` ({}), version {}",
         stored.id, stored.kind, stored.version
     );
+    if let Some(shown) = shown {
+        println!("{shown}");
+    }
     Ok(())
+}
+
+/// Decodes an SSH private key (decrypting it once, with a passphrase prompted for on
+/// the terminal) into the unencrypted OpenSSH form the SSH channel reads.
+fn import_ssh_key(secret: &Secret, source: &Source) -> Result<ImportedKey, Failure> {
+    let text = std::str::from_utf8(secret.expose())
+        .map_err(|_| Failure::failed("the SSH private key is not text; nothing was stored"))?;
+    let refused = |e: KeyImportError| Failure::failed(format!("{e}; nothing was stored"));
+    match import_private_key(text, None) {
+        Ok(key) => Ok(key),
+        Err(KeyImportError::PassphraseRequired) => {
+            if matches!(source, Source::Stdin) || !std::io::stdin().is_terminal() {
+                return Err(Failure::failed(
+                    "the SSH private key is encrypted and its passphrase can only be typed at \
+                     a terminal: run `postern vault set ID --kind ssh_key --from-file PATH` \
+                     interactively; nothing was stored",
+                ));
+            }
+            let pass = rpassword::prompt_password("Passphrase for the key (not echoed): ")
+                .map_err(|e| Failure::unavailable(format!("cannot read the passphrase: {e}")))?;
+            let pass = Secret::from(pass);
+            let pass = std::str::from_utf8(pass.expose())
+                .map_err(|_| Failure::failed("the passphrase is not UTF-8"))?;
+            import_private_key(text, Some(pass)).map_err(refused)
+        }
+        Err(e) => Err(refused(e)),
+    }
 }
 
 fn meta_json(m: &CredentialMeta) -> serde_json::Value {

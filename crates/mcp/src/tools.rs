@@ -21,6 +21,7 @@ pub const LIST_TARGETS: &str = "list_targets";
 /// Every tool's name, for checking that nothing else is exposed.
 pub const ALL: &[&str] = &[
     HTTP_REQUEST,
+    SSH_EXEC,
     FETCH_RESULT,
     GET_INVOCATION,
     RETRY_INVOCATION,

@@ -5,10 +5,12 @@
 //! - [`http`]: the HTTP channel.
 //! - [`redact`]: scrubbing the injected secret from results.
 //! - [`ssh`]: the SSH channel (russh).
+//! - [`ssh_keys`]: importing user keys, pinning host keys from known_hosts lines.
 
 pub mod http;
 pub mod redact;
 pub mod ssh;
+pub mod ssh_keys;
 
 use std::future::Future;
 use std::path::Path;

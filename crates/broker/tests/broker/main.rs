@@ -10,5 +10,6 @@ mod journal;
 mod projection;
 mod query;
 mod retry;
+mod ssh_keys;
 mod support;
 mod vault;
