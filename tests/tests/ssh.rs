@@ -637,3 +637,104 @@ async fn a_broker_killed_while_a_command_runs_recovers_as_unknown() {
     );
     broker.forget(&[KEY_ID]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_seen_host_key_is_pinned_after_approval_as_a_new_config_version() {
+    use postern_broker::approvals::Approvals;
+    let Some(sshd) = sshd() else { return };
+    let f = fixture(&config(sshd.port, None, ""), &sshd.user_ed25519.private);
+    let approvals = std::sync::Arc::new(Approvals::new(
+        std::time::Duration::from_secs(10),
+        std::sync::Arc::new(postern_broker::clock::SystemClock),
+    ));
+    let ctx = CallContext {
+        approver: Some(approvals.clone()),
+        ..Default::default()
+    };
+    let version_before = f
+        .broker
+        .config
+        .current()
+        .ssh_target("box")
+        .unwrap()
+        .version();
+
+    let (first, ()) = tokio::join!(f.channel.execute(cmd("echo first"), &ctx), async {
+        let pending = loop {
+            if let Some(p) = approvals.pending().into_iter().next() {
+                break p;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        };
+        assert_eq!(pending.request.mode, "host_key");
+        assert!(pending.request.fingerprint.starts_with("SHA256:"));
+        assert!(
+            pending
+                .request
+                .summary
+                .contains(&pending.request.fingerprint)
+        );
+        approvals
+            .approve(
+                &pending.request.invocation_id,
+                &pending.request.fingerprint,
+                "alice",
+            )
+            .unwrap();
+    });
+    // The approved key is pinned; this invocation (bound without a pin) stops, nothing ran.
+    let env = first.error.clone().unwrap();
+    assert_eq!(
+        (env.error.code, env.error.outcome),
+        (Code::HostKeyUnknown, Outcome::NotAttempted)
+    );
+    assert!(
+        env.error.message.contains("now pinned"),
+        "{}",
+        env.error.message
+    );
+    let text = std::fs::read_to_string(f.data.path().join("postern.toml")).unwrap();
+    assert!(
+        text.contains(&sshd.host_key),
+        "the key is pinned in the config file"
+    );
+    let current = f.broker.config.current();
+    assert_ne!(
+        current.ssh_target("box").unwrap().version(),
+        version_before,
+        "a new config version"
+    );
+
+    let second = f.channel.execute(cmd("echo second"), &ctx).await;
+    assert_eq!(second.outcome, Outcome::Committed, "{second:?}");
+    assert_eq!(second.result.unwrap().stdout, b"second\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_first_seen_host_key_is_not_pinned() {
+    use postern_broker::approvals::Approvals;
+    let Some(sshd) = sshd() else { return };
+    let f = fixture(&config(sshd.port, None, ""), &sshd.user_ed25519.private);
+    let approvals = std::sync::Arc::new(Approvals::new(
+        std::time::Duration::from_secs(10),
+        std::sync::Arc::new(postern_broker::clock::SystemClock),
+    ));
+    let ctx = CallContext {
+        approver: Some(approvals.clone()),
+        ..Default::default()
+    };
+    let (out, ()) = tokio::join!(f.channel.execute(cmd("echo x"), &ctx), async {
+        let pending = loop {
+            if let Some(p) = approvals.pending().into_iter().next() {
+                break p;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        };
+        approvals
+            .deny(&pending.request.invocation_id, "alice")
+            .unwrap();
+    });
+    assert_eq!(out.error.unwrap().error.code, Code::HostKeyUnknown);
+    let text = std::fs::read_to_string(f.data.path().join("postern.toml")).unwrap();
+    assert!(!text.contains(&sshd.host_key));
+}

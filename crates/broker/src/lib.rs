@@ -6,7 +6,7 @@
 //!   evidence envelope. Closed enums; callers never parse messages.
 //! - [`action`]: normalized HTTP/SSH actions, the bound configuration snapshot and the
 //!   request fingerprint.
-//! - [`config`]: the targets file.
+//! - [`config`]: the targets file; [`config_edit`]: edits the broker makes to it.
 //! - [`journal`]: the append-only evidence journal in SQLite (group-committed, durable
 //!   where the contract needs it), its projection, the result store and attempt leases.
 //! - [`channel`]: the HTTP channel (SSH later): injection, connection setup,
@@ -25,6 +25,7 @@ pub mod audit;
 pub mod channel;
 pub mod clock;
 pub mod config;
+pub mod config_edit;
 pub mod contract;
 pub mod invocation;
 pub mod journal;

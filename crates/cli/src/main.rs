@@ -429,7 +429,7 @@ fn run(cli: Cli) -> common::Outcome {
                     ));
                 }
             };
-            config_cmd::pin_host_key(&file, &target, &source, replace)
+            config_cmd::pin_host_key_command(&file, &target, &source, replace)
         }
     }
 }

@@ -115,9 +115,17 @@ struct Prepared {
 /// What the host key check saw; read after the handshake to name the failing stage.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum HostKeyVerdict {
-    Matched { fingerprint: String },
-    Mismatch { fingerprint: String },
-    Unpinned { fingerprint: String },
+    Matched {
+        fingerprint: String,
+    },
+    Mismatch {
+        fingerprint: String,
+    },
+    /// `key`: the presented key as `<algo> <base64>`, for a first-seen pin.
+    Unpinned {
+        fingerprint: String,
+        key: Option<String>,
+    },
 }
 
 struct Verifier {
@@ -141,7 +149,12 @@ impl client::Handler for Verifier {
                         (HostKeyVerdict::Matched { fingerprint }, true)
                     }
                     Some(_) => (HostKeyVerdict::Mismatch { fingerprint }, false),
-                    None => (HostKeyVerdict::Unpinned { fingerprint }, false),
+                    None => {
+                        let key = key.to_openssh().ok().and_then(|line| {
+                            crate::channel::ssh_keys::normalize_public_key(&line).ok()
+                        });
+                        (HostKeyVerdict::Unpinned { fingerprint, key }, false)
+                    }
                 }
             }
             PublicKeyOrCertificate::Certificate(cert) => {
@@ -149,7 +162,11 @@ impl client::Handler for Verifier {
                 let verdict = if self.pinned.is_some() {
                     HostKeyVerdict::Mismatch { fingerprint }
                 } else {
-                    HostKeyVerdict::Unpinned { fingerprint }
+                    // A certificate is never pinned as a host key.
+                    HostKeyVerdict::Unpinned {
+                        fingerprint,
+                        key: None,
+                    }
                 };
                 (verdict, false)
             }
@@ -477,6 +494,79 @@ impl SshChannel {
         }
     }
 
+    /// A target without a pinned host key: a person approves the SHA256 fingerprint on a
+    /// first-seen card, and the key is pinned in the configuration as a new version. The
+    /// invocation itself stops here either way: its bound configuration has no pin, and
+    /// a changed bound value means a new invocation.
+    async fn first_seen(
+        &self,
+        rec: &Recorder,
+        p: &Prepared,
+        ctx: &CallContext,
+        fingerprint: &str,
+        key: Option<String>,
+    ) -> SshOutcome {
+        let unknown =
+            |detail: &str| self.setup_failed(rec, Stage::HostKey, Code::HostKeyUnknown, detail);
+        let (Some(approver), Some(key)) = (ctx.approver.clone(), key) else {
+            return unknown(&format!(
+                "the server presented {fingerprint}; approve it from the console or pin it with \
+                 `postern config pin-host-key`"
+            ));
+        };
+        let request = ApprovalRequest {
+            invocation_id: rec.id().to_string(),
+            session: ctx.session.clone(),
+            target: p.target.name.clone(),
+            summary: format!(
+                "First connection to {} ({}:{}): host key {fingerprint}",
+                p.target.name, p.target.host, p.target.port
+            ),
+            fingerprint: fingerprint.to_string(),
+            credential_id: p.snapshot.credential_id.clone(),
+            credential_version: p.snapshot.credential_version.clone(),
+            injection_mode: p.snapshot.injection_mode.clone(),
+            idempotency_key: None,
+            mode: "host_key",
+        };
+        let answer = tokio::select! {
+            answer = approver.approve(request) => answer,
+            () = ctx.cancel.cancelled() => ApprovalAnswer::TimedOut,
+        };
+        let by = match answer {
+            ApprovalAnswer::Approved {
+                fingerprint: approved,
+                by,
+            } if approved == fingerprint => by,
+            ApprovalAnswer::Approved { .. } => {
+                return unknown("a different host key was approved than the server presented");
+            }
+            ApprovalAnswer::Denied { by } => {
+                return unknown(&format!("{by} did not accept host key {fingerprint}"));
+            }
+            ApprovalAnswer::TimedOut => {
+                return unknown(&format!("nobody approved host key {fingerprint} in time"));
+            }
+        };
+        let source = self.inner.config.current().source.clone();
+        match crate::config_edit::pin_host_key(&source, &p.target.name, &key, false) {
+            Ok((pinned, config)) => {
+                self.inner.config.replace(config);
+                let version = match pinned {
+                    crate::config_edit::Pinned::Changed { new_version, .. } => new_version,
+                    crate::config_edit::Pinned::Unchanged { version } => version,
+                };
+                unknown(&format!(
+                    "{by} approved host key {fingerprint}; it is now pinned (configuration \
+                     version {version}); send the command again"
+                ))
+            }
+            Err(e) => unknown(&format!(
+                "host key {fingerprint} was approved but not pinned: {e}"
+            )),
+        }
+    }
+
     async fn run_attempt(&self, rec: &mut Recorder, p: &Prepared, ctx: &CallContext) -> SshOutcome {
         // The key: the only place secret bytes leave the keychain.
         let credentials = self.inner.credentials.clone();
@@ -644,15 +734,8 @@ impl SshChannel {
                     &format!("the server presented {fingerprint}"),
                 );
             }
-            (_, Some(HostKeyVerdict::Unpinned { fingerprint })) => {
-                return self.setup_failed(
-                    rec,
-                    Stage::HostKey,
-                    Code::HostKeyUnknown,
-                    &format!(
-                        "the server presented {fingerprint}; first-seen approval is not available yet, pin host_key in the configuration"
-                    ),
-                );
+            (_, Some(HostKeyVerdict::Unpinned { fingerprint, key })) => {
+                return self.first_seen(rec, p, ctx, &fingerprint, key).await;
             }
             (Err(stop), _) => return setup_stopped(self, rec, Stage::SshKex, stop),
             (Ok(Err(e)), _) => {

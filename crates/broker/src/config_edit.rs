@@ -1,0 +1,161 @@
+//! Edits to the targets file that the broker itself makes (pinning an SSH host key after
+//! a first-seen approval, or on the operator's command). The file stays the source of
+//! truth: it is edited in place (comments and layout kept with `toml_edit`), the edited
+//! text is validated before it replaces the original with a rename, and the result is a
+//! new configuration version.
+
+use std::path::{Path, PathBuf};
+
+use toml_edit::{DocumentMut, value};
+
+use crate::channel::ssh_keys::fingerprint_of_public;
+use crate::config::Config;
+
+/// Why a pin was not written. The file is unchanged in every case.
+#[derive(Debug, thiserror::Error)]
+pub enum PinError {
+    #[error("{0}")]
+    Config(#[from] crate::config::ConfigError),
+    #[error("{file}: no [[ssh]] target named `{target}`")]
+    NoTarget { file: String, target: String },
+    #[error("`{target}` already pins a different host key ({pinned}); nothing was changed")]
+    AlreadyPinned { target: String, pinned: String },
+    #[error("{0}")]
+    Key(String),
+    #[error("{file}: {detail}; nothing was changed")]
+    Edit { file: String, detail: String },
+}
+
+/// What a pin did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pinned {
+    /// The same key was already pinned.
+    Unchanged { version: String },
+    /// The key is pinned; the target has a new version.
+    Changed {
+        fingerprint: String,
+        old_version: String,
+        new_version: String,
+    },
+}
+
+/// Pins `key` (`<algo> <base64>`) as `host_key` of the `[[ssh]]` target `target`.
+pub fn pin_host_key(
+    file: &Path,
+    target: &str,
+    key: &str,
+    replace: bool,
+) -> Result<(Pinned, Config), PinError> {
+    let edit_error = |detail: String| PinError::Edit {
+        file: file.display().to_string(),
+        detail,
+    };
+    let before = Config::load(file)?;
+    let Some(current) = before.ssh_target(target) else {
+        return Err(PinError::NoTarget {
+            file: file.display().to_string(),
+            target: target.into(),
+        });
+    };
+    let fingerprint = fingerprint_of_public(key).map_err(|e| PinError::Key(e.to_string()))?;
+    let old_version = current.version().to_string();
+    if let Some(pinned) = &current.host_key {
+        if pinned == key {
+            return Ok((
+                Pinned::Unchanged {
+                    version: old_version,
+                },
+                before,
+            ));
+        }
+        if !replace {
+            let pinned =
+                fingerprint_of_public(pinned).unwrap_or_else(|_| "an unreadable key".into());
+            return Err(PinError::AlreadyPinned {
+                target: target.into(),
+                pinned,
+            });
+        }
+    }
+    let text = std::fs::read_to_string(file).map_err(|e| edit_error(e.to_string()))?;
+    let mut doc: DocumentMut = text
+        .parse()
+        .map_err(|e: toml_edit::TomlError| edit_error(e.to_string()))?;
+    let tables = doc
+        .get_mut("ssh")
+        .and_then(|item| item.as_array_of_tables_mut())
+        .ok_or_else(|| edit_error("no [[ssh]] tables".into()))?;
+    let mut found = 0usize;
+    for table in tables.iter_mut() {
+        if table.get("name").and_then(|v| v.as_str()) == Some(target) {
+            table.insert("host_key", value(key));
+            found += 1;
+        }
+    }
+    if found != 1 {
+        return Err(edit_error(format!(
+            "expected one [[ssh]] table named `{target}`, found {found}"
+        )));
+    }
+    let tmp = temp_path(file);
+    write_temp(&tmp, doc.to_string().as_bytes(), file).map_err(|e| edit_error(e.to_string()))?;
+    // Validate the edited file before it replaces the original.
+    if let Err(e) = Config::load(&tmp) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(edit_error(format!(
+            "the edited file does not validate ({e})"
+        )));
+    }
+    if let Err(e) = std::fs::rename(&tmp, file) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(edit_error(format!("cannot replace it: {e}")));
+    }
+    if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty())
+        && let Ok(d) = std::fs::File::open(dir)
+    {
+        let _ = d.sync_all();
+    }
+    let after = Config::load(file)?;
+    let new_version = after
+        .ssh_target(target)
+        .map(|t| t.version().to_string())
+        .ok_or_else(|| edit_error(format!("`{target}` vanished after the edit")))?;
+    Ok((
+        Pinned::Changed {
+            fingerprint,
+            old_version,
+            new_version,
+        },
+        after,
+    ))
+}
+
+/// `<dir>/.<name>.tmp-<pid>`: beside the file, so the rename stays on one filesystem.
+fn temp_path(file: &Path) -> PathBuf {
+    let name = file
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "targets.toml".into());
+    file.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
+}
+
+fn write_temp(tmp: &Path, bytes: &[u8], original: &Path) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mode = std::fs::metadata(original)
+        .map(|m| m.permissions().mode() & 0o7777)
+        .unwrap_or(0o600);
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(tmp);
+    }
+    result
+}
