@@ -176,6 +176,26 @@ pub fn unrecorded_failure(invocation_id: &str, error: &JournalError) -> Envelope
     )
 }
 
+/// The journal failed and its record cannot even be read back, so nothing can prove the
+/// request stayed unsent: report the conservative outcome (seed 000: "If it cannot prove
+/// that a remote operation stayed unattempted, it must not describe the call as a
+/// preflight failure").
+pub fn unprovable(invocation_id: &str, error: &JournalError) -> Envelope {
+    Envelope {
+        invocation_id: invocation_id.to_string(),
+        error: ErrorBody {
+            code: Code::ResultStoreFailed,
+            phase: Phase::RemoteExecution,
+            outcome: Outcome::Unknown,
+            retry: Retry::Reconcile,
+            message: format!(
+                "The journal failed and the record cannot be read; the request may have been sent. ({error})"
+            ),
+        },
+        evidence: Evidence::default(),
+    }
+}
+
 /// BROKER_UNAVAILABLE: nothing was recorded and nothing was sent.
 pub fn broker_unavailable(invocation_id: &str, message: String) -> Envelope {
     Envelope {

@@ -238,7 +238,14 @@ impl HttpChannel {
                 }
                 outcome
             }
-            _ => self.unrecorded(rec.id(), e),
+            Ok(_) => self.unrecorded(rec.id(), e),
+            Err(_) => {
+                let envelope = super::unprovable(rec.id(), e);
+                let mut outcome = self.unrecorded(rec.id(), e);
+                outcome.outcome = envelope.error.outcome;
+                outcome.error = Some(envelope);
+                outcome
+            }
         }
     }
 
