@@ -294,6 +294,17 @@ impl WriteCtx<'_> {
         }
         projection.apply(self.pos.last_seq + 1, body)?;
         let seq = self.append_raw(invocation_id, body)?;
+        // The status index moves with the events, in the same transaction.
+        self.conn
+            .prepare_cached(
+                "UPDATE invocations SET phase = ?1, outcome = ?2, code = ?3 WHERE id = ?4",
+            )?
+            .execute(params![
+                projection.phase.as_str(),
+                projection.outcome.as_str(),
+                projection.effective_code().map(Code::as_str),
+                invocation_id
+            ])?;
         self.touched.push(invocation_id.to_string());
         self.cache.insert(invocation_id, projection.clone());
         Ok(Appended { seq, projection })
@@ -852,8 +863,9 @@ fn accept_in(ctx: &mut WriteCtx<'_>, new: NewInvocation) -> Result<Appended, Jou
     ctx.conn()
         .prepare_cached(
             "INSERT INTO invocations
-             (id, accepted_seq, accepted_at_ms, channel, target, session_id, idempotency_key)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+             (id, accepted_seq, accepted_at_ms, channel, target, session_id, idempotency_key,
+              phase, outcome, code)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, NULL)",
         )?
         .execute(params![
             new.invocation_id,
@@ -862,7 +874,9 @@ fn accept_in(ctx: &mut WriteCtx<'_>, new: NewInvocation) -> Result<Appended, Jou
             channel,
             new.target,
             new.session,
-            new.idempotency_key
+            new.idempotency_key,
+            appended.projection.phase.as_str(),
+            appended.projection.outcome.as_str()
         ])?;
     Ok(appended)
 }

@@ -45,6 +45,9 @@ pub struct Filter {
     pub since_ms: Option<i64>,
     /// At most this many rows, after every other filter.
     pub limit: Option<usize>,
+    /// Keyset paging: only invocations accepted before this journal sequence (the
+    /// `accepted_seq` of the last row of the previous page).
+    pub before_seq: Option<i64>,
 }
 
 impl Filter {
@@ -78,6 +81,19 @@ struct Identity {
     target: String,
 }
 
+/// The SQL-side filters. Status filters use the writer-maintained status columns and
+/// let rows with no status yet (written before they existed) through to the fold.
+#[derive(Default)]
+struct SqlFilter<'a> {
+    session: Option<&'a str>,
+    target: Option<&'a str>,
+    since_ms: Option<i64>,
+    phase: Option<&'static str>,
+    outcome: Option<&'static str>,
+    code: Option<&'static str>,
+    before_seq: Option<i64>,
+}
+
 fn row(conn: &Connection, identity: Identity, now_ms: i64) -> Result<InvocationRow, JournalError> {
     let events = load_events(conn, &identity.id)?;
     let p = Projection::fold(&identity.id, &events)?;
@@ -95,22 +111,32 @@ fn row(conn: &Connection, identity: Identity, now_ms: i64) -> Result<InvocationR
 }
 
 /// Calls `each` for the invocations matching the SQL-side filters, newest first, until
-/// it returns `false`.
+/// it returns `false`. Indexed: a page costs its rows, not the journal's size.
 fn scan(
     conn: &Connection,
-    session: Option<&str>,
-    target: Option<&str>,
-    since_ms: Option<i64>,
+    f: &SqlFilter<'_>,
     mut each: impl FnMut(Identity) -> Result<bool, JournalError>,
 ) -> Result<(), JournalError> {
-    let mut stmt = conn.prepare(
+    let mut stmt = conn.prepare_cached(
         "SELECT id, accepted_at_ms, session_id, target FROM invocations
          WHERE (?1 IS NULL OR session_id = ?1)
            AND (?2 IS NULL OR target = ?2)
            AND (?3 IS NULL OR accepted_at_ms >= ?3)
+           AND (?4 IS NULL OR phase = ?4 OR phase IS NULL)
+           AND (?5 IS NULL OR outcome = ?5 OR outcome IS NULL)
+           AND (?6 IS NULL OR code = ?6 OR phase IS NULL)
+           AND (?7 IS NULL OR accepted_seq < ?7)
          ORDER BY accepted_seq DESC",
     )?;
-    let mut rows = stmt.query(params![session, target, since_ms])?;
+    let mut rows = stmt.query(params![
+        f.session,
+        f.target,
+        f.since_ms,
+        f.phase,
+        f.outcome,
+        f.code,
+        f.before_seq
+    ])?;
     while let Some(r) = rows.next()? {
         let identity = Identity {
             id: r.get(0)?,
@@ -143,19 +169,22 @@ pub fn list(
     if filter.limit == Some(0) {
         return Ok(out);
     }
-    scan(
-        conn,
-        filter.session.as_deref(),
-        filter.target.as_deref(),
-        filter.since_ms,
-        |identity| {
-            let row = row(conn, identity, now_ms)?;
-            if filter.matches(&row) {
-                out.push(row);
-            }
-            Ok(filter.limit.is_none_or(|limit| out.len() < limit))
-        },
-    )?;
+    let sql = SqlFilter {
+        session: filter.session.as_deref(),
+        target: filter.target.as_deref(),
+        since_ms: filter.since_ms,
+        phase: filter.phase.map(Phase::as_str),
+        outcome: filter.outcome.map(Outcome::as_str),
+        code: filter.code.map(Code::as_str),
+        before_seq: filter.before_seq,
+    };
+    scan(conn, &sql, |identity| {
+        let row = row(conn, identity, now_ms)?;
+        if filter.matches(&row) {
+            out.push(row);
+        }
+        Ok(filter.limit.is_none_or(|limit| out.len() < limit))
+    })?;
     Ok(out)
 }
 
@@ -176,7 +205,37 @@ pub fn stats(conn: &Connection, now_ms: i64) -> Result<Stats, JournalError> {
             .collect(),
         ..Stats::default()
     };
-    scan(conn, None, None, None, |identity| {
+    // Rows with a status are counted by index; older rows without one are folded.
+    let mut grouped = conn.prepare_cached(
+        "SELECT phase, outcome, code, count(*) FROM invocations
+         WHERE phase IS NOT NULL GROUP BY phase, outcome, code",
+    )?;
+    let mut rows = grouped.query([])?;
+    while let Some(r) = rows.next()? {
+        let (phase, outcome, code, n): (String, String, Option<String>, i64) =
+            (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?);
+        let n = u64::try_from(n).unwrap_or(0);
+        stats.invocations += n;
+        *stats.by_phase.entry(phase).or_default() += n;
+        *stats.by_outcome.entry(outcome).or_default() += n;
+        if let Some(code) = code {
+            *stats.by_code.entry(code).or_default() += n;
+        }
+    }
+    let mut unindexed = conn.prepare_cached(
+        "SELECT id, accepted_at_ms, session_id, target FROM invocations WHERE phase IS NULL",
+    )?;
+    let legacy: Vec<Identity> = unindexed
+        .query_map([], |r| {
+            Ok(Identity {
+                id: r.get(0)?,
+                accepted_at_ms: r.get(1)?,
+                session: r.get(2)?,
+                target: r.get(3)?,
+            })
+        })?
+        .collect::<Result<_, _>>()?;
+    for identity in legacy {
         let row = row(conn, identity, now_ms)?;
         stats.invocations += 1;
         *stats
@@ -190,7 +249,6 @@ pub fn stats(conn: &Connection, now_ms: i64) -> Result<Stats, JournalError> {
         if let Some(code) = row.code {
             *stats.by_code.entry(code.as_str().to_string()).or_default() += 1;
         }
-        Ok(true)
-    })?;
+    }
     Ok(stats)
 }

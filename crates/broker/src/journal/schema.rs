@@ -19,6 +19,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0001_journal.sql"),
     include_str!("migrations/0002_credentials.sql"),
     include_str!("migrations/0003_requests.sql"),
+    include_str!("migrations/0004_status.sql"),
 ];
 
 /// The newest schema this build understands.
