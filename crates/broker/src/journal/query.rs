@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use rusqlite::{Connection, params};
+use rusqlite::Connection;
 use serde::Serialize;
 
 use super::projection::Projection;
@@ -117,26 +117,65 @@ fn scan(
     f: &SqlFilter<'_>,
     mut each: impl FnMut(Identity) -> Result<bool, JournalError>,
 ) -> Result<(), JournalError> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT id, accepted_at_ms, session_id, target FROM invocations
-         WHERE (?1 IS NULL OR session_id = ?1)
-           AND (?2 IS NULL OR target = ?2)
-           AND (?3 IS NULL OR accepted_at_ms >= ?3)
-           AND (?4 IS NULL OR phase = ?4 OR phase IS NULL)
-           AND (?5 IS NULL OR outcome = ?5 OR outcome IS NULL)
-           AND (?6 IS NULL OR code = ?6 OR phase IS NULL)
-           AND (?7 IS NULL OR accepted_seq < ?7)
-         ORDER BY accepted_seq DESC",
+    // Only the filters in use go into the query, as plain equalities, so SQLite walks
+    // the matching (column, accepted_seq) index backwards and stops after a page.
+    let legacy: bool = conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM invocations WHERE phase IS NULL)",
+        [],
+        |r| r.get(0),
     )?;
-    let mut rows = stmt.query(params![
-        f.session,
-        f.target,
-        f.since_ms,
-        f.phase,
-        f.outcome,
-        f.code,
-        f.before_seq
-    ])?;
+    let mut clauses: Vec<&str> = Vec::new();
+    let mut values: Vec<rusqlite::types::Value> = Vec::new();
+    let mut add = |clause: &'static str, value: Option<rusqlite::types::Value>| {
+        if let Some(v) = value {
+            clauses.push(clause);
+            values.push(v);
+        }
+    };
+    use rusqlite::types::Value as V;
+    add("session_id = ?", f.session.map(|s| V::Text(s.to_string())));
+    add("target = ?", f.target.map(|s| V::Text(s.to_string())));
+    add("accepted_at_ms >= ?", f.since_ms.map(V::Integer));
+    add("accepted_seq < ?", f.before_seq.map(V::Integer));
+    // Rows written before the status columns existed have none; if any exist, they
+    // pass the status filters here and are decided by folding.
+    let (phase, outcome, code) = if legacy {
+        (
+            "(phase = ? OR phase IS NULL)",
+            "(outcome = ? OR outcome IS NULL)",
+            "(code = ? OR phase IS NULL)",
+        )
+    } else {
+        ("phase = ?", "outcome = ?", "code = ?")
+    };
+    add(phase, f.phase.map(|s| V::Text(s.to_string())));
+    add(outcome, f.outcome.map(|s| V::Text(s.to_string())));
+    add(code, f.code.map(|s| V::Text(s.to_string())));
+    // Without ANALYZE statistics SQLite may walk the accepted_seq index and filter;
+    // name the (column, accepted_seq) index of the most selective filter instead.
+    let index = if f.session.is_some() {
+        "invocations_by_session"
+    } else if f.target.is_some() {
+        "invocations_by_target"
+    } else if f.code.is_some() && !legacy {
+        "invocations_by_code"
+    } else if f.outcome.is_some() && !legacy {
+        "invocations_by_outcome"
+    } else if f.phase.is_some() && !legacy {
+        "invocations_by_phase"
+    } else {
+        "invocations_by_seq"
+    };
+    let mut sql = format!(
+        "SELECT id, accepted_at_ms, session_id, target FROM invocations INDEXED BY {index}"
+    );
+    if !clauses.is_empty() {
+        sql.push_str(" WHERE ");
+        sql.push_str(&clauses.join(" AND "));
+    }
+    sql.push_str(" ORDER BY accepted_seq DESC");
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let mut rows = stmt.query(rusqlite::params_from_iter(values))?;
     while let Some(r) = rows.next()? {
         let identity = Identity {
             id: r.get(0)?,
