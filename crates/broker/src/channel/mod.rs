@@ -196,6 +196,38 @@ pub fn unprovable(invocation_id: &str, error: &JournalError) -> Envelope {
     }
 }
 
+/// What to report when the journal failed part-way through an invocation: after a
+/// recorded dispatch the outcome stands as recorded (the remote may have acted) with
+/// RESULT_STORE_FAILED; with no dispatch recorded nothing was sent; with the record
+/// unreadable, nothing can be proven.
+pub fn journal_failure(
+    rec: &crate::invocation::Recorder,
+    error: &JournalError,
+    now_ms: i64,
+) -> Envelope {
+    match rec.projection() {
+        Ok(p) if p.ever_dispatched => {
+            let retry = p.retry(now_ms);
+            let mut envelope = p.envelope(now_ms).unwrap_or_else(|| Envelope {
+                invocation_id: p.invocation_id.clone(),
+                error: ErrorBody {
+                    code: Code::ResultStoreFailed,
+                    phase: p.phase,
+                    outcome: p.outcome,
+                    retry,
+                    message: String::new(),
+                },
+                evidence: p.evidence(),
+            });
+            envelope.error.code = Code::ResultStoreFailed;
+            envelope.error.message = format!("The journal failed after dispatch: {error}");
+            envelope
+        }
+        Ok(_) => unrecorded_failure(rec.id(), error),
+        Err(_) => unprovable(rec.id(), error),
+    }
+}
+
 /// BROKER_UNAVAILABLE: nothing was recorded and nothing was sent.
 pub fn broker_unavailable(invocation_id: &str, message: String) -> Envelope {
     Envelope {

@@ -262,13 +262,6 @@ impl SshChannel {
         }
     }
 
-    fn outcome_of(&self, rec: &Recorder) -> SshOutcome {
-        match rec.projection() {
-            Ok(p) => self.outcome_of_projection(&p),
-            Err(e) => self.unrecorded(rec.id(), &e),
-        }
-    }
-
     fn stopped(&self, rec: &Recorder, e: StepError) -> SshOutcome {
         match e {
             StepError::Stopped(env) => SshOutcome {
@@ -282,23 +275,12 @@ impl SshChannel {
     }
 
     fn journal_failed(&self, rec: &Recorder, e: &JournalError) -> SshOutcome {
-        match rec.projection() {
-            Ok(p) if p.ever_dispatched => {
-                let mut outcome = self.outcome_of(rec);
-                if let Some(env) = outcome.error.as_mut() {
-                    env.error.code = Code::ResultStoreFailed;
-                    env.error.message = format!("The journal failed after dispatch: {e}");
-                }
-                outcome
-            }
-            Ok(_) => self.unrecorded(rec.id(), e),
-            Err(_) => {
-                let envelope = super::unprovable(rec.id(), e);
-                let mut outcome = self.unrecorded(rec.id(), e);
-                outcome.outcome = envelope.error.outcome;
-                outcome.error = Some(envelope);
-                outcome
-            }
+        let envelope = super::journal_failure(rec, e, self.inner.journal.now_ms());
+        SshOutcome {
+            invocation_id: rec.id().to_string(),
+            outcome: envelope.error.outcome,
+            result: None,
+            error: Some(envelope),
         }
     }
 

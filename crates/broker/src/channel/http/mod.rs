@@ -229,23 +229,13 @@ impl HttpChannel {
     /// The journal failed mid-invocation. If dispatch was recorded the remote may have
     /// acted; otherwise nothing was sent.
     fn journal_failed(&self, rec: &Recorder, e: &JournalError) -> HttpOutcome {
-        match rec.projection() {
-            Ok(p) if p.ever_dispatched => {
-                let mut outcome = self.outcome_of(rec);
-                if let Some(env) = outcome.error.as_mut() {
-                    env.error.code = Code::ResultStoreFailed;
-                    env.error.message = format!("The journal failed after dispatch: {e}");
-                }
-                outcome
-            }
-            Ok(_) => self.unrecorded(rec.id(), e),
-            Err(_) => {
-                let envelope = super::unprovable(rec.id(), e);
-                let mut outcome = self.unrecorded(rec.id(), e);
-                outcome.outcome = envelope.error.outcome;
-                outcome.error = Some(envelope);
-                outcome
-            }
+        let envelope = super::journal_failure(rec, e, self.inner.journal.now_ms());
+        HttpOutcome {
+            invocation_id: rec.id().to_string(),
+            outcome: envelope.error.outcome,
+            response: None,
+            error: Some(envelope),
+            manifest: None,
         }
     }
 
