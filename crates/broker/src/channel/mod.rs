@@ -124,6 +124,58 @@ impl Credentials {
     }
 }
 
+/// Why the credential bound to an invocation could not be had (nothing was sent).
+#[derive(Debug, Clone)]
+pub struct InjectionFailure {
+    pub phase: Phase,
+    pub code: Code,
+    pub retry: Retry,
+    pub message: String,
+}
+
+/// Reads the credential an invocation bound, off the async threads. A credential
+/// rotated since binding is refused: it is a changed bound value, so a new invocation.
+pub async fn read_bound_credential(
+    credentials: &Arc<Credentials>,
+    snapshot: &crate::action::ConfigSnapshot,
+    now_ms: i64,
+) -> Result<(CredentialMeta, Secret), InjectionFailure> {
+    let credentials = credentials.clone();
+    let credential_id = snapshot.credential_id.clone();
+    let read =
+        tokio::task::spawn_blocking(move || credentials.read_for_injection(&credential_id, now_ms))
+            .await;
+    let (meta, secret) = match read {
+        Ok(Ok(pair)) => pair,
+        Ok(Err(e)) => {
+            return Err(InjectionFailure {
+                phase: Phase::CredentialInjection,
+                code: e.code(),
+                retry: e.code().spec().retry,
+                message: e.to_string(),
+            });
+        }
+        Err(_) => {
+            return Err(InjectionFailure {
+                phase: Phase::CredentialInjection,
+                code: Code::VaultLocked,
+                retry: Retry::AfterCorrection,
+                message: "The keychain read did not finish.".into(),
+            });
+        }
+    };
+    if meta.version.as_str() != snapshot.credential_version {
+        return Err(InjectionFailure {
+            phase: Phase::Validation,
+            code: Code::FingerprintMismatch,
+            retry: Retry::AfterCorrection,
+            message: "The credential was rotated after this request was bound; nothing was sent."
+                .into(),
+        });
+    }
+    Ok((meta, secret))
+}
+
 /// A request for a person's approval, bound to one fingerprint.
 #[derive(Debug, Clone)]
 pub struct ApprovalRequest {

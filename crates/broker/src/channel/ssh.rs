@@ -558,46 +558,12 @@ impl SshChannel {
 
     async fn run_attempt(&self, rec: &mut Recorder, p: &Prepared, ctx: &CallContext) -> SshOutcome {
         // The key: the only place secret bytes leave the keychain.
-        let credentials = self.inner.credentials.clone();
-        let credential_id = p.snapshot.credential_id.clone();
         let now = self.inner.journal.now_ms();
-        let read = tokio::task::spawn_blocking(move || {
-            credentials.read_for_injection(&credential_id, now)
-        })
-        .await;
-        let (meta, secret) = match read {
-            Ok(Ok(pair)) => pair,
-            Ok(Err(e)) => {
-                return self.fail(
-                    rec,
-                    Phase::CredentialInjection,
-                    e.code(),
-                    e.code().spec().retry,
-                    &e.to_string(),
-                    None,
-                );
-            }
-            Err(_) => {
-                return self.fail(
-                    rec,
-                    Phase::CredentialInjection,
-                    Code::VaultLocked,
-                    Retry::AfterCorrection,
-                    "The keychain read did not finish.",
-                    None,
-                );
-            }
-        };
-        if meta.version.as_str() != p.snapshot.credential_version {
-            return self.fail(
-                rec,
-                Phase::Validation,
-                Code::FingerprintMismatch,
-                Retry::AfterCorrection,
-                "The credential was rotated after this request was bound; nothing was sent.",
-                None,
-            );
-        }
+        let (meta, secret) =
+            match super::read_bound_credential(&self.inner.credentials, &p.snapshot, now).await {
+                Ok(pair) => pair,
+                Err(f) => return self.fail(rec, f.phase, f.code, f.retry, &f.message, None),
+            };
         let redactor = key_redactor(secret.expose());
         let key = match std::str::from_utf8(secret.expose())
             .ok()
