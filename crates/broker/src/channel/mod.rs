@@ -124,6 +124,66 @@ impl Credentials {
     }
 }
 
+/// Why an invocation did not get past approval (nothing was sent).
+#[derive(Debug)]
+pub enum ApprovalStop {
+    /// Already recorded (denied, stale fingerprint): the envelope is in the error.
+    Step(crate::invocation::StepError),
+    /// To be recorded as this failure.
+    Failed { code: Code, message: &'static str },
+    /// The journal could not record the step.
+    Journal(JournalError),
+}
+
+/// Asks a person when the target's approval mode says so. One place for both channels:
+/// no console attached fails fast (NO_APPROVER), the card carries the bound fingerprint,
+/// and only a grant of exactly that fingerprint lets the invocation go on.
+pub async fn seek_approval(
+    rec: &crate::invocation::Recorder,
+    mode: crate::config::ApprovalMode,
+    mut request: ApprovalRequest,
+    ctx: &CallContext,
+) -> Result<(), ApprovalStop> {
+    use crate::config::ApprovalMode;
+    request.mode = match mode {
+        ApprovalMode::None => return Ok(()),
+        ApprovalMode::Session => "session",
+        ApprovalMode::PerCall => "per_call",
+    };
+    let Some(approver) = ctx.approver.clone() else {
+        return Err(ApprovalStop::Failed {
+            code: Code::NoApprover,
+            message: "This target needs approval and no approval console is attached; nothing was sent.",
+        });
+    };
+    let fingerprint = request.fingerprint.clone();
+    rec.approval_requested(&fingerprint, request.mode)
+        .map_err(ApprovalStop::Journal)?;
+    let answer = tokio::select! {
+        answer = approver.approve(request) => answer,
+        () = ctx.cancel.cancelled() => {
+            return Err(ApprovalStop::Failed {
+                code: Code::CallerCancelled,
+                message: "The caller cancelled while approval was pending; nothing was sent.",
+            });
+        }
+    };
+    match answer {
+        ApprovalAnswer::Approved { fingerprint, by } => rec
+            .approval_granted(&fingerprint, &by)
+            .map(|_| ())
+            .map_err(ApprovalStop::Step),
+        ApprovalAnswer::Denied { by } => match rec.approval_denied(&fingerprint, &by) {
+            Ok(stopped) => Err(ApprovalStop::Step(stopped)),
+            Err(e) => Err(ApprovalStop::Journal(e)),
+        },
+        ApprovalAnswer::TimedOut => Err(ApprovalStop::Failed {
+            code: Code::ApprovalTimeout,
+            message: "Nobody answered the approval request in time; nothing was sent.",
+        }),
+    }
+}
+
 /// Why the credential bound to an invocation could not be had (nothing was sent).
 #[derive(Debug, Clone)]
 pub struct InjectionFailure {

@@ -28,7 +28,8 @@ use serde::{Deserialize, Serialize};
 
 use super::redact::Redactor;
 use super::{
-    ApprovalAnswer, ApprovalRequest, CallContext, ConfigHandle, Credentials, unrecorded_failure,
+    ApprovalAnswer, ApprovalRequest, ApprovalStop, CallContext, ConfigHandle, Credentials,
+    unrecorded_failure,
 };
 use crate::action::{ConfigSnapshot, Fingerprint, NormalizedAction, NormalizedSsh};
 use crate::config::{ApprovalMode, SshTarget};
@@ -410,24 +411,10 @@ impl SshChannel {
         ctx: &CallContext,
     ) -> Result<(), Box<SshOutcome>> {
         let config = self.inner.config.current();
-        let mode = match config.ssh_target(&p.target.name).map(|t| t.approval) {
-            Some(ApprovalMode::None) | None => return Ok(()),
-            Some(ApprovalMode::Session) => "session",
-            Some(ApprovalMode::PerCall) => "per_call",
-        };
-        let Some(approver) = ctx.approver.clone() else {
-            return Err(Box::new(self.fail(
-                rec,
-                Phase::CredentialInjection,
-                Code::NoApprover,
-                Retry::AfterCorrection,
-                "This target needs approval and no approval console is attached; nothing was sent.",
-                None,
-            )));
-        };
-        if let Err(e) = rec.approval_requested(&p.fingerprint, mode) {
-            return Err(Box::new(self.journal_failed(rec, &e)));
-        }
+        let mode = config
+            .ssh_target(&p.target.name)
+            .map(|t| t.approval)
+            .unwrap_or(ApprovalMode::None);
         let request = ApprovalRequest {
             invocation_id: rec.id().to_string(),
             session: ctx.session.clone(),
@@ -438,36 +425,24 @@ impl SshChannel {
             credential_version: p.snapshot.credential_version.clone(),
             injection_mode: p.snapshot.injection_mode.clone(),
             idempotency_key: None,
-            mode,
+            mode: "",
         };
-        let answer = tokio::select! {
-            answer = approver.approve(request) => answer,
-            () = ctx.cancel.cancelled() => {
-                return Err(Box::new(self.fail(rec, Phase::CredentialInjection, Code::CallerCancelled,
-                    Retry::AfterCorrection, "The caller cancelled while approval was pending; nothing was sent.", None)));
-            }
-        };
-        match answer {
-            ApprovalAnswer::Approved { fingerprint, by } => {
-                rec.approval_granted(&fingerprint, &by)
-                    .map_err(|e| Box::new(self.stopped(rec, e)))?;
-                Ok(())
-            }
-            ApprovalAnswer::Denied { by } => {
-                Err(Box::new(match rec.approval_denied(&p.fingerprint, &by) {
-                    Ok(e) => self.stopped(rec, e),
-                    Err(e) => self.journal_failed(rec, &e),
-                }))
-            }
-            ApprovalAnswer::TimedOut => Err(Box::new(self.fail(
-                rec,
-                Phase::CredentialInjection,
-                Code::ApprovalTimeout,
-                Retry::AfterCorrection,
-                "Nobody answered the approval request in time; nothing was sent.",
-                None,
-            ))),
-        }
+        super::seek_approval(rec, mode, request, ctx)
+            .await
+            .map_err(|stop| {
+                Box::new(match stop {
+                    ApprovalStop::Step(e) => self.stopped(rec, e),
+                    ApprovalStop::Journal(e) => self.journal_failed(rec, &e),
+                    ApprovalStop::Failed { code, message } => self.fail(
+                        rec,
+                        Phase::CredentialInjection,
+                        code,
+                        Retry::AfterCorrection,
+                        message,
+                        None,
+                    ),
+                })
+            })
     }
 
     /// The fingerprint of what is about to be sent, under the live configuration.

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use super::redact::{Redactor, percent_encode};
 use super::{
-    ApprovalAnswer, ApprovalRequest, CallContext, ConfigHandle, Credentials, unrecorded_failure,
+    ApprovalRequest, ApprovalStop, CallContext, ConfigHandle, Credentials, unrecorded_failure,
 };
 use crate::action::{ConfigSnapshot, Fingerprint, NormalizedAction, NormalizedHttp};
 use crate::config::{ApprovalMode, HttpTarget, Injection};
@@ -505,24 +505,10 @@ impl HttpChannel {
         ctx: &CallContext,
     ) -> Result<(), Box<HttpOutcome>> {
         let config = self.inner.config.current();
-        let mode = match config.http_target(&p.target).map(|t| t.approval) {
-            Some(ApprovalMode::None) | None => return Ok(()),
-            Some(ApprovalMode::Session) => "session",
-            Some(ApprovalMode::PerCall) => "per_call",
-        };
-        let Some(approver) = ctx.approver.clone() else {
-            return Err(Box::new(self.fail(
-                rec,
-                Phase::CredentialInjection,
-                Code::NoApprover,
-                Retry::AfterCorrection,
-                "This target needs approval and no approval console is attached; nothing was sent.",
-                None,
-            )));
-        };
-        if let Err(e) = rec.approval_requested(&p.fingerprint, mode) {
-            return Err(Box::new(self.journal_failed(rec, &e)));
-        }
+        let mode = config
+            .http_target(&p.target)
+            .map(|t| t.approval)
+            .unwrap_or(ApprovalMode::None);
         let request = ApprovalRequest {
             invocation_id: rec.id().to_string(),
             session: ctx.session.clone(),
@@ -533,36 +519,24 @@ impl HttpChannel {
             credential_version: p.snapshot.credential_version.clone(),
             injection_mode: p.snapshot.injection_mode.clone(),
             idempotency_key: p.idempotency_key.clone(),
-            mode,
+            mode: "",
         };
-        let answer = tokio::select! {
-            answer = approver.approve(request) => answer,
-            () = ctx.cancel.cancelled() => {
-                return Err(Box::new(self.fail(rec, Phase::CredentialInjection, Code::CallerCancelled,
-                    Retry::AfterCorrection, "The caller cancelled while approval was pending; nothing was sent.", None)));
-            }
-        };
-        match answer {
-            ApprovalAnswer::Approved { fingerprint, by } => {
-                rec.approval_granted(&fingerprint, &by)
-                    .map_err(|e| Box::new(self.stopped(rec, e)))?;
-                Ok(())
-            }
-            ApprovalAnswer::Denied { by } => {
-                Err(Box::new(match rec.approval_denied(&p.fingerprint, &by) {
-                    Ok(e) => self.stopped(rec, e),
-                    Err(e) => self.journal_failed(rec, &e),
-                }))
-            }
-            ApprovalAnswer::TimedOut => Err(Box::new(self.fail(
-                rec,
-                Phase::CredentialInjection,
-                Code::ApprovalTimeout,
-                Retry::AfterCorrection,
-                "Nobody answered the approval request in time; nothing was sent.",
-                None,
-            ))),
-        }
+        super::seek_approval(rec, mode, request, ctx)
+            .await
+            .map_err(|stop| {
+                Box::new(match stop {
+                    ApprovalStop::Step(e) => self.stopped(rec, e),
+                    ApprovalStop::Journal(e) => self.journal_failed(rec, &e),
+                    ApprovalStop::Failed { code, message } => self.fail(
+                        rec,
+                        Phase::CredentialInjection,
+                        code,
+                        Retry::AfterCorrection,
+                        message,
+                        None,
+                    ),
+                })
+            })
     }
 
     fn verifier(&self, target: &HttpTarget) -> Result<Arc<WebPkiServerVerifier>, String> {
