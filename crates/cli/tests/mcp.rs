@@ -37,8 +37,9 @@ impl Drop for Daemon {
         if let Ok(keychain) = Keychain::new(KeychainBackend::SecretService, &self.service)
             && let Ok(credentials) = Credentials::open(Vault::new(keychain), &db)
         {
-            let _ = credentials.remove("api-key");
-            let _ = credentials.remove("postern-audit-signing");
+            for id in ["api-key", "web1-key", "postern-audit-signing"] {
+                let _ = credentials.remove(id);
+            }
         }
     }
 }
@@ -66,6 +67,12 @@ not_applied_status = [404]
 }
 
 fn start_daemon(base: &str, approval: &str) -> Daemon {
+    start_daemon_with(&config(base, approval), &[])
+}
+
+/// A daemon over `config_text`, with the HTTP token and any `extra` SSH keys stored in
+/// its own keychain service.
+fn start_daemon_with(config_text: &str, extra: &[(&str, &str)]) -> Daemon {
     let dir = tempfile::tempdir().unwrap();
     let service = test_service();
     let db = dir.path().join("journal.db");
@@ -79,9 +86,19 @@ fn start_daemon(base: &str, approval: &str) -> Daemon {
             1,
         )
         .unwrap();
+    for (id, key) in extra {
+        credentials
+            .set(
+                id,
+                CredentialKind::SshKey,
+                &Secret::from(key.to_string()),
+                1,
+            )
+            .unwrap();
+    }
     drop(credentials);
     let config_path = dir.path().join("postern.toml");
-    std::fs::write(&config_path, config(base, approval)).unwrap();
+    std::fs::write(&config_path, config_text).unwrap();
     let socket = dir.path().join("run").join("postern.sock");
     let mut child = Command::new(POSTERN)
         .args(["daemon", "--data-dir"])
@@ -628,28 +645,6 @@ async fn ssh_exec_through_the_bridge_reports_the_exit_status_as_a_result() {
     let sshd = Sshd::start().unwrap();
     let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
     // A daemon with an HTTP and an SSH target.
-    let dir = tempfile::tempdir().unwrap();
-    let service = test_service();
-    let db = dir.path().join("journal.db");
-    let keychain = Keychain::new(KeychainBackend::SecretService, &service).unwrap();
-    let credentials = Credentials::open(Vault::new(keychain), &db).unwrap();
-    credentials
-        .set(
-            "web1-key",
-            CredentialKind::SshKey,
-            &Secret::from(sshd.user_ed25519.private.clone()),
-            1,
-        )
-        .unwrap();
-    credentials
-        .set(
-            "api-key",
-            CredentialKind::Token,
-            &Secret::from(SECRET.to_string()),
-            1,
-        )
-        .unwrap();
-    let config_path = dir.path().join("postern.toml");
     let text = format!(
         "{}\n[[ssh]]\nname = \"web1\"\nhost = \"127.0.0.1\"\nport = {}\nuser = \"{}\"\n\
          credential = \"web1-key\"\nhost_key = \"{}\"\napproval = \"none\"\n",
@@ -658,25 +653,8 @@ async fn ssh_exec_through_the_bridge_reports_the_exit_status_as_a_result() {
         Sshd::user(),
         sshd.host_key
     );
-    std::fs::write(&config_path, text).unwrap();
-    let socket = dir.path().join("run").join("postern.sock");
-    let mut child = Command::new(POSTERN)
-        .args(["daemon", "--data-dir"])
-        .arg(dir.path())
-        .arg("--config")
-        .arg(&config_path)
-        .args(["--keychain-service", &service])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    for _ in 0..200 {
-        if socket.exists() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    let client = client(&socket).await;
+    let daemon = start_daemon_with(&text, &[("web1-key", &sshd.user_ed25519.private)]);
+    let client = client(&daemon.socket).await;
     let result = call(
         &client,
         "ssh_exec",
@@ -713,9 +691,4 @@ async fn ssh_exec_through_the_bridge_reports_the_exit_status_as_a_result() {
         .to_string();
     assert!(!value.to_string().contains(&key_line) && !fetched.to_string().contains(&key_line));
     client.cancel().await.unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
-    let _ = credentials.remove("web1-key");
-    let _ = credentials.remove("api-key");
-    let _ = credentials.remove("postern-audit-signing");
 }
