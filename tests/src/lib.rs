@@ -60,6 +60,32 @@ pub const STEPS: &[&str] = &[
 ];
 
 pub const INVOCATION: &str = "inv_crash";
+
+/// After a broker process was killed: reopens its journal, takes the newest invocation,
+/// and returns what the record said before recovery and the envelope after
+/// `recover_interrupted`.
+pub fn recovered_after_kill(
+    db: &Path,
+) -> Result<
+    (
+        postern_broker::journal::projection::Projection,
+        postern_broker::contract::Envelope,
+    ),
+    String,
+> {
+    let journal = open_journal(db).map_err(|e| e.to_string())?;
+    let id = journal
+        .newest_invocation()
+        .map_err(|e| e.to_string())?
+        .ok_or("no invocation")?;
+    let before = journal.projection(&id).map_err(|e| e.to_string())?;
+    journal.recover_interrupted().map_err(|e| e.to_string())?;
+    let after = journal.projection(&id).map_err(|e| e.to_string())?;
+    let envelope = after
+        .envelope(journal.now_ms())
+        .ok_or("no envelope after recovery")?;
+    Ok((before, envelope))
+}
 pub const RESULT_BODY: &[u8] = b"{\"payment\":\"pay_123\",\"status\":\"created\"}";
 
 #[derive(Debug)]

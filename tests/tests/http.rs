@@ -830,28 +830,14 @@ async fn a_broker_killed_while_the_server_holds_the_request_recovers_as_unknown(
     child.kill().unwrap(); // SIGKILL: no destructor, no clean shutdown
     child.wait().unwrap();
 
-    let journal = postern_tests::open_journal(&dir.path().join("journal.db")).unwrap();
-    let conn = rusqlite::Connection::open(dir.path().join("journal.db")).unwrap();
-    let id: String = conn
-        .query_row(
-            "SELECT id FROM invocations ORDER BY accepted_seq DESC LIMIT 1",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    let p = journal.projection(&id).unwrap();
+    let (before, env) =
+        postern_tests::recovered_after_kill(&dir.path().join("journal.db")).unwrap();
     assert_eq!(
-        p.outcome,
+        before.outcome,
         Outcome::Unknown,
         "never not_attempted after dispatch"
     );
-    assert!(p.ever_dispatched);
-    journal.recover_interrupted().unwrap();
-    let env = journal
-        .projection(&id)
-        .unwrap()
-        .envelope(journal.now_ms())
-        .unwrap();
+    assert!(before.ever_dispatched);
     assert_eq!(
         (env.error.code, env.error.outcome, env.error.retry),
         (

@@ -610,30 +610,21 @@ async fn a_broker_killed_while_a_command_runs_recovers_as_unknown() {
     child.wait().unwrap();
     assert!(started, "the command started on the server");
 
-    let journal = postern_tests::open_journal(&data.path().join("journal.db")).unwrap();
-    let conn = rusqlite::Connection::open(data.path().join("journal.db")).unwrap();
-    let id: String = conn
-        .query_row(
-            "SELECT id FROM invocations ORDER BY accepted_seq DESC LIMIT 1",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    let p = journal.projection(&id).unwrap();
+    let (before, env) =
+        postern_tests::recovered_after_kill(&data.path().join("journal.db")).unwrap();
     assert_eq!(
-        p.outcome,
+        before.outcome,
         Outcome::Unknown,
         "never not_attempted after dispatch"
     );
-    journal.recover_interrupted().unwrap();
-    let env = journal
-        .projection(&id)
-        .unwrap()
-        .envelope(journal.now_ms())
-        .unwrap();
+    assert!(before.ever_dispatched);
     assert_eq!(
-        (env.error.code, env.error.outcome),
-        (Code::RemoteOutcomeUnknown, Outcome::Unknown)
+        (env.error.code, env.error.outcome, env.error.retry),
+        (
+            Code::RemoteOutcomeUnknown,
+            Outcome::Unknown,
+            postern_broker::contract::Retry::Reconcile
+        )
     );
     broker.forget(&[KEY_ID]);
 }

@@ -727,6 +727,18 @@ impl Journal {
         results::read(&conn, result_id)
     }
 
+    /// The most recently accepted invocation, if any.
+    pub fn newest_invocation(&self) -> Result<Option<String>, JournalError> {
+        let conn = self.inner.reader.lock().map_err(|_| JournalError::Closed)?;
+        Ok(conn
+            .query_row(
+                "SELECT id FROM invocations ORDER BY accepted_seq DESC LIMIT 1",
+                [],
+                |r| r.get(0),
+            )
+            .optional()?)
+    }
+
     /// Finds an invocation by target and idempotency key.
     pub fn find_by_idempotency_key(
         &self,
