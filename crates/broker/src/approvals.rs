@@ -46,6 +46,8 @@ pub struct Approvals {
     sessions: Mutex<HashSet<(String, String)>>,
     timeout: Duration,
     clock: std::sync::Arc<dyn crate::clock::Clock>,
+    /// Bumped whenever the pending set changes, so a console can redraw and notify.
+    changes: tokio::sync::watch::Sender<u64>,
 }
 
 impl Approvals {
@@ -55,7 +57,22 @@ impl Approvals {
             sessions: Mutex::new(HashSet::new()),
             timeout,
             clock,
+            changes: tokio::sync::watch::channel(0).0,
         }
+    }
+
+    /// A receiver that sees a new value each time a request starts or stops waiting.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    fn changed(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// How long a request waits for an answer.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     /// Everything waiting for an answer, oldest first.
@@ -69,11 +86,14 @@ impl Approvals {
     }
 
     fn take(&self, invocation_id: &str) -> Result<Waiting, AnswerError> {
-        self.waiting
+        let taken = self
+            .waiting
             .lock()
             .ok()
             .and_then(|mut w| w.remove(invocation_id))
-            .ok_or_else(|| AnswerError::NotPending(invocation_id.to_string()))
+            .ok_or_else(|| AnswerError::NotPending(invocation_id.to_string()))?;
+        self.changed();
+        Ok(taken)
     }
 
     /// Approves exactly `fingerprint` for `invocation_id`. A fingerprint other than the
@@ -152,10 +172,11 @@ impl Approver for Approvals {
                     },
                 );
             }
+            self.changed();
             // Whatever happens (answer, timeout, the caller going away), the request is
             // no longer pending afterwards.
             let _pending = RemoveOnDrop {
-                waiting: &self.waiting,
+                approvals: self,
                 id,
             };
             let answer = tokio::time::timeout(self.timeout, rx).await;
@@ -168,14 +189,19 @@ impl Approver for Approvals {
 }
 
 struct RemoveOnDrop<'a> {
-    waiting: &'a Mutex<HashMap<String, Waiting>>,
+    approvals: &'a Approvals,
     id: String,
 }
 
 impl Drop for RemoveOnDrop<'_> {
     fn drop(&mut self) {
-        if let Ok(mut waiting) = self.waiting.lock() {
-            waiting.remove(&self.id);
+        let removed = self
+            .approvals
+            .waiting
+            .lock()
+            .is_ok_and(|mut waiting| waiting.remove(&self.id).is_some());
+        if removed {
+            self.approvals.changed();
         }
     }
 }

@@ -16,7 +16,7 @@ use crate::config::Config;
 pub enum PinError {
     #[error("{0}")]
     Config(#[from] crate::config::ConfigError),
-    #[error("{file}: no [[ssh]] target named `{target}`")]
+    #[error("{file}: no target named `{target}`")]
     NoTarget { file: String, target: String },
     #[error("`{target}` already pins a different host key ({pinned}); nothing was changed")]
     AlreadyPinned { target: String, pinned: String },
@@ -97,8 +97,30 @@ pub fn pin_host_key(
             "expected one [[ssh]] table named `{target}`, found {found}"
         )));
     }
+    let after = replace_validated(file, &doc.to_string())?;
+    let new_version = after
+        .ssh_target(target)
+        .map(|t| t.version().to_string())
+        .ok_or_else(|| edit_error(format!("`{target}` vanished after the edit")))?;
+    Ok((
+        Pinned::Changed {
+            fingerprint,
+            old_version,
+            new_version,
+        },
+        after,
+    ))
+}
+
+/// Writes `text` beside `file`, validates it as a targets file, and only then renames it
+/// over `file` (fsyncing the directory). On any failure `file` is unchanged.
+fn replace_validated(file: &Path, text: &str) -> Result<Config, PinError> {
+    let edit_error = |detail: String| PinError::Edit {
+        file: file.display().to_string(),
+        detail,
+    };
     let tmp = temp_path(file);
-    write_temp(&tmp, doc.to_string().as_bytes(), file).map_err(|e| edit_error(e.to_string()))?;
+    write_temp(&tmp, text.as_bytes(), file).map_err(|e| edit_error(e.to_string()))?;
     // Validate the edited file before it replaces the original.
     if let Err(e) = Config::load(&tmp) {
         let _ = std::fs::remove_file(&tmp);
@@ -115,19 +137,116 @@ pub fn pin_host_key(
     {
         let _ = d.sync_all();
     }
-    let after = Config::load(file)?;
-    let new_version = after
-        .ssh_target(target)
-        .map(|t| t.version().to_string())
-        .ok_or_else(|| edit_error(format!("`{target}` vanished after the edit")))?;
-    Ok((
-        Pinned::Changed {
-            fingerprint,
-            old_version,
-            new_version,
-        },
-        after,
-    ))
+    Ok(Config::load(file)?)
+}
+
+/// One target's table as written in the targets file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetText {
+    /// `http` or `ssh`.
+    pub channel: &'static str,
+    pub name: String,
+    /// The `[[http]]`/`[[ssh]]` table with its sub-tables, comments kept.
+    pub text: String,
+}
+
+fn parse_doc(file: &Path, text: &str) -> Result<DocumentMut, PinError> {
+    text.parse()
+        .map_err(|e: toml_edit::TomlError| PinError::Edit {
+            file: file.display().to_string(),
+            detail: e.to_string(),
+        })
+}
+
+/// The table of one array-of-tables entry as standalone TOML text.
+fn table_text(channel: &str, table: &toml_edit::Table) -> String {
+    let mut array = toml_edit::ArrayOfTables::new();
+    array.push(table.clone());
+    let mut doc = DocumentMut::new();
+    doc.insert(channel, toml_edit::Item::ArrayOfTables(array));
+    doc.to_string().trim().to_string()
+}
+
+/// Every target's table text, in file order.
+pub fn target_texts(file: &Path) -> Result<Vec<TargetText>, PinError> {
+    let text = std::fs::read_to_string(file).map_err(|e| PinError::Edit {
+        file: file.display().to_string(),
+        detail: e.to_string(),
+    })?;
+    let doc = parse_doc(file, &text)?;
+    let mut out = Vec::new();
+    for channel in ["http", "ssh"] {
+        if let Some(tables) = doc.get(channel).and_then(|i| i.as_array_of_tables()) {
+            for table in tables.iter() {
+                let name = table.get("name").and_then(|v| v.as_str()).unwrap_or("");
+                out.push(TargetText {
+                    channel,
+                    name: name.to_string(),
+                    text: table_text(channel, table),
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Replaces the table of target `name` with `new_text` (one `[[http]]` or `[[ssh]]`
+/// table of the same channel and name, sub-tables included). The whole edited file is
+/// validated before it replaces the original; the returned config is the new version.
+pub fn replace_target(file: &Path, name: &str, new_text: &str) -> Result<Config, PinError> {
+    let edit_error = |detail: String| PinError::Edit {
+        file: file.display().to_string(),
+        detail,
+    };
+    let text = std::fs::read_to_string(file).map_err(|e| edit_error(e.to_string()))?;
+    let mut doc = parse_doc(file, &text)?;
+    let replacement = parse_doc(file, new_text).map_err(|e| match e {
+        PinError::Edit { detail, .. } => edit_error(format!("the new table: {detail}")),
+        other => other,
+    })?;
+    let keys: Vec<&str> = replacement.iter().map(|(k, _)| k).collect();
+    let [channel] = keys.as_slice() else {
+        return Err(edit_error(
+            "the new text must be exactly one [[http]] or [[ssh]] table".into(),
+        ));
+    };
+    let channel = *channel;
+    let new_table = replacement
+        .get(channel)
+        .and_then(|i| i.as_array_of_tables())
+        .filter(|a| a.len() == 1)
+        .and_then(|a| a.get(0))
+        .ok_or_else(|| {
+            edit_error("the new text must be exactly one [[http]] or [[ssh]] table".into())
+        })?;
+    if new_table.get("name").and_then(|v| v.as_str()) != Some(name) {
+        return Err(edit_error(format!(
+            "the new table must keep `name = \"{name}\"` (renaming a target is a new target)"
+        )));
+    }
+    let tables = doc
+        .get_mut(channel)
+        .and_then(|item| item.as_array_of_tables_mut())
+        .ok_or_else(|| PinError::NoTarget {
+            file: file.display().to_string(),
+            target: name.into(),
+        })?;
+    let matching: Vec<usize> = tables
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.get("name").and_then(|v| v.as_str()) == Some(name))
+        .map(|(i, _)| i)
+        .collect();
+    let [index] = matching.as_slice() else {
+        return Err(PinError::NoTarget {
+            file: file.display().to_string(),
+            target: name.into(),
+        });
+    };
+    if let Some(slot) = tables.get_mut(*index) {
+        *slot = new_table.clone();
+    }
+    replace_validated(file, &doc.to_string())
 }
 
 /// `<dir>/.<name>.tmp-<pid>`: beside the file, so the rename stays on one filesystem.

@@ -27,6 +27,7 @@ pub mod clock;
 pub mod config;
 pub mod config_edit;
 pub mod contract;
+pub mod display;
 pub mod invocation;
 pub mod journal;
 pub mod retry;

@@ -77,20 +77,7 @@ pub type Outcome = Result<(), Failure>;
 /// `$XDG_DATA_HOME/postern`, else `$HOME/.local/share/postern`. Relative values are
 /// ignored, as the XDG base directory specification asks.
 pub fn default_data_dir() -> PathBuf {
-    let absolute = |var: &str| {
-        std::env::var_os(var)
-            .map(PathBuf::from)
-            .filter(|p| p.is_absolute())
-    };
-    if let Some(xdg) = absolute("XDG_DATA_HOME") {
-        return xdg.join("postern");
-    }
-    match absolute("HOME") {
-        Some(home) => home.join(".local").join("share").join("postern"),
-        // No home directory at all: a relative directory is the only honest answer,
-        // and every message names the path it used.
-        None => PathBuf::from(".postern"),
-    }
+    postern_mcp::default_data_dir()
 }
 
 /// The journal database inside a data directory.

@@ -94,7 +94,7 @@ pub fn log(data_dir: &Path, args: LogArgs) -> common::Outcome {
         code: args.code,
         since_ms,
         limit: args.limit,
-        before_seq: None,
+        ..Filter::default()
     };
     let rows = query::list(&conn, &filter, now).map_err(|e| {
         Failure::unavailable(format!("{}: {e}", db.display())).with_json(args.json, "unreadable")

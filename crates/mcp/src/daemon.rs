@@ -59,8 +59,16 @@ fn private_dir(path: &Path) -> Result<(), DaemonError> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700)).map_err(err)
 }
 
-/// Opens the broker the daemon (and the desktop app) serves.
+/// Opens the broker the headless daemon serves (no approval console attached).
 pub fn open_broker(args: &DaemonArgs) -> Result<Arc<Broker>, DaemonError> {
+    open_broker_with(args, None)
+}
+
+/// Opens the broker with an approval console attached (the desktop app).
+pub fn open_broker_with(
+    args: &DaemonArgs,
+    approver: Option<Arc<dyn postern_broker::channel::Approver>>,
+) -> Result<Arc<Broker>, DaemonError> {
     private_dir(&args.data_dir)?;
     let db = args.data_dir.join("journal.db");
     let clock = Arc::new(SystemClock);
@@ -88,14 +96,15 @@ pub fn open_broker(args: &DaemonArgs) -> Result<Arc<Broker>, DaemonError> {
     let credentials = Arc::new(Credentials::open(Vault::new(keychain(args)?), &db)?);
     let config = ConfigHandle::new(Config::load(&args.config)?);
     let channel = HttpChannel::new(journal.clone(), credentials.clone(), config.clone());
-    let ssh = SshChannel::new(journal.clone(), credentials, config.clone());
+    let ssh = SshChannel::new(journal.clone(), credentials.clone(), config.clone());
     Ok(Arc::new(Broker {
         channel,
         ssh,
         journal,
         config,
-        approver: None,
+        approver,
         sessions: Default::default(),
+        credentials,
     }))
 }
 
@@ -149,6 +158,28 @@ pub async fn serve_connection(broker: Arc<Broker>, stream: UnixStream) {
         .disconnected(&identity, broker.journal.now_ms());
 }
 
+/// Accepts agent connections on `listener` and sweeps ended sessions, until `stop`
+/// completes.
+pub async fn serve(
+    broker: Arc<Broker>,
+    listener: UnixListener,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    let mut sweep = tokio::time::interval(std::time::Duration::from_secs(5));
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                if let Ok((stream, _)) = accepted {
+                    tokio::spawn(serve_connection(broker.clone(), stream));
+                }
+            }
+            _ = sweep.tick() => broker.sessions.sweep(broker.journal.now_ms()),
+            () = &mut stop => break,
+        }
+    }
+}
+
 /// Runs until SIGINT/SIGTERM.
 pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let broker = open_broker(&args)?;
@@ -158,24 +189,18 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         .unwrap_or_else(|| default_socket(&args.data_dir));
     let listener = bind(&socket).await?;
     eprintln!("postern: broker listening on {}", socket.display());
-    let mut sweep = tokio::time::interval(std::time::Duration::from_secs(5));
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|source| DaemonError::Socket {
         path: socket.display().to_string(),
         source,
     })?;
-    loop {
+    let stop = async move {
         tokio::select! {
-            accepted = listener.accept() => {
-                if let Ok((stream, _)) = accepted {
-                    tokio::spawn(serve_connection(broker.clone(), stream));
-                }
-            }
-            _ = sweep.tick() => broker.sessions.sweep(broker.journal.now_ms()),
-            _ = tokio::signal::ctrl_c() => break,
-            _ = terminate.recv() => break,
+            _ = tokio::signal::ctrl_c() => {},
+            _ = terminate.recv() => {},
         }
-    }
+    };
+    serve(broker.clone(), listener, stop).await;
     let _ = std::fs::remove_file(&socket);
     // Clean shutdown signs a final audit checkpoint.
     broker.journal.clone().close()?;

@@ -40,6 +40,25 @@ pub struct BridgeArgs {
     pub socket: PathBuf,
 }
 
+/// The data directory when none is given: `$XDG_DATA_HOME/postern`, else
+/// `~/.local/share/postern` (the platform's application data location on Linux).
+pub fn default_data_dir() -> PathBuf {
+    let absolute = |var: &str| {
+        std::env::var_os(var)
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute())
+    };
+    if let Some(xdg) = absolute("XDG_DATA_HOME") {
+        return xdg.join("postern");
+    }
+    match absolute("HOME") {
+        Some(home) => home.join(".local").join("share").join("postern"),
+        // No home directory at all: a relative directory is the only honest answer,
+        // and every message names the path it used.
+        None => PathBuf::from(".postern"),
+    }
+}
+
 /// The socket a daemon listens on by default: inside a private directory of the data dir.
 pub fn default_socket(data_dir: &Path) -> PathBuf {
     data_dir.join("run").join("postern.sock")

@@ -107,6 +107,9 @@ pub struct Broker {
     /// has none: targets that need approval fail fast with NO_APPROVER.
     pub approver: Option<Arc<dyn Approver>>,
     pub sessions: Sessions,
+    /// The vault with its metadata: operator side only (the console's credentials
+    /// screen); no tool reaches it.
+    pub credentials: Arc<postern_broker::channel::Credentials>,
 }
 
 /// One bridge connection, for one agent session. Clones share state.

@@ -117,6 +117,11 @@ impl Credentials {
         self.with_conn(|conn| self.vault.set(conn, &id, kind, secret, now_ms))
     }
 
+    /// Every credential's metadata (never a value). Operator side only.
+    pub fn list(&self) -> Result<Vec<CredentialMeta>, VaultError> {
+        self.with_conn(|conn| self.vault.list(conn))
+    }
+
     /// Removes a credential and its keychain entry. Operator side only.
     pub fn remove(&self, id: &str) -> Result<(), VaultError> {
         let id = CredentialId::new(id)?;
@@ -250,6 +255,26 @@ pub struct ApprovalRequest {
     pub idempotency_key: Option<String>,
     /// `session` or `per_call`.
     pub mode: &'static str,
+    /// What the card shows of the action itself.
+    pub detail: ApprovalDetail,
+}
+
+/// The action behind an approval card, as the fingerprint binds it. Agent-written text
+/// (commands, bodies) is escaped so it cannot hide or reorder what a person reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ApprovalDetail {
+    /// HTTP: the method.
+    pub method: Option<String>,
+    /// HTTP: the normalized URL.
+    pub url: Option<String>,
+    /// HTTP: the request body, previewed.
+    pub body: Option<crate::display::BodyPreview>,
+    /// SSH: `user@host:port`.
+    pub ssh_destination: Option<String>,
+    /// SSH: the command, escaped.
+    pub command: Option<String>,
+    /// SSH first connection: the host key fingerprint that approving pins.
+    pub host_key: Option<String>,
 }
 
 /// A person's answer. An approval names the fingerprint it approves.

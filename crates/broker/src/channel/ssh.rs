@@ -426,6 +426,11 @@ impl SshChannel {
             injection_mode: p.snapshot.injection_mode.clone(),
             idempotency_key: None,
             mode: "",
+            detail: super::ApprovalDetail {
+                ssh_destination: Some(destination(&p.target)),
+                command: Some(crate::display::escape_text(&p.request.command)),
+                ..Default::default()
+            },
         };
         super::seek_approval(rec, mode, request, ctx)
             .await
@@ -492,6 +497,11 @@ impl SshChannel {
             injection_mode: p.snapshot.injection_mode.clone(),
             idempotency_key: None,
             mode: "host_key",
+            detail: super::ApprovalDetail {
+                ssh_destination: Some(destination(&p.target)),
+                host_key: Some(fingerprint.to_string()),
+                ..Default::default()
+            },
         };
         let answer = tokio::select! {
             answer = approver.approve(request) => answer,
@@ -1090,6 +1100,10 @@ fn key_redactor(secret: &[u8]) -> Redactor {
 }
 
 /// A secret-free description: target and a digest of the command.
+fn destination(target: &SshTarget) -> String {
+    format!("{}@{}:{}", target.user, target.host, target.port)
+}
+
 fn summary(target: Option<&SshTarget>, request: &SshRequest) -> String {
     let digest = blake3::hash(request.command.as_bytes()).to_hex();
     let name = target.map_or(request.host.as_str(), |t| t.name.as_str());

@@ -121,6 +121,8 @@ struct Inner {
     writer: Mutex<Option<JoinHandle<()>>>,
     reader: Mutex<Connection>,
     clock: Arc<dyn Clock>,
+    /// The public half of the checkpoint signing key, to verify this journal's file.
+    verifying_key: ed25519_dalek::VerifyingKey,
 }
 
 /// The result of an append: where it landed and the invocation's new status.
@@ -366,6 +368,7 @@ impl Journal {
         let (last_seq, head) = chain_tail(&conn)?;
         let reader = schema::open_reader(path)?;
         let (sender, receiver) = mpsc::sync_channel::<Job>(4096);
+        let verifying_key = options.signing_key.verifying_key();
         let state = WriterState {
             conn,
             cache: ProjectionCache::default(),
@@ -393,12 +396,18 @@ impl Journal {
                 writer: Mutex::new(Some(writer)),
                 reader: Mutex::new(reader),
                 clock: options.clock,
+                verifying_key,
             }),
         })
     }
 
     pub fn path(&self) -> &Path {
         &self.inner.path
+    }
+
+    /// The key this journal's checkpoints are signed with (public half).
+    pub fn verifying_key(&self) -> ed25519_dalek::VerifyingKey {
+        self.inner.verifying_key
     }
 
     pub fn now_ms(&self) -> i64 {
@@ -876,8 +885,8 @@ fn accept_in(ctx: &mut WriteCtx<'_>, new: NewInvocation) -> Result<Appended, Jou
         .prepare_cached(
             "INSERT INTO invocations
              (id, accepted_seq, accepted_at_ms, channel, target, session_id, idempotency_key,
-              phase, outcome, code)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, NULL)",
+              phase, outcome, code, summary)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, NULL, ?10)",
         )?
         .execute(params![
             new.invocation_id,
@@ -888,7 +897,8 @@ fn accept_in(ctx: &mut WriteCtx<'_>, new: NewInvocation) -> Result<Appended, Jou
             new.session,
             new.idempotency_key,
             appended.projection.phase.as_str(),
-            appended.projection.outcome.as_str()
+            appended.projection.outcome.as_str(),
+            new.summary
         ])?;
     Ok(appended)
 }

@@ -19,6 +19,8 @@ use crate::contract::{Code, Outcome, Phase, Retry};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct InvocationRow {
     pub id: String,
+    /// The journal sequence of ACTION_ACCEPTED: the keyset for the next page.
+    pub accepted_seq: i64,
     pub accepted_at_ms: i64,
     pub session: Option<String>,
     pub target: String,
@@ -43,6 +45,11 @@ pub struct Filter {
     pub code: Option<Code>,
     /// Only invocations accepted at or after this time (unix ms).
     pub since_ms: Option<i64>,
+    /// Only invocations accepted before this time (unix ms).
+    pub until_ms: Option<i64>,
+    /// Only invocations whose target or summary (method and URL, or host and command)
+    /// contains this text, ASCII case-insensitively.
+    pub text: Option<String>,
     /// At most this many rows, after every other filter.
     pub limit: Option<usize>,
     /// Keyset paging: only invocations accepted before this journal sequence (the
@@ -52,7 +59,11 @@ pub struct Filter {
 
 impl Filter {
     fn matches(&self, row: &InvocationRow) -> bool {
-        self.phase.is_none_or(|p| p == row.phase)
+        let text = self.text.as_deref().map(str::to_ascii_lowercase);
+        text.is_none_or(|t| {
+            row.target.to_ascii_lowercase().contains(&t)
+                || row.summary.to_ascii_lowercase().contains(&t)
+        }) && self.phase.is_none_or(|p| p == row.phase)
             && self.outcome.is_none_or(|o| o == row.outcome)
             && self.code.is_none_or(|c| Some(c) == row.code)
     }
@@ -76,6 +87,7 @@ pub struct Stats {
 /// The identity columns of one `invocations` row.
 struct Identity {
     id: String,
+    accepted_seq: i64,
     accepted_at_ms: i64,
     session: Option<String>,
     target: String,
@@ -88,6 +100,9 @@ struct SqlFilter<'a> {
     session: Option<&'a str>,
     target: Option<&'a str>,
     since_ms: Option<i64>,
+    until_ms: Option<i64>,
+    /// A LIKE pattern (escaped, with `%` around) over target and summary.
+    text: Option<String>,
     phase: Option<&'static str>,
     outcome: Option<&'static str>,
     code: Option<&'static str>,
@@ -104,6 +119,7 @@ fn row(conn: &Connection, identity: Identity, now_ms: i64) -> Result<InvocationR
         retry: p.retry(now_ms),
         code: p.effective_code(),
         id: identity.id,
+        accepted_seq: identity.accepted_seq,
         accepted_at_ms: identity.accepted_at_ms,
         session: identity.session,
         target: identity.target,
@@ -136,6 +152,7 @@ fn scan(
     add("session_id = ?", f.session.map(|s| V::Text(s.to_string())));
     add("target = ?", f.target.map(|s| V::Text(s.to_string())));
     add("accepted_at_ms >= ?", f.since_ms.map(V::Integer));
+    add("accepted_at_ms < ?", f.until_ms.map(V::Integer));
     add("accepted_seq < ?", f.before_seq.map(V::Integer));
     // Rows written before the status columns existed have none; if any exist, they
     // pass the status filters here and are decided by folding.
@@ -151,6 +168,13 @@ fn scan(
     add(phase, f.phase.map(|s| V::Text(s.to_string())));
     add(outcome, f.outcome.map(|s| V::Text(s.to_string())));
     add(code, f.code.map(|s| V::Text(s.to_string())));
+    // Rows without a stored summary (older than the column) go to the fold to decide.
+    if let Some(pattern) = &f.text {
+        clauses
+            .push("(target LIKE ? ESCAPE '\\' OR summary LIKE ? ESCAPE '\\' OR summary IS NULL)");
+        values.push(V::Text(pattern.clone()));
+        values.push(V::Text(pattern.clone()));
+    }
     // Without ANALYZE statistics SQLite may walk the accepted_seq index and filter;
     // name the (column, accepted_seq) index of the most selective filter instead.
     let index = if f.session.is_some() {
@@ -167,7 +191,8 @@ fn scan(
         "invocations_by_seq"
     };
     let mut sql = format!(
-        "SELECT id, accepted_at_ms, session_id, target FROM invocations INDEXED BY {index}"
+        "SELECT id, accepted_seq, accepted_at_ms, session_id, target FROM invocations \
+         INDEXED BY {index}"
     );
     if !clauses.is_empty() {
         sql.push_str(" WHERE ");
@@ -179,9 +204,10 @@ fn scan(
     while let Some(r) = rows.next()? {
         let identity = Identity {
             id: r.get(0)?,
-            accepted_at_ms: r.get(1)?,
-            session: r.get(2)?,
-            target: r.get(3)?,
+            accepted_seq: r.get(1)?,
+            accepted_at_ms: r.get(2)?,
+            session: r.get(3)?,
+            target: r.get(4)?,
         };
         if !each(identity)? {
             break;
@@ -212,6 +238,8 @@ pub fn list(
         session: filter.session.as_deref(),
         target: filter.target.as_deref(),
         since_ms: filter.since_ms,
+        until_ms: filter.until_ms,
+        text: filter.text.as_deref().map(like_pattern),
         phase: filter.phase.map(Phase::as_str),
         outcome: filter.outcome.map(Outcome::as_str),
         code: filter.code.map(Code::as_str),
@@ -225,6 +253,54 @@ pub fn list(
         Ok(filter.limit.is_none_or(|limit| out.len() < limit))
     })?;
     Ok(out)
+}
+
+/// `%text%` for LIKE, with the wildcards of `text` itself escaped.
+fn like_pattern(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('%');
+    for c in text.chars() {
+        if matches!(c, '%' | '_' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('%');
+    out
+}
+
+/// One agent session as the journal knows it (sessions of earlier broker runs too).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SessionRow {
+    pub session: String,
+    pub invocations: u64,
+    pub first_at_ms: i64,
+    pub last_at_ms: i64,
+}
+
+/// Agent sessions with at least one invocation, the most recently active first.
+///
+/// # Errors
+///
+/// [`JournalError::Storage`] if the database cannot be read.
+pub fn sessions(conn: &Connection, limit: usize) -> Result<Vec<SessionRow>, JournalError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT session_id, count(*), min(accepted_at_ms), max(accepted_at_ms), max(accepted_seq)
+         FROM invocations INDEXED BY invocations_by_session
+         WHERE session_id IS NOT NULL
+         GROUP BY session_id ORDER BY 5 DESC LIMIT ?1",
+    )?;
+    let rows = stmt
+        .query_map([i64::try_from(limit).unwrap_or(i64::MAX)], |r| {
+            Ok(SessionRow {
+                session: r.get(0)?,
+                invocations: u64::try_from(r.get::<_, i64>(1)?).unwrap_or(0),
+                first_at_ms: r.get(2)?,
+                last_at_ms: r.get(3)?,
+            })
+        })?
+        .collect::<Result<_, _>>()?;
+    Ok(rows)
 }
 
 /// Counts every invocation by phase, by outcome and by code.
@@ -262,15 +338,17 @@ pub fn stats(conn: &Connection, now_ms: i64) -> Result<Stats, JournalError> {
         }
     }
     let mut unindexed = conn.prepare_cached(
-        "SELECT id, accepted_at_ms, session_id, target FROM invocations WHERE phase IS NULL",
+        "SELECT id, accepted_seq, accepted_at_ms, session_id, target FROM invocations
+         WHERE phase IS NULL",
     )?;
     let legacy: Vec<Identity> = unindexed
         .query_map([], |r| {
             Ok(Identity {
                 id: r.get(0)?,
-                accepted_at_ms: r.get(1)?,
-                session: r.get(2)?,
-                target: r.get(3)?,
+                accepted_seq: r.get(1)?,
+                accepted_at_ms: r.get(2)?,
+                session: r.get(3)?,
+                target: r.get(4)?,
             })
         })?
         .collect::<Result<_, _>>()?;

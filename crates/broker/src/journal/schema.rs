@@ -20,6 +20,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0002_credentials.sql"),
     include_str!("migrations/0003_requests.sql"),
     include_str!("migrations/0004_status.sql"),
+    include_str!("migrations/0005_search.sql"),
 ];
 
 /// The newest schema this build understands.

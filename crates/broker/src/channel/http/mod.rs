@@ -520,6 +520,13 @@ impl HttpChannel {
             injection_mode: p.snapshot.injection_mode.clone(),
             idempotency_key: p.idempotency_key.clone(),
             mode: "",
+            detail: super::ApprovalDetail {
+                method: Some(p.action.method.clone()),
+                url: Some(p.action.url()),
+                body: (!p.request.body.is_empty())
+                    .then(|| crate::display::BodyPreview::of(&p.request.body)),
+                ..Default::default()
+            },
         };
         super::seek_approval(rec, mode, request, ctx)
             .await

@@ -1,0 +1,238 @@
+//! Startup: arguments, the in-process broker with this window as its approver, the
+//! agent socket, and the watchers that push changes to the webview.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use tauri::{Emitter, Manager, Runtime};
+use tauri_plugin_notification::NotificationExt;
+
+use postern_broker::approvals::Approvals;
+use postern_broker::clock::SystemClock;
+use postern_mcp::{DaemonArgs, KeychainChoice, daemon};
+
+use crate::console::{Console, Paths};
+use crate::dto::{ApprovalsChanged, JournalChanged};
+
+/// `postern-console`: the desktop console. Every option has a default; a plain start
+/// uses the same data dir, config and socket as `postern daemon`.
+#[derive(Debug, Parser)]
+#[command(name = "postern-console", version, about)]
+pub struct Args {
+    /// Journal, vault metadata and socket live here [default: $XDG_DATA_HOME/postern].
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// The targets file [default: DATA_DIR/postern.toml, created empty if missing].
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// The socket agents reach through `postern mcp` [default: DATA_DIR/run/postern.sock].
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Where credentials live.
+    #[arg(long, value_enum, default_value = "secret-service")]
+    pub keychain: Keychain,
+    /// Keychain service name (tests use their own).
+    #[arg(long, default_value = "postern")]
+    pub keychain_service: String,
+    /// How long a request waits for an answer, in seconds.
+    #[arg(long, default_value_t = 300)]
+    pub approval_timeout: u64,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum Keychain {
+    SecretService,
+    Keyutils,
+}
+
+const EMPTY_CONFIG: &str = "\
+# Postern targets. Add one from the console's Targets screen or by editing this file;
+# `postern config check FILE` validates it. See examples/postern.toml in the source.
+";
+
+/// Everything startup decided, before any window exists.
+pub struct Started {
+    pub console: Arc<Console>,
+    pub daemon_args: DaemonArgs,
+}
+
+/// Opens the broker (creating the data dir and an empty targets file on first run).
+pub fn start(args: &Args) -> Result<Started, String> {
+    let data_dir = args
+        .data_dir
+        .clone()
+        .unwrap_or_else(postern_mcp::default_data_dir);
+    let config = args
+        .config
+        .clone()
+        .unwrap_or_else(|| data_dir.join("postern.toml"));
+    std::fs::create_dir_all(&data_dir).map_err(|e| format!("{}: {e}", data_dir.display()))?;
+    if !config.exists() {
+        std::fs::write(&config, EMPTY_CONFIG).map_err(|e| format!("{}: {e}", config.display()))?;
+    }
+    let socket = args
+        .socket
+        .clone()
+        .unwrap_or_else(|| postern_mcp::default_socket(&data_dir));
+    let keychain = match args.keychain {
+        Keychain::SecretService => KeychainChoice::SecretService,
+        Keychain::Keyutils => KeychainChoice::Keyutils,
+    };
+    let daemon_args = DaemonArgs {
+        data_dir: data_dir.clone(),
+        config: config.clone(),
+        socket: Some(socket.clone()),
+        keychain,
+        service: args.keychain_service.clone(),
+    };
+    let approvals = Arc::new(Approvals::new(
+        Duration::from_secs(args.approval_timeout.max(1)),
+        Arc::new(SystemClock),
+    ));
+    let broker = daemon::open_broker_with(&daemon_args, Some(approvals.clone()))
+        .map_err(|e| e.to_string())?;
+    let console = Arc::new(Console::new(
+        broker,
+        approvals,
+        Paths {
+            data_dir,
+            config,
+            socket,
+            keychain: match keychain {
+                KeychainChoice::SecretService => "secret-service".into(),
+                KeychainChoice::Keyutils => "keyutils".into(),
+            },
+        },
+    ));
+    Ok(Started {
+        console,
+        daemon_args,
+    })
+}
+
+/// `builder` with the console's state and every command; generic so the tests can use
+/// Tauri's mock runtime.
+pub fn with_console<R: Runtime>(
+    builder: tauri::Builder<R>,
+    console: Arc<Console>,
+) -> tauri::Builder<R> {
+    builder
+        .manage(console)
+        .invoke_handler(crate::console_handlers!())
+}
+
+/// Pushes approval changes to the webview, with a desktop notification per new request.
+async fn watch_approvals<R: Runtime>(app: tauri::AppHandle<R>, console: Arc<Console>) {
+    let mut changes = console.approvals.subscribe();
+    let mut seen: HashSet<String> = HashSet::new();
+    loop {
+        let pending = console.approval_cards();
+        for card in &pending {
+            if seen.insert(card.invocation_id.clone()) {
+                let body = match card.mode.as_str() {
+                    "host_key" => {
+                        format!("First connection to {}: check its host key", card.target)
+                    }
+                    _ => format!("{} wants {}", card.target, card.summary),
+                };
+                // No notification daemon (a bare X server) is not an error.
+                let _ = app
+                    .notification()
+                    .builder()
+                    .title("Postern: approval needed")
+                    .body(body)
+                    .show();
+                if let Some(window) = app.get_webview_window("main") {
+                    let _ = window
+                        .request_user_attention(Some(tauri::UserAttentionType::Informational));
+                }
+            }
+        }
+        seen.retain(|id| pending.iter().any(|c| &c.invocation_id == id));
+        let _ = app.emit("approvals-changed", ApprovalsChanged { pending });
+        if changes.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Tells the webview when the journal grows, so open views refresh; re-verifies the
+/// audit chain at start and then every minute.
+async fn watch_journal<R: Runtime>(app: tauri::AppHandle<R>, console: Arc<Console>) {
+    let mut last = 0u64;
+    let mut verified_at = None::<std::time::Instant>;
+    loop {
+        if verified_at.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+            let c = console.clone();
+            if let Ok(state) = tauri::async_runtime::spawn_blocking(move || c.verify_now()).await {
+                let _ = app.emit("integrity-changed", state);
+            }
+            verified_at = Some(std::time::Instant::now());
+        }
+        if let Ok(seq) = console.last_seq()
+            && seq != last
+        {
+            last = seq;
+            let _ = app.emit("journal-changed", JournalChanged { last_seq: seq });
+        }
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+}
+
+/// Runs the console; returns the process exit code.
+pub fn main_entry() -> i32 {
+    let args = Args::parse();
+    let started = match start(&args) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("postern-console: {e}");
+            return 1;
+        }
+    };
+    let console = started.console.clone();
+    let socket = started.console.paths.socket.clone();
+    let app = with_console(tauri::Builder::<tauri::Wry>::new(), console.clone())
+        .plugin(tauri_plugin_notification::init())
+        .setup(move |app| {
+            let handle = app.handle().clone();
+            let broker = console.broker.clone();
+            let socket = socket.clone();
+            tauri::async_runtime::spawn(async move {
+                match daemon::bind(&socket).await {
+                    Ok(listener) => {
+                        eprintln!("postern-console: agents connect on {}", socket.display());
+                        daemon::serve(broker, listener, std::future::pending()).await;
+                    }
+                    Err(e) => eprintln!("postern-console: agent socket: {e}"),
+                }
+            });
+            tauri::async_runtime::spawn(watch_approvals(handle.clone(), console.clone()));
+            tauri::async_runtime::spawn(watch_journal(handle, console.clone()));
+            Ok(())
+        })
+        .build(tauri::generate_context!("../tauri.conf.json"));
+    let app = match app {
+        Ok(app) => app,
+        Err(e) => {
+            eprintln!("postern-console: {e}");
+            return 1;
+        }
+    };
+    let journal = started.console.broker.journal.clone();
+    let socket = started.daemon_args.socket.clone();
+    app.run(move |_, event| {
+        if let tauri::RunEvent::Exit = event {
+            if let Some(socket) = &socket {
+                let _ = std::fs::remove_file(socket);
+            }
+            // A clean exit signs a final audit checkpoint.
+            if let Err(e) = journal.clone().close() {
+                eprintln!("postern-console: closing the journal: {e}");
+            }
+        }
+    });
+    0
+}

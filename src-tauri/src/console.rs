@@ -1,0 +1,1127 @@
+//! The console's side of the broker: everything a command does, written against the
+//! broker types so it can be tested without a window. Commands in [`crate::commands`]
+//! are thin wrappers over these methods.
+//!
+//! This is the operator side. It may answer approvals, read the journal, attest
+//! outcomes, store credentials and edit targets; none of it is reachable from the MCP
+//! socket. Secret values only ever travel inward (into the keychain).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use rusqlite::{Connection, OpenFlags};
+use serde_json::{Value, json};
+
+use postern_broker::approvals::{Approvals, Pending};
+use postern_broker::audit;
+use postern_broker::channel::ssh_keys::{KeyImportError, import_private_key};
+use postern_broker::config::{ApprovalMode, Config};
+use postern_broker::contract::{ConfidenceSource, Outcome};
+use postern_broker::display::escape_text;
+use postern_broker::invocation::Recorder;
+use postern_broker::journal::JournalError;
+use postern_broker::journal::events::{Channel, Event, EventBody, Settlement as Settled};
+use postern_broker::journal::projection::Projection;
+use postern_broker::journal::query::{self, Filter, InvocationRow};
+use postern_broker::vault::{CredentialKind, Secret};
+use postern_mcp::peer::ProcessInfo;
+use postern_mcp::server::{Broker, SessionRecord};
+
+use crate::dto::*;
+
+/// The most rows one activity page returns.
+pub const MAX_PAGE: usize = 500;
+/// How many unknown outcomes the reconciliation screen lists.
+const RECONCILE_LIST: usize = 200;
+/// How many invocations of one session the timeline shows (the newest).
+const TIMELINE_LIMIT: usize = 500;
+
+/// Where the console's broker lives and what it is called.
+#[derive(Debug, Clone)]
+pub struct Paths {
+    pub data_dir: PathBuf,
+    pub config: PathBuf,
+    pub socket: PathBuf,
+    pub keychain: String,
+}
+
+/// The operator's view of one running broker.
+pub struct Console {
+    pub broker: Arc<Broker>,
+    pub approvals: Arc<Approvals>,
+    pub paths: Paths,
+    /// Who answers from this console, as recorded in the journal.
+    pub operator: String,
+    reader: Mutex<Option<Connection>>,
+    integrity: Mutex<IntegrityState>,
+    /// Serializes target edits (read, edit, validate, rename, reload).
+    edit: Mutex<()>,
+}
+
+fn journal_error(e: &JournalError) -> CommandError {
+    CommandError::new(
+        "JOURNAL_UNREADABLE",
+        format!("The journal could not be read: {e}"),
+    )
+}
+
+impl Console {
+    pub fn new(broker: Arc<Broker>, approvals: Arc<Approvals>, paths: Paths) -> Self {
+        let user = std::env::var("USER")
+            .or_else(|_| std::env::var("LOGNAME"))
+            .unwrap_or_else(|_| "operator".into());
+        Console {
+            broker,
+            approvals,
+            paths,
+            operator: format!("console:{user}"),
+            reader: Mutex::new(None),
+            integrity: Mutex::new(IntegrityState {
+                state: "checking".into(),
+                through_seq: None,
+                checked_at_ms: None,
+                events: 0,
+                checkpoints: 0,
+                failure: None,
+                first_bad_seq: None,
+            }),
+            edit: Mutex::new(()),
+        }
+    }
+
+    fn now(&self) -> i64 {
+        self.broker.journal.now_ms()
+    }
+
+    /// Runs `f` on a read-only connection to the journal (opened on first use; WAL lets
+    /// it read while the broker writes).
+    fn read<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, JournalError>,
+    ) -> Result<T, CommandError> {
+        let mut guard = self
+            .reader
+            .lock()
+            .map_err(|_| CommandError::new("INTERNAL", "the journal reader was poisoned"))?;
+        if guard.is_none() {
+            let conn = Connection::open_with_flags(
+                self.broker.journal.path(),
+                OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )
+            .map_err(|e| journal_error(&JournalError::from(e)))?;
+            let _ = conn.busy_timeout(std::time::Duration::from_secs(5));
+            *guard = Some(conn);
+        }
+        match guard.as_ref() {
+            Some(conn) => f(conn).map_err(|e| journal_error(&e)),
+            None => Err(CommandError::new("INTERNAL", "no journal reader")),
+        }
+    }
+
+    /// The newest journal sequence (0 for an empty journal).
+    pub fn last_seq(&self) -> Result<u64, CommandError> {
+        self.read(|conn| {
+            let seq: Option<i64> =
+                conn.query_row("SELECT max(seq) FROM events", [], |r| r.get(0))?;
+            Ok(u64::try_from(seq.unwrap_or(0)).unwrap_or(0))
+        })
+    }
+
+    // ----- overview -------------------------------------------------------------------
+
+    pub fn overview(&self) -> Result<Overview, CommandError> {
+        let credentials = self.credential_metas()?.len();
+        let config = self.broker.config.current();
+        let unknown = self.read(|conn| {
+            Ok(query::list(
+                conn,
+                &Filter {
+                    outcome: Some(Outcome::Unknown),
+                    limit: Some(RECONCILE_LIST),
+                    ..Filter::default()
+                },
+                self.now(),
+            )?
+            .iter()
+            .filter(|r| unsettled_row(r))
+            .count())
+        })?;
+        Ok(Overview {
+            vault_empty: credentials == 0,
+            credentials: count(credentials),
+            targets: count(config.http.len() + config.ssh.len()),
+            pending_approvals: count(self.approvals.pending().len()),
+            needs_reconciliation: count(unknown),
+            data_dir: self.paths.data_dir.display().to_string(),
+            config_path: self.paths.config.display().to_string(),
+            socket: self.paths.socket.display().to_string(),
+            keychain: self.paths.keychain.clone(),
+        })
+    }
+
+    // ----- approvals ------------------------------------------------------------------
+
+    pub fn approval_cards(&self) -> Vec<ApprovalCard> {
+        let sessions = self.broker.sessions.list();
+        self.approvals
+            .pending()
+            .into_iter()
+            .map(|p| card(p, &sessions))
+            .collect()
+    }
+
+    /// Answers one card. Approve grants exactly `fingerprint`: if the request changed
+    /// since the card was drawn, the broker refuses it with FINGERPRINT_MISMATCH and
+    /// nothing is sent. Deny always stops the request.
+    pub fn answer(
+        &self,
+        invocation_id: &str,
+        fingerprint: &str,
+        decision: Decision,
+    ) -> Result<(), CommandError> {
+        let not_pending = |_| {
+            CommandError::new(
+                "NOT_PENDING",
+                format!(
+                    "{invocation_id} is no longer waiting for an answer (answered, timed out \
+                     or cancelled by the agent)"
+                ),
+            )
+        };
+        match decision {
+            Decision::Approve => {
+                if fingerprint.trim().is_empty() {
+                    return Err(CommandError::field(
+                        "INVALID_INPUT",
+                        "fingerprint",
+                        "An approval must name the fingerprint it approves.",
+                    ));
+                }
+                self.approvals
+                    .approve(invocation_id, fingerprint, &self.operator)
+                    .map_err(not_pending)
+            }
+            Decision::Deny => self
+                .approvals
+                .deny(invocation_id, &self.operator)
+                .map_err(not_pending),
+        }
+    }
+
+    // ----- sessions and timeline ------------------------------------------------------
+
+    pub fn sessions(&self) -> Result<Vec<SessionSummary>, CommandError> {
+        let live = self.broker.sessions.list();
+        let rows = self.read(|conn| query::sessions(conn, 200))?;
+        let mut out: Vec<SessionSummary> = rows
+            .into_iter()
+            .map(|r| SessionSummary {
+                agent: live
+                    .iter()
+                    .find(|l| l.identity.session == r.session)
+                    .map(agent_card),
+                session: r.session,
+                invocations: r.invocations,
+                first_at_ms: r.first_at_ms,
+                last_at_ms: r.last_at_ms,
+            })
+            .collect();
+        // Live sessions that have not invoked anything yet still show.
+        for record in &live {
+            if !out.iter().any(|s| s.session == record.identity.session) {
+                out.push(SessionSummary {
+                    session: record.identity.session.clone(),
+                    invocations: 0,
+                    first_at_ms: record.first_seen_ms,
+                    last_at_ms: record.first_seen_ms,
+                    agent: Some(agent_card(record)),
+                });
+            }
+        }
+        out.sort_by_key(|s| std::cmp::Reverse(s.last_at_ms));
+        Ok(out)
+    }
+
+    /// Every invocation of one session (the newest [`TIMELINE_LIMIT`]), oldest first,
+    /// each with its transitions.
+    pub fn timeline(&self, session: &str) -> Result<Vec<InvocationDetail>, CommandError> {
+        let rows = self.read(|conn| {
+            query::list(
+                conn,
+                &Filter {
+                    session: Some(session.to_string()),
+                    limit: Some(TIMELINE_LIMIT),
+                    ..Filter::default()
+                },
+                self.now(),
+            )
+        })?;
+        rows.into_iter()
+            .rev()
+            .map(|row| self.detail_of(row))
+            .collect()
+    }
+
+    // ----- activity -------------------------------------------------------------------
+
+    pub fn activity(
+        &self,
+        filter: &ActivityFilter,
+        before_seq: Option<i64>,
+        limit: usize,
+    ) -> Result<ActivityPage, CommandError> {
+        let started = Instant::now();
+        let limit = limit.clamp(1, MAX_PAGE);
+        let mut filter = to_filter(filter)?;
+        filter.before_seq = before_seq;
+        filter.limit = Some(limit);
+        let rows = self.read(|conn| query::list(conn, &filter, self.now()))?;
+        let next_before_seq = if rows.len() == limit {
+            rows.last().map(|r| r.accepted_seq)
+        } else {
+            None
+        };
+        Ok(ActivityPage {
+            rows: rows.into_iter().map(activity_row).collect(),
+            next_before_seq,
+            took_us: u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+        })
+    }
+
+    /// Writes every invocation matching `filter` to a new file in `dir`, page by page.
+    pub fn export(
+        &self,
+        filter: &ActivityFilter,
+        format: ExportFormat,
+        dir: &Path,
+    ) -> Result<ExportResult, CommandError> {
+        use std::io::Write;
+        let io = |e: std::io::Error| {
+            CommandError::new("EXPORT_FAILED", format!("{}: {e}", dir.display()))
+        };
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let extension = match format {
+            ExportFormat::Jsonl => "jsonl",
+            ExportFormat::Csv => "csv",
+        };
+        let path = dir.join(format!("postern-activity-{}.{extension}", self.now()));
+        let tmp = path.with_extension(format!("{extension}.partial"));
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .map_err(io)?;
+        let mut out = std::io::BufWriter::new(file);
+        let result = (|| {
+            if format == ExportFormat::Csv {
+                writeln!(
+                    out,
+                    "id,accepted_seq,accepted_at_ms,session,target,summary,phase,outcome,retry,code"
+                )
+                .map_err(io)?;
+            }
+            let mut before = None;
+            let mut rows = 0u64;
+            loop {
+                let page = self.activity(filter, before, MAX_PAGE)?;
+                for row in &page.rows {
+                    match format {
+                        ExportFormat::Jsonl => {
+                            let line = serde_json::to_string(row)
+                                .map_err(|e| CommandError::new("EXPORT_FAILED", e.to_string()))?;
+                            writeln!(out, "{line}").map_err(io)?;
+                        }
+                        ExportFormat::Csv => writeln!(out, "{}", csv_line(row)).map_err(io)?,
+                    }
+                    rows += 1;
+                }
+                match page.next_before_seq {
+                    Some(next) => before = Some(next),
+                    None => break,
+                }
+            }
+            out.flush().map_err(io)?;
+            out.get_ref().sync_all().map_err(io)?;
+            Ok(rows)
+        })();
+        match result {
+            Ok(rows) => {
+                std::fs::rename(&tmp, &path).map_err(io)?;
+                Ok(ExportResult {
+                    path: path.display().to_string(),
+                    rows,
+                })
+            }
+            Err(e) => {
+                // A failed export leaves no half-written file behind.
+                let _ = std::fs::remove_file(&tmp);
+                Err(e)
+            }
+        }
+    }
+
+    // ----- one invocation -------------------------------------------------------------
+
+    pub fn detail(&self, invocation_id: &str) -> Result<InvocationDetail, CommandError> {
+        let p = self.projection(invocation_id)?;
+        let row = self.read(|conn| {
+            conn.query_row(
+                "SELECT accepted_seq, accepted_at_ms FROM invocations WHERE id = ?1",
+                [invocation_id],
+                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
+            )
+            .map_err(JournalError::from)
+        })?;
+        let now = self.now();
+        self.detail_of(InvocationRow {
+            id: p.invocation_id.clone(),
+            accepted_seq: row.0,
+            accepted_at_ms: row.1,
+            session: p.session.clone(),
+            target: p.target.clone().unwrap_or_default(),
+            summary: p.summary.clone().unwrap_or_default(),
+            phase: p.phase,
+            outcome: p.outcome,
+            retry: p.retry(now),
+            code: p.effective_code(),
+        })
+    }
+
+    fn projection(&self, invocation_id: &str) -> Result<Projection, CommandError> {
+        let p = self
+            .broker
+            .journal
+            .projection(invocation_id)
+            .map_err(|e| journal_error(&e))?;
+        if !p.exists() {
+            return Err(CommandError::field(
+                "UNKNOWN_INVOCATION",
+                "invocation_id",
+                format!("No invocation {invocation_id} in this journal."),
+            ));
+        }
+        Ok(p)
+    }
+
+    fn detail_of(&self, row: InvocationRow) -> Result<InvocationDetail, CommandError> {
+        let events = self
+            .broker
+            .journal
+            .events(&row.id)
+            .map_err(|e| journal_error(&e))?;
+        let p = Projection::fold(&row.id, &events).map_err(|e| journal_error(&e.into()))?;
+        let now = self.now();
+        let config = self.broker.config.current();
+        let can_query = p.channel == Some(Channel::Http)
+            && p.target
+                .as_deref()
+                .and_then(|t| config.http_target(t))
+                .is_some_and(|t| t.reconcile.is_some());
+        let settlement = events.iter().rev().find_map(|e| match &e.body {
+            EventBody::Reconciled {
+                source,
+                settlement,
+                by,
+                note,
+                ..
+            } => Some(Settlement {
+                source: source.as_str().to_string(),
+                settlement: settled_str(*settlement).to_string(),
+                by: by.clone(),
+                note: note.clone(),
+                at_ms: e.recorded_at_ms,
+            }),
+            _ => None,
+        });
+        let manifest_verdict = events.iter().rev().find_map(|e| match &e.body {
+            EventBody::RetryManifest { verdict, .. } => serde_json::to_value(verdict)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string)),
+            _ => None,
+        });
+        let (proves, does_not_prove) = what_the_record_proves(&p, &events);
+        let envelope = json!({
+            "invocation_id": p.invocation_id,
+            "target": p.target,
+            "summary": p.summary,
+            "phase": p.phase,
+            "outcome": p.outcome,
+            "retry": p.retry(now),
+            "code": p.effective_code(),
+            "message": p.message,
+            "delivered": p.delivered,
+            "evidence": p.evidence(),
+        });
+        Ok(InvocationDetail {
+            unsettled: p.outcome == Outcome::Unknown && p.terminal && settlement.is_none(),
+            row: activity_row(row),
+            events: events.iter().map(timeline_event).collect(),
+            envelope,
+            proves,
+            does_not_prove,
+            manifest_verdict,
+            can_query,
+            settlement,
+        })
+    }
+
+    // ----- reconciliation -------------------------------------------------------------
+
+    /// Every unknown outcome not yet settled, newest first.
+    pub fn needs_reconciliation(&self) -> Result<Vec<InvocationDetail>, CommandError> {
+        let rows = self.read(|conn| {
+            query::list(
+                conn,
+                &Filter {
+                    outcome: Some(Outcome::Unknown),
+                    limit: Some(RECONCILE_LIST),
+                    ..Filter::default()
+                },
+                self.now(),
+            )
+        })?;
+        rows.into_iter()
+            .filter(unsettled_row)
+            .map(|row| self.detail_of(row))
+            .filter(|d| !matches!(d, Ok(d) if !d.unsettled))
+            .collect()
+    }
+
+    /// Runs the target's configured reconcile query; what it proves is recorded on the
+    /// original as `remote_query` evidence.
+    pub async fn run_reconcile_query(
+        &self,
+        invocation_id: &str,
+    ) -> Result<InvocationDetail, CommandError> {
+        let before = self.detail(invocation_id)?;
+        if !before.unsettled {
+            return Err(CommandError::new(
+                "NOT_UNKNOWN",
+                "This invocation's outcome is not an unsettled unknown; there is nothing to \
+                 reconcile.",
+            ));
+        }
+        if !before.can_query {
+            return Err(CommandError::new(
+                "NO_RECONCILE_QUERY",
+                "This target has no [http.reconcile] query configured; check the remote \
+                 system and attest what you find.",
+            ));
+        }
+        let outcome = self
+            .broker
+            .channel
+            .reconcile(invocation_id, &self.operator)
+            .await;
+        let after = self.detail(invocation_id)?;
+        if after.unsettled {
+            let why = outcome
+                .error
+                .map(|e| e.error.message)
+                .unwrap_or_else(|| "the query's answer did not settle the outcome".into());
+            return Err(CommandError::new("RECONCILE_INCONCLUSIVE", why));
+        }
+        Ok(after)
+    }
+
+    /// Records an operator's attestation. The original attempt is never rewritten: a
+    /// RECONCILED event (`operator_attested`, who, note) is appended.
+    pub fn attest(&self, attestation: &Attestation) -> Result<InvocationDetail, CommandError> {
+        let settlement = match attestation.settlement.as_str() {
+            "committed" => Settled::Committed,
+            "not_applied" => Settled::NotApplied,
+            _ => {
+                return Err(CommandError::field(
+                    "INVALID_INPUT",
+                    "settlement",
+                    "The settlement is `committed` or `not_applied`.",
+                ));
+            }
+        };
+        let note = attestation.note.trim();
+        if note.is_empty() {
+            return Err(CommandError::field(
+                "INVALID_INPUT",
+                "note",
+                "Say what you checked: an attestation needs a note.",
+            ));
+        }
+        if note.chars().count() > 2000 {
+            return Err(CommandError::field(
+                "INVALID_INPUT",
+                "note",
+                "The note is longer than 2000 characters.",
+            ));
+        }
+        let before = self.detail(&attestation.invocation_id)?;
+        if !before.unsettled {
+            return Err(CommandError::new(
+                "NOT_UNKNOWN",
+                "This invocation's outcome is not an unsettled unknown; nothing was recorded.",
+            ));
+        }
+        let rec = Recorder::resume(&self.broker.journal, &attestation.invocation_id)
+            .map_err(|e| journal_error(&e))?;
+        rec.reconcile(
+            ConfidenceSource::OperatorAttested,
+            settlement,
+            &self.operator,
+            note,
+            None,
+        )
+        .map_err(|e| {
+            CommandError::new(
+                "JOURNAL_REFUSED",
+                format!("The attestation was not recorded: {e}"),
+            )
+        })?;
+        self.detail(&attestation.invocation_id)
+    }
+
+    // ----- credentials ----------------------------------------------------------------
+
+    fn credential_metas(&self) -> Result<Vec<postern_broker::vault::CredentialMeta>, CommandError> {
+        // The audit signing key lives in the vault too, but it is the broker's own: it is
+        // neither listed nor removable here (removing it would orphan the checkpoints).
+        Ok(self
+            .broker
+            .credentials
+            .list()
+            .map_err(|e| CommandError::new(e.code().as_str(), e.to_string()))?
+            .into_iter()
+            .filter(|m| m.id.as_str() != audit::AUDIT_KEY_ID)
+            .collect())
+    }
+
+    pub fn credentials(&self) -> Result<Vec<CredentialCard>, CommandError> {
+        let config = self.broker.config.current();
+        Ok(self
+            .credential_metas()?
+            .into_iter()
+            .map(|m| {
+                let id = m.id.as_str().to_string();
+                let used_by = config
+                    .http
+                    .iter()
+                    .filter(|t| t.credential.as_str() == id)
+                    .map(|t| t.name.clone())
+                    .chain(
+                        config
+                            .ssh
+                            .iter()
+                            .filter(|t| t.credential.as_str() == id)
+                            .map(|t| t.name.clone()),
+                    )
+                    .collect();
+                CredentialCard {
+                    kind: m.kind.as_str().to_string(),
+                    version: m.version.as_str().to_string(),
+                    created_at_ms: m.created_at_ms,
+                    rotated_at_ms: (m.rotated_at_ms != m.created_at_ms).then_some(m.rotated_at_ms),
+                    last_used_ms: m.last_used_at_ms,
+                    used_by,
+                    id,
+                }
+            })
+            .collect())
+    }
+
+    /// Adds or rotates a credential. The value is moved into a zeroizing buffer at once,
+    /// written to the keychain, and never returned or logged.
+    pub fn set_credential(&self, input: SetCredential) -> Result<CredentialCard, CommandError> {
+        let SetCredential {
+            id,
+            kind,
+            secret,
+            passphrase,
+        } = input;
+        let secret = Secret::from(secret);
+        let passphrase = passphrase.map(Secret::from);
+        reserved(&id)?;
+        let kind: CredentialKind = kind.parse().map_err(|_| {
+            CommandError::field(
+                "INVALID_INPUT",
+                "kind",
+                format!(
+                    "Unknown credential kind; use one of: {}.",
+                    CredentialKind::ALL
+                        .iter()
+                        .map(|k| k.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )
+        })?;
+        if secret.is_empty() {
+            return Err(CommandError::field(
+                "INVALID_INPUT",
+                "secret",
+                "The secret is empty; nothing was stored.",
+            ));
+        }
+        let secret = if kind == CredentialKind::SshKey {
+            let text = std::str::from_utf8(secret.expose()).map_err(|_| {
+                CommandError::field(
+                    "INVALID_INPUT",
+                    "secret",
+                    "The SSH private key is not text.",
+                )
+            })?;
+            let pass = passphrase
+                .as_ref()
+                .and_then(|p| std::str::from_utf8(p.expose()).ok())
+                .filter(|p| !p.is_empty());
+            match import_private_key(text, pass) {
+                Ok(key) => key.private_openssh,
+                Err(KeyImportError::PassphraseRequired) => {
+                    return Err(CommandError::field(
+                        "INVALID_INPUT",
+                        "passphrase",
+                        "This SSH key is encrypted: enter its passphrase (used once to decrypt, \
+                         never stored).",
+                    ));
+                }
+                Err(e) => {
+                    return Err(CommandError::field(
+                        "INVALID_INPUT",
+                        "secret",
+                        format!("{e}; nothing was stored."),
+                    ));
+                }
+            }
+        } else {
+            secret
+        };
+        let stored = self
+            .broker
+            .credentials
+            .set(&id, kind, &secret, self.now())
+            .map_err(|e| CommandError::field(e.code().as_str(), "id", e.to_string()))?;
+        drop(secret);
+        self.credentials()?
+            .into_iter()
+            .find(|c| c.id == stored.id.as_str())
+            .ok_or_else(|| CommandError::new("INTERNAL", "the stored credential is not listed"))
+    }
+
+    pub fn remove_credential(&self, id: &str) -> Result<(), CommandError> {
+        reserved(id)?;
+        self.broker
+            .credentials
+            .remove(id)
+            .map_err(|e| CommandError::field(e.code().as_str(), "id", e.to_string()))
+    }
+
+    // ----- targets --------------------------------------------------------------------
+
+    pub fn targets(&self) -> Result<TargetList, CommandError> {
+        let config = self.broker.config.current();
+        let texts = postern_broker::config_edit::target_texts(&self.paths.config)
+            .map_err(|e| CommandError::new("CONFIG_UNREADABLE", e.to_string()))?;
+        let text_of = |name: &str| {
+            texts
+                .iter()
+                .find(|t| t.name == name)
+                .map(|t| t.text.clone())
+                .unwrap_or_default()
+        };
+        let mut targets: Vec<TargetCard> = config
+            .http
+            .iter()
+            .map(|t| TargetCard {
+                name: t.name.clone(),
+                channel: "http".into(),
+                location: t.base_url.to_string(),
+                credential: t.credential.as_str().to_string(),
+                approval: approval_str(t.approval).into(),
+                version: t.version().to_string(),
+                toml: text_of(&t.name),
+            })
+            .collect();
+        targets.extend(config.ssh.iter().map(|t| TargetCard {
+            name: t.name.clone(),
+            channel: "ssh".into(),
+            location: format!("{}@{}:{}", t.user, t.host, t.port),
+            credential: t.credential.as_str().to_string(),
+            approval: approval_str(t.approval).into(),
+            version: t.version().to_string(),
+            toml: text_of(&t.name),
+        }));
+        Ok(TargetList {
+            config_path: self.paths.config.display().to_string(),
+            targets,
+        })
+    }
+
+    /// Replaces one target's table in the config file (validated before it replaces the
+    /// file), keeps the previous file in `config-history/`, and swaps the live config:
+    /// the target gets a new version, so pending requests bound to the old one are
+    /// refused at dispatch (FINGERPRINT_MISMATCH).
+    pub fn update_target(&self, edit: &TargetEdit) -> Result<TargetCard, CommandError> {
+        let _one_at_a_time = self
+            .edit
+            .lock()
+            .map_err(|_| CommandError::new("INTERNAL", "the editor lock was poisoned"))?;
+        let previous = std::fs::read(&self.paths.config)
+            .map_err(|e| CommandError::new("CONFIG_UNREADABLE", e.to_string()))?;
+        let config: Config =
+            postern_broker::config_edit::replace_target(&self.paths.config, &edit.name, &edit.toml)
+                .map_err(|e| CommandError::field("CONFIG_INVALID", "toml", e.to_string()))?;
+        // The previous file, kept for the record; failing to keep it does not undo the
+        // edit, but is said.
+        let history = self.paths.data_dir.join("config-history");
+        let kept = std::fs::create_dir_all(&history).and_then(|()| {
+            std::fs::write(
+                history.join(format!("{}-before-{}.toml", self.now(), edit.name)),
+                &previous,
+            )
+        });
+        self.broker.config.replace(config);
+        if let Err(e) = kept {
+            eprintln!("postern-console: the previous config was not kept: {e}");
+        }
+        self.targets()?
+            .targets
+            .into_iter()
+            .find(|t| t.name == edit.name)
+            .ok_or_else(|| CommandError::new("INTERNAL", "the edited target is not listed"))
+    }
+
+    // ----- integrity ------------------------------------------------------------------
+
+    pub fn integrity(&self) -> IntegrityState {
+        self.integrity
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_else(|_| IntegrityState {
+                state: "failed".into(),
+                through_seq: None,
+                checked_at_ms: None,
+                events: 0,
+                checkpoints: 0,
+                failure: Some("the integrity state was poisoned".into()),
+                first_bad_seq: None,
+            })
+    }
+
+    /// Verifies the journal file's chain and checkpoints against this broker's key and
+    /// stores the result for the banner. Blocking: run it off the UI thread.
+    pub fn verify_now(&self) -> IntegrityState {
+        let db = self.broker.journal.path().to_path_buf();
+        let key = self.broker.journal.verifying_key();
+        let checked_at_ms = Some(self.now());
+        let state = match audit::verify_file(&db, &key) {
+            Ok(report) => IntegrityState {
+                state: "verified".into(),
+                through_seq: Some(report.verified_through),
+                checked_at_ms,
+                events: report.events,
+                checkpoints: report.checkpoints,
+                failure: None,
+                first_bad_seq: None,
+            },
+            Err(e) => IntegrityState {
+                state: "failed".into(),
+                through_seq: e.first_bad_seq().map(|s| s.saturating_sub(1)),
+                checked_at_ms,
+                events: 0,
+                checkpoints: 0,
+                first_bad_seq: e.first_bad_seq(),
+                failure: Some(e.to_string()),
+            },
+        };
+        if let Ok(mut s) = self.integrity.lock() {
+            *s = state.clone();
+        }
+        state
+    }
+}
+
+/// The broker's own keychain entries cannot be written or removed from the console.
+fn reserved(id: &str) -> Result<(), CommandError> {
+    if id == audit::AUDIT_KEY_ID {
+        return Err(CommandError::field(
+            "INVALID_INPUT",
+            "id",
+            format!("`{id}` is the broker's audit signing key; it cannot be changed here."),
+        ));
+    }
+    Ok(())
+}
+
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+fn approval_str(mode: ApprovalMode) -> &'static str {
+    match mode {
+        ApprovalMode::None => "none",
+        ApprovalMode::Session => "session",
+        ApprovalMode::PerCall => "per_call",
+    }
+}
+
+fn settled_str(s: Settled) -> &'static str {
+    match s {
+        Settled::Committed => "committed",
+        Settled::NotApplied => "not_applied",
+    }
+}
+
+/// Unknown rows whose code is not already a settlement (a cheap pre-filter; the detail
+/// fold decides).
+fn unsettled_row(row: &InvocationRow) -> bool {
+    row.outcome == Outcome::Unknown
+}
+
+fn to_filter(f: &ActivityFilter) -> Result<Filter, CommandError> {
+    fn parse<T: Copy>(
+        field: &str,
+        value: &Option<String>,
+        all: &[T],
+        name: impl Fn(T) -> &'static str,
+    ) -> Result<Option<T>, CommandError> {
+        match value.as_deref().filter(|v| !v.is_empty()) {
+            None => Ok(None),
+            Some(v) => all
+                .iter()
+                .copied()
+                .find(|x| name(*x) == v)
+                .map(Some)
+                .ok_or_else(|| {
+                    CommandError::field("INVALID_INPUT", field, format!("Unknown {field} `{v}`."))
+                }),
+        }
+    }
+    use postern_broker::contract::{Code, Phase};
+    let nonempty = |s: &Option<String>| {
+        s.as_ref()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+    };
+    Ok(Filter {
+        session: nonempty(&f.session),
+        target: nonempty(&f.target),
+        phase: parse("phase", &f.phase, Phase::ALL, Phase::as_str)?,
+        outcome: parse("outcome", &f.outcome, Outcome::ALL, Outcome::as_str)?,
+        code: parse("code", &f.code, Code::ALL, Code::as_str)?,
+        since_ms: f.since_ms,
+        until_ms: f.until_ms,
+        text: nonempty(&f.text),
+        ..Filter::default()
+    })
+}
+
+fn activity_row(r: InvocationRow) -> ActivityRow {
+    ActivityRow {
+        id: r.id,
+        accepted_seq: r.accepted_seq,
+        accepted_at_ms: r.accepted_at_ms,
+        session: r.session,
+        target: r.target,
+        summary: escape_text(&r.summary),
+        phase: r.phase.as_str().to_string(),
+        outcome: r.outcome.as_str().to_string(),
+        retry: r.retry.as_str().to_string(),
+        code: r.code.map(|c| c.as_str().to_string()),
+    }
+}
+
+fn csv_field(s: &str) -> String {
+    // Quote every field that needs it, and defuse spreadsheet formulas.
+    let s = if s.starts_with(['=', '+', '-', '@']) {
+        format!("'{s}")
+    } else {
+        s.to_string()
+    };
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s
+    }
+}
+
+fn csv_line(r: &ActivityRow) -> String {
+    [
+        csv_field(&r.id),
+        r.accepted_seq.to_string(),
+        r.accepted_at_ms.to_string(),
+        csv_field(r.session.as_deref().unwrap_or("")),
+        csv_field(&r.target),
+        csv_field(&r.summary),
+        r.phase.clone(),
+        r.outcome.clone(),
+        r.retry.clone(),
+        r.code.clone().unwrap_or_default(),
+    ]
+    .join(",")
+}
+
+fn step_of(body: &EventBody) -> &'static str {
+    match body {
+        EventBody::ActionAccepted { .. } => "accepted",
+        EventBody::PreflightValidated { .. } => "validated",
+        EventBody::ApprovalRequested { .. }
+        | EventBody::ApprovalGranted { .. }
+        | EventBody::ApprovalDenied { .. } => "approval",
+        EventBody::CredentialAuthorized { .. } => "authorized",
+        EventBody::AttemptStarted { .. } | EventBody::ConnectionAttempt { .. } => "connecting",
+        EventBody::DispatchStarted { .. } | EventBody::RequestSent { .. } => "dispatched",
+        EventBody::RemoteResponseStarted { .. } | EventBody::RemoteResponseComplete { .. } => {
+            "response"
+        }
+        EventBody::ResultCommitted { .. } => "committed",
+        EventBody::ResultDelivered | EventBody::DeliveryFailed { .. } => "delivered",
+        EventBody::Failed { .. } => "failed",
+        EventBody::RetryManifest { .. } => "retry",
+        EventBody::Reconciled { .. } => "reconciled",
+        EventBody::ImportedEvidence { .. } => "imported",
+    }
+}
+
+/// `key=value` pairs of an event's facts (the journal holds no secrets).
+fn describe(body: &EventBody) -> String {
+    let Ok(Value::Object(map)) = serde_json::to_value(body) else {
+        return String::new();
+    };
+    map.into_iter()
+        .filter(|(k, v)| k != "kind" && !v.is_null())
+        .map(|(k, v)| match v {
+            Value::String(s) => format!("{k}={}", escape_text(&s)),
+            other => format!("{k}={other}"),
+        })
+        .collect::<Vec<_>>()
+        .join("  ")
+}
+
+fn timeline_event(e: &Event) -> TimelineEvent {
+    TimelineEvent {
+        seq: e.seq,
+        at_ms: e.recorded_at_ms,
+        kind: e.body.kind().to_string(),
+        step: step_of(&e.body).to_string(),
+        detail: describe(&e.body),
+    }
+}
+
+/// What the durable record of `p` proves and what it does not, in sentences an operator
+/// can act on.
+fn what_the_record_proves(p: &Projection, events: &[Event]) -> (Vec<String>, Vec<String>) {
+    let mut proves = Vec::new();
+    let mut not = Vec::new();
+    let dispatch = events.iter().find_map(|e| match &e.body {
+        EventBody::DispatchStarted {
+            peer_identity,
+            connection_id,
+            ..
+        } => Some((e.seq, peer_identity.clone(), connection_id.clone())),
+        _ => None,
+    });
+    match &dispatch {
+        None => proves.push(
+            "Nothing was sent: the record has no DISPATCH_STARTED, so the remote never saw \
+             this request."
+                .into(),
+        ),
+        Some((seq, peer, _)) => {
+            proves.push(format!(
+                "Dispatch started (seq {seq}): from then on the remote may have received the \
+                 request."
+            ));
+            if let Some(peer) = peer {
+                proves.push(format!("The connection was to the verified peer {peer}."));
+            }
+        }
+    }
+    let m = p.last_dispatched.as_ref().unwrap_or(&p.attempt);
+    if p.ever_dispatched {
+        if m.request_complete {
+            proves.push("The whole request was written to the connection.".into());
+        } else {
+            not.push("That the whole request left this machine.".into());
+        }
+        if m.response_headers_received {
+            proves.push(match m.http_status {
+                Some(status) => format!("The remote began answering (HTTP {status})."),
+                None => "The remote began answering.".into(),
+            });
+        } else {
+            not.push("That the remote received or processed the request.".into());
+        }
+        if !m.response_complete && p.outcome == Outcome::Unknown {
+            not.push("A complete response: none was received.".into());
+        }
+    }
+    if let Some(key) = p
+        .operation
+        .as_ref()
+        .and_then(|o| o.idempotency.as_ref())
+        .map(|i| i.key.clone())
+    {
+        proves.push(format!(
+            "It carried idempotency key {key}; the remote can be asked about that key."
+        ));
+    }
+    if p.dispatches > 1 {
+        proves.push(format!("It was dispatched {} times.", p.dispatches));
+    }
+    if p.outcome == Outcome::Unknown {
+        not.push("Whether the remote applied the operation.".into());
+    }
+    (proves, not)
+}
+
+fn process_card(p: &ProcessInfo) -> ProcessCard {
+    ProcessCard {
+        pid: p.pid,
+        executable: p.executable.as_deref().map(escape_text),
+        command: escape_text(&p.command),
+        cwd: p.cwd.as_deref().map(escape_text),
+    }
+}
+
+fn agent_card(r: &SessionRecord) -> AgentCard {
+    AgentCard {
+        session: r.identity.session.clone(),
+        agent: process_card(&r.identity.agent),
+        parent_chain: r.identity.parent_chain.iter().map(process_card).collect(),
+        first_seen_ms: r.first_seen_ms,
+        ended_at_ms: r.ended_at_ms,
+        connections: r.connections,
+    }
+}
+
+fn card(p: Pending, sessions: &[SessionRecord]) -> ApprovalCard {
+    let r = p.request;
+    let agent = r
+        .session
+        .as_deref()
+        .and_then(|s| sessions.iter().find(|rec| rec.identity.session == s))
+        .map(agent_card);
+    ApprovalCard {
+        invocation_id: r.invocation_id,
+        mode: r.mode.to_string(),
+        target: r.target,
+        summary: escape_text(&r.summary),
+        method: r.detail.method,
+        url: r.detail.url.as_deref().map(escape_text),
+        body: r.detail.body.map(|b| BodyPreview {
+            size: b.size,
+            digest: b.digest,
+            text: b.text,
+            truncated: b.truncated,
+        }),
+        ssh_destination: r.detail.ssh_destination,
+        command: r.detail.command,
+        host_key: r.detail.host_key,
+        credential_id: r.credential_id,
+        credential_version: r.credential_version,
+        injection_mode: r.injection_mode,
+        idempotency_key: r.idempotency_key,
+        fingerprint: r.fingerprint,
+        requested_at_ms: p.requested_at_ms,
+        expires_at_ms: p.expires_at_ms,
+        agent,
+    }
+}

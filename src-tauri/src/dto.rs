@@ -1,0 +1,384 @@
+//! What crosses the IPC boundary between the console's webview and the broker. Each type
+//! derives [`TS`], and `ui/src/lib/bindings.ts` is generated from them (a test fails when
+//! the committed file drifts). No type here can carry secret bytes: credential values
+//! travel only inward, in [`SetCredential`], and are never returned.
+
+use serde::{Deserialize, Serialize};
+use ts_rs::TS;
+
+/// What the console shows first: whether to onboard, and the counts the navigation
+/// badges carry.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct Overview {
+    /// No credential stored yet: the console opens to onboarding.
+    pub vault_empty: bool,
+    pub credentials: u32,
+    pub targets: u32,
+    pub pending_approvals: u32,
+    pub needs_reconciliation: u32,
+    pub data_dir: String,
+    pub config_path: String,
+    /// The socket agents reach through `postern mcp --socket`.
+    pub socket: String,
+    /// `secret-service` or `keyutils`.
+    pub keychain: String,
+}
+
+/// One process in an agent's ancestry.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct ProcessCard {
+    pub pid: u32,
+    pub executable: Option<String>,
+    /// Escaped command line (control and bidi characters made visible).
+    pub command: String,
+    pub cwd: Option<String>,
+}
+
+/// The agent session behind a request.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct AgentCard {
+    pub session: String,
+    pub agent: ProcessCard,
+    /// Parents of the agent, nearest first.
+    pub parent_chain: Vec<ProcessCard>,
+    /// When the broker first saw this session (unix ms).
+    #[ts(type = "number")]
+    pub first_seen_ms: i64,
+    #[ts(type = "number | null")]
+    pub ended_at_ms: Option<i64>,
+    pub connections: u32,
+}
+
+/// A request body as a card shows it.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct BodyPreview {
+    #[ts(type = "number")]
+    pub size: u64,
+    pub digest: String,
+    /// Escaped text of the first part of the body.
+    pub text: String,
+    pub truncated: bool,
+}
+
+/// One pending approval.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct ApprovalCard {
+    pub invocation_id: String,
+    /// `per_call`, `session` (approving covers this agent session) or `host_key` (first
+    /// connection to an SSH host: approving pins the key).
+    pub mode: String,
+    pub target: String,
+    pub summary: String,
+    pub method: Option<String>,
+    pub url: Option<String>,
+    pub body: Option<BodyPreview>,
+    pub ssh_destination: Option<String>,
+    pub command: Option<String>,
+    pub host_key: Option<String>,
+    pub credential_id: String,
+    pub credential_version: String,
+    pub injection_mode: String,
+    pub idempotency_key: Option<String>,
+    /// The full fingerprint the approval binds; Approve sends it back.
+    pub fingerprint: String,
+    #[ts(type = "number")]
+    pub requested_at_ms: i64,
+    #[ts(type = "number")]
+    pub expires_at_ms: i64,
+    /// Unknown when the session has no live registry entry (should not happen for a
+    /// pending request, but the card still shows the request).
+    pub agent: Option<AgentCard>,
+}
+
+/// A person's answer to one card.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, TS)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    Approve,
+    Deny,
+}
+
+/// One invocation as lists show it.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct ActivityRow {
+    pub id: String,
+    #[ts(type = "number")]
+    pub accepted_seq: i64,
+    #[ts(type = "number")]
+    pub accepted_at_ms: i64,
+    pub session: Option<String>,
+    pub target: String,
+    pub summary: String,
+    #[ts(type = "Phase")]
+    pub phase: String,
+    #[ts(type = "Outcome")]
+    pub outcome: String,
+    #[ts(type = "Retry")]
+    pub retry: String,
+    #[ts(type = "Code | null")]
+    pub code: Option<String>,
+}
+
+/// Which invocations the activity screen shows. Empty fields match everything.
+#[derive(Debug, Clone, Default, Deserialize, TS)]
+#[serde(default, deny_unknown_fields)]
+pub struct ActivityFilter {
+    pub session: Option<String>,
+    pub target: Option<String>,
+    #[ts(type = "Phase | null")]
+    pub phase: Option<String>,
+    #[ts(type = "Outcome | null")]
+    pub outcome: Option<String>,
+    #[ts(type = "Code | null")]
+    pub code: Option<String>,
+    #[ts(type = "number | null")]
+    pub since_ms: Option<i64>,
+    #[ts(type = "number | null")]
+    pub until_ms: Option<i64>,
+    /// Searched in target and URL (or SSH host and command digest).
+    pub text: Option<String>,
+}
+
+/// One page of activity, newest first.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct ActivityPage {
+    pub rows: Vec<ActivityRow>,
+    /// Pass as `before_seq` for the next page; `null` when this was the last.
+    #[ts(type = "number | null")]
+    pub next_before_seq: Option<i64>,
+    /// Server-side time of this query, in microseconds.
+    #[ts(type = "number")]
+    pub took_us: u64,
+}
+
+/// The export formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, TS)]
+#[serde(rename_all = "snake_case")]
+pub enum ExportFormat {
+    Jsonl,
+    Csv,
+}
+
+/// Where an export was written.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct ExportResult {
+    pub path: String,
+    #[ts(type = "number")]
+    pub rows: u64,
+}
+
+/// One agent session, live or from the journal.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct SessionSummary {
+    pub session: String,
+    #[ts(type = "number")]
+    pub invocations: u64,
+    #[ts(type = "number")]
+    pub first_at_ms: i64,
+    #[ts(type = "number")]
+    pub last_at_ms: i64,
+    /// Present while this broker has seen the session (this run).
+    pub agent: Option<AgentCard>,
+}
+
+/// One durable transition of an invocation.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct TimelineEvent {
+    #[ts(type = "number")]
+    pub seq: u64,
+    #[ts(type = "number")]
+    pub at_ms: i64,
+    /// The journal's event kind, e.g. `DISPATCH_STARTED`.
+    pub kind: String,
+    /// The step of the lifecycle this belongs to: accepted, validated, approval,
+    /// authorized, dispatched, response, committed, delivered, failed, retry,
+    /// reconciled.
+    pub step: String,
+    /// A short secret-free description of the event's facts.
+    pub detail: String,
+}
+
+/// Everything the console shows about one invocation.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct InvocationDetail {
+    pub row: ActivityRow,
+    pub events: Vec<TimelineEvent>,
+    /// The envelope an agent gets from `get_invocation` (status, error, evidence), as
+    /// JSON.
+    #[ts(type = "Record<string, unknown>")]
+    pub envelope: serde_json::Value,
+    /// What the durable record proves, in plain sentences.
+    pub proves: Vec<String>,
+    /// What it does not prove.
+    pub does_not_prove: Vec<String>,
+    /// The verdict of the newest retry manifest, if a retry was planned.
+    pub manifest_verdict: Option<String>,
+    /// The target has a `[http.reconcile]` query the console can run.
+    pub can_query: bool,
+    /// The outcome is unknown and nothing has settled it yet.
+    pub unsettled: bool,
+    /// How it was settled, if it was: `remote_query` or `operator_attested`, with the
+    /// settlement, who and when.
+    pub settlement: Option<Settlement>,
+}
+
+/// A reconciliation recorded for an invocation.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct Settlement {
+    /// `remote_query` or `operator_attested`.
+    pub source: String,
+    /// `committed` or `not_applied`.
+    pub settlement: String,
+    pub by: String,
+    pub note: String,
+    #[ts(type = "number")]
+    pub at_ms: i64,
+}
+
+/// An operator's attestation of an unknown outcome.
+#[derive(Debug, Clone, Deserialize, TS)]
+#[serde(deny_unknown_fields)]
+pub struct Attestation {
+    pub invocation_id: String,
+    /// `committed` or `not_applied`.
+    pub settlement: String,
+    /// Required: what the operator checked.
+    pub note: String,
+}
+
+/// A stored credential (metadata only; the value never leaves the keychain).
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct CredentialCard {
+    pub id: String,
+    pub kind: String,
+    pub version: String,
+    #[ts(type = "number")]
+    pub created_at_ms: i64,
+    #[ts(type = "number | null")]
+    pub rotated_at_ms: Option<i64>,
+    #[ts(type = "number | null")]
+    pub last_used_ms: Option<i64>,
+    /// Targets that name this credential.
+    pub used_by: Vec<String>,
+}
+
+/// A credential to add or rotate. The value goes one way, into the keychain.
+#[derive(Deserialize, TS)]
+#[serde(deny_unknown_fields)]
+pub struct SetCredential {
+    pub id: String,
+    /// `token`, `password`, `basic` or `ssh_key`.
+    pub kind: String,
+    pub secret: String,
+    /// For an encrypted SSH private key: used once to decrypt it, never stored.
+    pub passphrase: Option<String>,
+}
+
+impl std::fmt::Debug for SetCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SetCredential")
+            .field("id", &self.id)
+            .field("kind", &self.kind)
+            .field("secret", &"<redacted>")
+            .field(
+                "passphrase",
+                &self.passphrase.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
+}
+
+/// One configured target.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct TargetCard {
+    pub name: String,
+    /// `http` or `ssh`.
+    pub channel: String,
+    /// Base URL, or `user@host:port`.
+    pub location: String,
+    pub credential: String,
+    /// `none`, `session` or `per_call`.
+    pub approval: String,
+    /// The normalized-config digest bound into fingerprints: changes with every edit.
+    pub version: String,
+    /// The target's table as written in the config file, for editing.
+    pub toml: String,
+}
+
+/// The configured targets and the file they come from.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct TargetList {
+    pub config_path: String,
+    pub targets: Vec<TargetCard>,
+}
+
+/// An edit of one target's table.
+#[derive(Debug, Clone, Deserialize, TS)]
+#[serde(deny_unknown_fields)]
+pub struct TargetEdit {
+    pub name: String,
+    /// The new text of the target's table (the `[[http]]` or `[[ssh]]` block).
+    pub toml: String,
+}
+
+/// The audit chain's state, for the integrity banner.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct IntegrityState {
+    /// `verified`, `failed` or `checking`.
+    pub state: String,
+    /// Verified through this sequence.
+    #[ts(type = "number | null")]
+    pub through_seq: Option<u64>,
+    #[ts(type = "number | null")]
+    pub checked_at_ms: Option<i64>,
+    #[ts(type = "number")]
+    pub events: u64,
+    #[ts(type = "number")]
+    pub checkpoints: u64,
+    /// The exact failure, when the chain does not verify.
+    pub failure: Option<String>,
+    #[ts(type = "number | null")]
+    pub first_bad_seq: Option<u64>,
+}
+
+/// An error a command returns to the webview: a stable code and a message meant for a
+/// person.
+#[derive(Debug, Clone, Serialize, TS, thiserror::Error)]
+#[error("{message}")]
+pub struct CommandError {
+    pub code: String,
+    pub message: String,
+    /// The input field the error is about, when there is one.
+    pub field: Option<String>,
+}
+
+impl CommandError {
+    pub fn new(code: &str, message: impl Into<String>) -> Self {
+        CommandError {
+            code: code.to_string(),
+            message: message.into(),
+            field: None,
+        }
+    }
+
+    pub fn field(code: &str, field: &str, message: impl Into<String>) -> Self {
+        CommandError {
+            code: code.to_string(),
+            message: message.into(),
+            field: Some(field.to_string()),
+        }
+    }
+}
+
+/// Payload of the `approvals-changed` event: the full pending list.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct ApprovalsChanged {
+    pub pending: Vec<ApprovalCard>,
+}
+
+/// Payload of the `journal-changed` event: the newest sequence, so views refresh.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct JournalChanged {
+    #[ts(type = "number")]
+    pub last_seq: u64,
+}

@@ -1,0 +1,709 @@
+//! The console's commands through Tauri's mock runtime, over a real broker (journal on
+//! disk, credentials in the test session's gnome-keyring, HTTP against the adversarial
+//! test server on 127.0.0.1). Each test has its own data dir and keychain service.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tauri::ipc::{CallbackFn, InvokeBody};
+use tauri::test::{INVOKE_KEY, MockRuntime, mock_builder, mock_context, noop_assets};
+use tauri::webview::InvokeRequest;
+use tauri::{App, WebviewWindow, WebviewWindowBuilder};
+
+use postern_broker::channel::CallContext;
+use postern_broker::channel::http::{HttpOutcome, HttpRequest};
+use postern_broker::contract::{Code, Outcome, Retry};
+use postern_desktop::app::{Args, Keychain, start, with_console};
+use postern_desktop::console::Console;
+use postern_tests::adversary::{Adversary, Behavior};
+use postern_tests::fixture::test_service;
+
+const CANARY: &str = "canary-console-secret-7f3a9c";
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    console: Arc<Console>,
+    _app: App<MockRuntime>,
+    main: WebviewWindow<MockRuntime>,
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        // The keychain entries live in the test session's throwaway keyring, under this
+        // test's own service name; remove what the test stored anyway.
+        for c in self.console.credentials().unwrap_or_default() {
+            let _ = self.console.remove_credential(&c.id);
+        }
+    }
+}
+
+impl Fixture {
+    fn invoke_from(
+        &self,
+        window: &WebviewWindow<MockRuntime>,
+        cmd: &str,
+        args: Value,
+    ) -> Result<Value, Value> {
+        tauri::test::get_ipc_response(
+            window,
+            InvokeRequest {
+                cmd: cmd.into(),
+                callback: CallbackFn(0),
+                error: CallbackFn(1),
+                url: "tauri://localhost".parse().unwrap(),
+                body: InvokeBody::Json(args),
+                headers: Default::default(),
+                invoke_key: INVOKE_KEY.to_string(),
+            },
+        )
+        .map(|b| b.deserialize::<Value>().unwrap())
+    }
+
+    fn invoke(&self, cmd: &str, args: Value) -> Result<Value, Value> {
+        self.invoke_from(&self.main, cmd, args)
+    }
+
+    fn ok(&self, cmd: &str, args: Value) -> Value {
+        self.invoke(cmd, args)
+            .unwrap_or_else(|e| panic!("{cmd} failed: {e}"))
+    }
+
+    fn config_path(&self) -> std::path::PathBuf {
+        self.dir.path().join("postern.toml")
+    }
+
+    /// An agent's HTTP call through the broker, as an MCP session would make it.
+    fn call(&self, request: HttpRequest) -> tauri::async_runtime::JoinHandle<HttpOutcome> {
+        let broker = self.console.broker.clone();
+        let approver = self.console.approvals.clone();
+        tauri::async_runtime::spawn(async move {
+            let ctx = CallContext {
+                session: Some("sess_test_1".into()),
+                approver: Some(approver),
+                ..Default::default()
+            };
+            broker.channel.execute(request, &ctx).await
+        })
+    }
+
+    /// Waits for one pending card through `list_approvals`.
+    fn card(&self) -> Value {
+        for _ in 0..300 {
+            let cards = self.ok("list_approvals", json!({}));
+            if let Some(card) = cards.as_array().and_then(|c| c.first()) {
+                return card.clone();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("no approval card appeared");
+    }
+}
+
+fn target(base_url: &str, approval: &str, extra: &str) -> String {
+    format!(
+        r#"[[http]]
+name = "api"
+base_url = "{base_url}/v1"
+methods = ["GET", "POST"]
+credential = "api-key"
+inject = {{ header = "Authorization", format = "Bearer {{secret}}" }}
+approval = "{approval}"
+{extra}
+"#
+    )
+}
+
+fn fixture(config: &str) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("postern.toml"), config).unwrap();
+    let service = test_service();
+    let started = start(&Args {
+        data_dir: Some(dir.path().to_path_buf()),
+        config: Some(dir.path().join("postern.toml")),
+        socket: None,
+        keychain: Keychain::SecretService,
+        keychain_service: service.clone(),
+        approval_timeout: 20,
+    })
+    .unwrap();
+    let console = started.console;
+    let app = with_console(mock_builder(), console.clone())
+        .build(mock_context(noop_assets()))
+        .unwrap();
+    let main = WebviewWindowBuilder::new(&app, "main", Default::default())
+        .build()
+        .unwrap();
+    Fixture {
+        dir,
+        console,
+        _app: app,
+        main,
+    }
+}
+
+fn server(behavior: Behavior) -> Adversary {
+    tauri::async_runtime::block_on(Adversary::start(behavior)).unwrap()
+}
+
+fn store_key(f: &Fixture) {
+    f.ok(
+        "set_credential",
+        json!({"credential": {"id": "api-key", "kind": "token", "secret": CANARY, "passphrase": null}}),
+    );
+}
+
+/// Every file under `dir`, searched for the canary.
+fn assert_canary_absent(dir: &Path) {
+    for entry in walk(dir) {
+        let bytes = std::fs::read(&entry).unwrap_or_default();
+        assert!(
+            !bytes.windows(CANARY.len()).any(|w| w == CANARY.as_bytes()),
+            "the secret leaked into {}",
+            entry.display()
+        );
+    }
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                out.extend(walk(&path));
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn an_empty_vault_opens_to_onboarding_and_a_stored_secret_never_comes_back() {
+    let f = fixture("");
+    let overview = f.ok("overview", json!({}));
+    assert_eq!(overview["vault_empty"], true);
+    assert_eq!(overview["targets"], 0);
+
+    let stored = f.ok(
+        "set_credential",
+        json!({"credential": {"id": "api-key", "kind": "token", "secret": CANARY, "passphrase": null}}),
+    );
+    assert_eq!(stored["id"], "api-key");
+    assert_eq!(stored["kind"], "token");
+    let first_version = stored["version"].as_str().unwrap().to_string();
+    assert!(!stored.to_string().contains(CANARY));
+
+    let overview = f.ok("overview", json!({}));
+    assert_eq!(overview["vault_empty"], false);
+    let listed = f.ok("list_credentials", json!({}));
+    assert_eq!(listed.as_array().unwrap().len(), 1);
+    assert!(!listed.to_string().contains(CANARY));
+
+    // Rotation is a new version; the old value is never returned either.
+    let rotated = f.ok(
+        "set_credential",
+        json!({"credential": {"id": "api-key", "kind": "token", "secret": "another-value", "passphrase": null}}),
+    );
+    assert_ne!(rotated["version"].as_str().unwrap(), first_version);
+    assert!(rotated["rotated_at_ms"].is_number());
+    assert_canary_absent(f.dir.path());
+
+    f.ok("remove_credential", json!({"id": "api-key"}));
+    assert_eq!(f.ok("overview", json!({}))["vault_empty"], true);
+}
+
+#[test]
+fn bad_credential_input_is_a_typed_error_naming_the_field() {
+    let f = fixture("");
+    let empty = f
+        .invoke(
+            "set_credential",
+            json!({"credential": {"id": "k", "kind": "token", "secret": "", "passphrase": null}}),
+        )
+        .unwrap_err();
+    assert_eq!(empty["code"], "INVALID_INPUT");
+    assert_eq!(empty["field"], "secret");
+    let kind = f
+        .invoke(
+            "set_credential",
+            json!({"credential": {"id": "k", "kind": "cookie", "secret": "x", "passphrase": null}}),
+        )
+        .unwrap_err();
+    assert_eq!(kind["field"], "kind");
+    let key = f
+        .invoke(
+            "set_credential",
+            json!({"credential": {"id": "k", "kind": "ssh_key", "secret": "not a key", "passphrase": null}}),
+        )
+        .unwrap_err();
+    assert_eq!(key["field"], "secret");
+    let audit_key = f
+        .invoke(
+            "remove_credential",
+            json!({"id": postern_broker::audit::AUDIT_KEY_ID}),
+        )
+        .unwrap_err();
+    assert_eq!(audit_key["field"], "id");
+    assert!(
+        f.ok("list_credentials", json!({}))
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[test]
+fn approving_a_card_sends_exactly_that_fingerprint() {
+    let srv = server(Behavior::ok_json("{\"ok\":true}"));
+    let f = fixture(&target(&srv.base_url(), "per_call", ""));
+    store_key(&f);
+    let call = f.call(HttpRequest {
+        url: srv.url("/v1/items"),
+        method: "POST".into(),
+        body: b"{\"amount\":5}\x1b[2J\xe2\x80\xae".to_vec(),
+        ..Default::default()
+    });
+    let card = f.card();
+    assert_eq!(card["target"], "api");
+    assert_eq!(card["method"], "POST");
+    assert_eq!(card["credential_id"], "api-key");
+    assert_eq!(card["mode"], "per_call");
+    assert_eq!(card["injection_mode"], "header:authorization");
+    // Control and bidi characters are shown escaped, never raw.
+    let body = card["body"]["text"].as_str().unwrap();
+    assert_eq!(body, "{\"amount\":5}\\x1b[2J\\u{202e}");
+    assert_eq!(card["body"]["size"], 19);
+    assert!(card["expires_at_ms"].as_i64() > card["requested_at_ms"].as_i64());
+    assert_eq!(srv.requests().len(), 0, "nothing is sent before the answer");
+
+    f.ok(
+        "answer_approval",
+        json!({"invocationId": card["invocation_id"], "fingerprint": card["fingerprint"], "decision": "approve"}),
+    );
+    let out = tauri::async_runtime::block_on(call).unwrap();
+    assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
+    assert_eq!(srv.requests().len(), 1);
+    assert!(
+        f.ok("list_approvals", json!({}))
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    let detail = f.ok(
+        "invocation_detail",
+        json!({"invocationId": out.invocation_id}),
+    );
+    let kinds: Vec<&str> = detail["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert!(kinds.contains(&"APPROVAL_GRANTED") && kinds.contains(&"RESULT_COMMITTED"));
+    assert_canary_absent(f.dir.path());
+}
+
+#[test]
+fn denying_a_card_stops_the_request_for_good() {
+    let srv = server(Behavior::ok_json("{}"));
+    let f = fixture(&target(&srv.base_url(), "per_call", ""));
+    store_key(&f);
+    let call = f.call(HttpRequest {
+        url: srv.url("/v1/items"),
+        method: "GET".into(),
+        ..Default::default()
+    });
+    let card = f.card();
+    f.ok(
+        "answer_approval",
+        json!({"invocationId": card["invocation_id"], "fingerprint": card["fingerprint"], "decision": "deny"}),
+    );
+    let out = tauri::async_runtime::block_on(call).unwrap();
+    let env = out.error.unwrap();
+    assert_eq!(
+        (env.error.code, env.error.retry, env.error.outcome),
+        (Code::ApprovalDenied, Retry::Never, Outcome::NotAttempted)
+    );
+    assert!(srv.requests().is_empty());
+    // A second answer for the same card is refused: it is no longer pending.
+    let again = f
+        .invoke(
+            "answer_approval",
+            json!({"invocationId": card["invocation_id"], "fingerprint": card["fingerprint"], "decision": "approve"}),
+        )
+        .unwrap_err();
+    assert_eq!(again["code"], "NOT_PENDING");
+}
+
+#[test]
+fn a_target_edited_under_a_pending_card_is_refused_as_a_fingerprint_mismatch() {
+    let srv = server(Behavior::ok_json("{}"));
+    let f = fixture(&target(&srv.base_url(), "per_call", ""));
+    store_key(&f);
+    let call = f.call(HttpRequest {
+        url: srv.url("/v1/items"),
+        method: "GET".into(),
+        ..Default::default()
+    });
+    let card = f.card();
+    let targets = f.ok("list_targets", json!({}));
+    let api = &targets["targets"][0];
+    let old_version = api["version"].as_str().unwrap().to_string();
+    let edited = api["toml"]
+        .as_str()
+        .unwrap()
+        .replace("methods = [\"GET\", \"POST\"]", "methods = [\"GET\"]");
+    let saved = f.ok(
+        "update_target",
+        json!({"edit": {"name": "api", "toml": edited}}),
+    );
+    assert_ne!(saved["version"].as_str().unwrap(), old_version);
+    assert!(
+        std::fs::read_to_string(f.config_path())
+            .unwrap()
+            .contains("methods = [\"GET\"]")
+    );
+
+    f.ok(
+        "answer_approval",
+        json!({"invocationId": card["invocation_id"], "fingerprint": card["fingerprint"], "decision": "approve"}),
+    );
+    let out = tauri::async_runtime::block_on(call).unwrap();
+    let env = out.error.unwrap();
+    assert_eq!(env.error.code, Code::FingerprintMismatch, "{env:?}");
+    assert_eq!(env.error.outcome, Outcome::NotAttempted);
+    assert!(srv.requests().is_empty());
+}
+
+#[test]
+fn an_invalid_target_edit_leaves_the_file_byte_for_byte_unchanged() {
+    let f = fixture(&target("http://127.0.0.1:9", "none", ""));
+    let before = std::fs::read(f.config_path()).unwrap();
+    for (toml, why) in [
+        (
+            "[[http]]\nname = \"api\"\nbase_url = \"not a url\"\n",
+            "invalid url",
+        ),
+        ("[[http]\nname = ", "syntax"),
+        ("[[http]]\nname = \"other\"\n", "rename"),
+        (
+            "[[http]]\nname = \"api\"\n[[ssh]]\nname = \"x\"\n",
+            "two tables",
+        ),
+    ] {
+        let err = f
+            .invoke(
+                "update_target",
+                json!({"edit": {"name": "api", "toml": toml}}),
+            )
+            .unwrap_err();
+        assert_eq!(err["code"], "CONFIG_INVALID", "{why}: {err}");
+        assert_eq!(err["field"], "toml");
+        assert_eq!(std::fs::read(f.config_path()).unwrap(), before, "{why}");
+    }
+}
+
+#[test]
+fn activity_pages_by_keyset_and_filters_on_the_server() {
+    let srv = server(Behavior::ok_json("{}"));
+    let f = fixture(&target(
+        &srv.base_url(),
+        "none",
+        "idempotent_methods = [\"GET\"]",
+    ));
+    store_key(&f);
+    for i in 0..7 {
+        let out = tauri::async_runtime::block_on(f.call(HttpRequest {
+            url: srv.url(&format!("/v1/items/{i}")),
+            method: "GET".into(),
+            ..Default::default()
+        }))
+        .unwrap();
+        assert_eq!(out.outcome, Outcome::Committed);
+    }
+    // One refused before anything was sent.
+    let refused = tauri::async_runtime::block_on(f.call(HttpRequest {
+        url: "http://127.0.0.1:1/elsewhere".into(),
+        method: "GET".into(),
+        ..Default::default()
+    }))
+    .unwrap();
+    assert_eq!(refused.outcome, Outcome::NotAttempted);
+
+    let first = f.ok(
+        "query_activity",
+        json!({"filter": {}, "beforeSeq": null, "limit": 3}),
+    );
+    let rows = first["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 3);
+    assert_eq!(rows[0]["outcome"], "not_attempted", "newest first");
+    let next = first["next_before_seq"].as_i64().unwrap();
+    let second = f.ok(
+        "query_activity",
+        json!({"filter": {}, "beforeSeq": next, "limit": 3}),
+    );
+    let second_rows = second["rows"].as_array().unwrap();
+    assert_eq!(second_rows.len(), 3);
+    assert!(second_rows[0]["accepted_seq"].as_i64().unwrap() < next);
+
+    let text = f.ok(
+        "query_activity",
+        json!({"filter": {"text": "items/4"}, "beforeSeq": null, "limit": 50}),
+    );
+    assert_eq!(text["rows"].as_array().unwrap().len(), 1);
+    assert_eq!(text["next_before_seq"], Value::Null);
+    let committed = f.ok(
+        "query_activity",
+        json!({"filter": {"outcome": "committed", "target": "api"}, "beforeSeq": null, "limit": 50}),
+    );
+    assert_eq!(committed["rows"].as_array().unwrap().len(), 7);
+
+    let bad = f
+        .invoke(
+            "query_activity",
+            json!({"filter": {"phase": "teleport"}, "beforeSeq": null, "limit": 5}),
+        )
+        .unwrap_err();
+    assert_eq!(
+        (bad["code"].as_str(), bad["field"].as_str()),
+        (Some("INVALID_INPUT"), Some("phase"))
+    );
+    let unknown_field = f.invoke(
+        "query_activity",
+        json!({"filter": {"colour": "red"}, "beforeSeq": null, "limit": 5}),
+    );
+    assert!(unknown_field.is_err(), "unknown filter fields are refused");
+
+    // Sessions and the timeline see the same invocations.
+    let sessions = f.ok("list_sessions", json!({}));
+    assert_eq!(sessions[0]["session"], "sess_test_1");
+    assert_eq!(sessions[0]["invocations"], 8);
+    let timeline = f.ok("session_timeline", json!({"session": "sess_test_1"}));
+    let timeline = timeline.as_array().unwrap();
+    assert_eq!(timeline.len(), 8);
+    let steps: Vec<&str> = timeline[0]["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["step"].as_str().unwrap())
+        .collect();
+    for step in [
+        "accepted",
+        "validated",
+        "authorized",
+        "dispatched",
+        "response",
+        "committed",
+    ] {
+        assert!(steps.contains(&step), "{step} missing from {steps:?}");
+    }
+}
+
+#[test]
+fn exports_write_every_matching_row_as_jsonl_and_csv() {
+    let srv = server(Behavior::ok_json("{}"));
+    let f = fixture(&target(&srv.base_url(), "none", ""));
+    store_key(&f);
+    for i in 0..3 {
+        tauri::async_runtime::block_on(f.call(HttpRequest {
+            url: srv.url(&format!("/v1/x{i}")),
+            method: "GET".into(),
+            ..Default::default()
+        }))
+        .unwrap();
+    }
+    let exports = f.dir.path().join("exports");
+    let jsonl = f
+        .console
+        .export(
+            &Default::default(),
+            postern_desktop::dto::ExportFormat::Jsonl,
+            &exports,
+        )
+        .unwrap();
+    assert_eq!(jsonl.rows, 3);
+    let text = std::fs::read_to_string(&jsonl.path).unwrap();
+    assert_eq!(text.lines().count(), 3);
+    for line in text.lines() {
+        let row: Value = serde_json::from_str(line).unwrap();
+        assert_eq!(row["target"], "api");
+    }
+    let csv = f
+        .console
+        .export(
+            &Default::default(),
+            postern_desktop::dto::ExportFormat::Csv,
+            &exports,
+        )
+        .unwrap();
+    let text = std::fs::read_to_string(&csv.path).unwrap();
+    assert_eq!(text.lines().count(), 4, "header + 3 rows");
+    assert!(text.starts_with("id,accepted_seq,"));
+    assert!(
+        walk(&exports)
+            .iter()
+            .all(|p| !p.to_string_lossy().ends_with(".partial"))
+    );
+}
+
+#[test]
+fn an_unknown_outcome_is_attested_without_rewriting_the_attempt() {
+    let srv = server(Behavior::ApplyThenClose);
+    let f = fixture(&target(&srv.base_url(), "none", ""));
+    store_key(&f);
+    let out = tauri::async_runtime::block_on(f.call(HttpRequest {
+        url: srv.url("/v1/payments"),
+        method: "POST".into(),
+        body: b"{\"amount\":5}".to_vec(),
+        ..Default::default()
+    }))
+    .unwrap();
+    assert_eq!(out.outcome, Outcome::Unknown);
+    let id = out.invocation_id.clone();
+
+    let pending = f.ok("needs_reconciliation", json!({}));
+    let item = &pending[0];
+    assert_eq!(item["row"]["id"], id.as_str());
+    assert_eq!(item["unsettled"], true);
+    assert_eq!(item["can_query"], false);
+    assert!(
+        item["does_not_prove"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s.as_str().unwrap().contains("applied"))
+    );
+    let query = f
+        .invoke("run_reconcile_query", json!({"invocationId": id}))
+        .unwrap_err();
+    assert_eq!(query["code"], "NO_RECONCILE_QUERY");
+
+    let no_note = f
+        .invoke(
+            "attest_outcome",
+            json!({"attestation": {"invocation_id": id, "settlement": "committed", "note": "  "}}),
+        )
+        .unwrap_err();
+    assert_eq!(no_note["field"], "note");
+    let events_before = f.console.broker.journal.events(&id).unwrap();
+
+    let settled = f.ok(
+        "attest_outcome",
+        json!({"attestation": {"invocation_id": id, "settlement": "committed", "note": "payment pay_1 visible in the dashboard"}}),
+    );
+    assert_eq!(settled["unsettled"], false);
+    assert_eq!(settled["settlement"]["source"], "operator_attested");
+    assert_eq!(settled["settlement"]["settlement"], "committed");
+    assert!(
+        settled["settlement"]["by"]
+            .as_str()
+            .unwrap()
+            .starts_with("console:")
+    );
+    assert_eq!(settled["row"]["outcome"], "committed");
+    assert_eq!(settled["row"]["code"], "RECONCILED_COMMITTED");
+
+    // The original events are untouched; one RECONCILED was appended.
+    let events_after = f.console.broker.journal.events(&id).unwrap();
+    assert_eq!(&events_after[..events_before.len()], &events_before[..]);
+    assert_eq!(events_after.len(), events_before.len() + 1);
+    assert!(
+        f.ok("needs_reconciliation", json!({}))
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+
+    // A second attestation is refused; the agent's retry reflects the settlement.
+    let twice = f
+        .invoke(
+            "attest_outcome",
+            json!({"attestation": {"invocation_id": id, "settlement": "not_applied", "note": "x"}}),
+        )
+        .unwrap_err();
+    assert_eq!(twice["code"], "NOT_UNKNOWN");
+    let retried = tauri::async_runtime::block_on(
+        f.console.broker.channel.retry(&id, &CallContext::default()),
+    );
+    assert_eq!(retried.outcome, Outcome::Committed, "{retried:?}");
+    assert_eq!(srv.effects(), 1, "never applied twice");
+}
+
+#[test]
+fn the_integrity_banner_reports_verification_and_the_first_bad_sequence() {
+    let srv = server(Behavior::ok_json("{}"));
+    let f = fixture(&target(&srv.base_url(), "none", ""));
+    store_key(&f);
+    tauri::async_runtime::block_on(f.call(HttpRequest {
+        url: srv.url("/v1/a"),
+        method: "GET".into(),
+        ..Default::default()
+    }))
+    .unwrap();
+    let state = f.ok("integrity", json!({"recheck": true}));
+    assert_eq!(state["state"], "verified", "{state}");
+    let through = state["through_seq"].as_u64().unwrap();
+    assert!(through >= 5);
+    assert_eq!(
+        f.ok("integrity", json!({"recheck": false}))["state"],
+        "verified"
+    );
+
+    // Tamper with one event's body on disk.
+    let conn = rusqlite::Connection::open(f.console.broker.journal.path()).unwrap();
+    conn.execute(
+        "UPDATE events SET body = replace(body, '/v1/a', '/v1/b') WHERE seq = 1",
+        [],
+    )
+    .unwrap();
+    drop(conn);
+    let state = f.ok("integrity", json!({"recheck": true}));
+    assert_eq!(state["state"], "failed", "{state}");
+    assert_eq!(state["first_bad_seq"], 1);
+    assert!(state["failure"].as_str().unwrap().contains('1'));
+}
+
+#[test]
+fn commands_are_granted_to_the_main_window_only() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("postern.toml"), "").unwrap();
+    let started = start(&Args {
+        data_dir: Some(dir.path().to_path_buf()),
+        config: Some(dir.path().join("postern.toml")),
+        socket: None,
+        keychain: Keychain::SecretService,
+        keychain_service: test_service(),
+        approval_timeout: 5,
+    })
+    .unwrap();
+    // The real context: the capability files and CSP as shipped.
+    let app = with_console(mock_builder(), started.console.clone())
+        .build(tauri::generate_context!("../tauri.conf.json"))
+        .unwrap();
+    let main = WebviewWindowBuilder::new(&app, "main", Default::default())
+        .build()
+        .unwrap();
+    let other = WebviewWindowBuilder::new(&app, "other", Default::default())
+        .build()
+        .unwrap();
+    let request = |cmd: &str| InvokeRequest {
+        cmd: cmd.into(),
+        callback: CallbackFn(0),
+        error: CallbackFn(1),
+        url: "tauri://localhost".parse().unwrap(),
+        body: InvokeBody::Json(json!({})),
+        headers: Default::default(),
+        invoke_key: INVOKE_KEY.to_string(),
+    };
+    assert!(tauri::test::get_ipc_response(&main, request("overview")).is_ok());
+    for cmd in ["overview", "list_approvals", "list_credentials"] {
+        let refused = tauri::test::get_ipc_response(&other, request(cmd));
+        assert!(refused.is_err(), "{cmd} was allowed from another window");
+    }
+}

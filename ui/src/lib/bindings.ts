@@ -1,0 +1,264 @@
+// Generated from the Rust types by `src-tauri/src/bindings.rs`. Do not edit:
+// `POSTERN_UPDATE_BINDINGS=1 cargo test -p postern-desktop bindings` rewrites it.
+import { invoke } from "@tauri-apps/api/core";
+import { listen, type UnlistenFn } from "@tauri-apps/api/event";
+
+export type Phase = "validation" | "credential_injection" | "connection_setup" | "remote_execution" | "result_delivery";
+export const PHASE_VALUES: Phase[] = ["validation", "credential_injection", "connection_setup", "remote_execution", "result_delivery"];
+export type Outcome = "not_attempted" | "rejected" | "committed" | "unknown";
+export const OUTCOME_VALUES: Outcome[] = ["not_attempted", "rejected", "committed", "unknown"];
+export type Retry = "never" | "after_correction" | "backoff" | "same_idempotency_key" | "reconcile" | "fetch_result";
+export const RETRY_VALUES: Retry[] = ["never", "after_correction", "backoff", "same_idempotency_key", "reconcile", "fetch_result"];
+export type Code = "INVALID_TARGET" | "INVALID_REQUEST" | "UNSUPPORTED_ACTION" | "PAYLOAD_LIMIT" | "FORBIDDEN_HEADER" | "IDEMPOTENCY_MISMATCH" | "FINGERPRINT_MISMATCH" | "LEASE_LOST" | "BROKER_UNAVAILABLE" | "VAULT_LOCKED" | "CREDENTIAL_MISSING" | "UNSUPPORTED_INJECTION" | "KEY_DECRYPTION_FAILED" | "APPROVAL_DENIED" | "APPROVAL_TIMEOUT" | "NO_APPROVER" | "DNS_FAILED" | "CONNECTION_REFUSED" | "CONNECT_TIMEOUT" | "TLS_REJECTED" | "HOST_KEY_MISMATCH" | "HOST_KEY_UNKNOWN" | "SSH_HANDSHAKE_FAILED" | "SSH_AUTH_FAILED" | "CHANNEL_OPEN_FAILED" | "REMOTE_OUTCOME_UNKNOWN" | "REMOTE_RESULT_INCOMPLETE" | "REMOTE_TIMEOUT" | "CALLER_CANCELLED" | "EXEC_REFUSED" | "REMOTE_REJECTED" | "REMOTE_UNAUTHORIZED" | "REMOTE_RATE_LIMITED" | "REMOTE_SERVER_ERROR" | "RESULT_DELIVERY_FAILED" | "RESULT_STORE_FAILED" | "RECONCILED_COMMITTED" | "BROKER_INTERRUPTED" | "RECONCILED_NOT_APPLIED";
+export const CODE_VALUES: Code[] = ["INVALID_TARGET", "INVALID_REQUEST", "UNSUPPORTED_ACTION", "PAYLOAD_LIMIT", "FORBIDDEN_HEADER", "IDEMPOTENCY_MISMATCH", "FINGERPRINT_MISMATCH", "LEASE_LOST", "BROKER_UNAVAILABLE", "VAULT_LOCKED", "CREDENTIAL_MISSING", "UNSUPPORTED_INJECTION", "KEY_DECRYPTION_FAILED", "APPROVAL_DENIED", "APPROVAL_TIMEOUT", "NO_APPROVER", "DNS_FAILED", "CONNECTION_REFUSED", "CONNECT_TIMEOUT", "TLS_REJECTED", "HOST_KEY_MISMATCH", "HOST_KEY_UNKNOWN", "SSH_HANDSHAKE_FAILED", "SSH_AUTH_FAILED", "CHANNEL_OPEN_FAILED", "REMOTE_OUTCOME_UNKNOWN", "REMOTE_RESULT_INCOMPLETE", "REMOTE_TIMEOUT", "CALLER_CANCELLED", "EXEC_REFUSED", "REMOTE_REJECTED", "REMOTE_UNAUTHORIZED", "REMOTE_RATE_LIMITED", "REMOTE_SERVER_ERROR", "RESULT_DELIVERY_FAILED", "RESULT_STORE_FAILED", "RECONCILED_COMMITTED", "BROKER_INTERRUPTED", "RECONCILED_NOT_APPLIED"];
+
+export type Overview = { 
+/**
+ * No credential stored yet: the console opens to onboarding.
+ */
+vault_empty: boolean, credentials: number, targets: number, pending_approvals: number, needs_reconciliation: number, data_dir: string, config_path: string, 
+/**
+ * The socket agents reach through `postern mcp --socket`.
+ */
+socket: string, 
+/**
+ * `secret-service` or `keyutils`.
+ */
+keychain: string, };
+
+export type ProcessCard = { pid: number, executable: string | null, 
+/**
+ * Escaped command line (control and bidi characters made visible).
+ */
+command: string, cwd: string | null, };
+
+export type AgentCard = { session: string, agent: ProcessCard, 
+/**
+ * Parents of the agent, nearest first.
+ */
+parent_chain: Array<ProcessCard>, 
+/**
+ * When the broker first saw this session (unix ms).
+ */
+first_seen_ms: number, ended_at_ms: number | null, connections: number, };
+
+export type BodyPreview = { size: number, digest: string, 
+/**
+ * Escaped text of the first part of the body.
+ */
+text: string, truncated: boolean, };
+
+export type ApprovalCard = { invocation_id: string, 
+/**
+ * `per_call`, `session` (approving covers this agent session) or `host_key` (first
+ * connection to an SSH host: approving pins the key).
+ */
+mode: string, target: string, summary: string, method: string | null, url: string | null, body: BodyPreview | null, ssh_destination: string | null, command: string | null, host_key: string | null, credential_id: string, credential_version: string, injection_mode: string, idempotency_key: string | null, 
+/**
+ * The full fingerprint the approval binds; Approve sends it back.
+ */
+fingerprint: string, requested_at_ms: number, expires_at_ms: number, 
+/**
+ * Unknown when the session has no live registry entry (should not happen for a
+ * pending request, but the card still shows the request).
+ */
+agent: AgentCard | null, };
+
+export type Decision = "approve" | "deny";
+
+export type ActivityRow = { id: string, accepted_seq: number, accepted_at_ms: number, session: string | null, target: string, summary: string, phase: Phase, outcome: Outcome, retry: Retry, code: Code | null, };
+
+export type ActivityFilter = { session: string | null, target: string | null, phase: Phase | null, outcome: Outcome | null, code: Code | null, since_ms: number | null, until_ms: number | null, 
+/**
+ * Searched in target and URL (or SSH host and command digest).
+ */
+text: string | null, };
+
+export type ActivityPage = { rows: Array<ActivityRow>, 
+/**
+ * Pass as `before_seq` for the next page; `null` when this was the last.
+ */
+next_before_seq: number | null, 
+/**
+ * Server-side time of this query, in microseconds.
+ */
+took_us: number, };
+
+export type ExportFormat = "jsonl" | "csv";
+
+export type ExportResult = { path: string, rows: number, };
+
+export type SessionSummary = { session: string, invocations: number, first_at_ms: number, last_at_ms: number, 
+/**
+ * Present while this broker has seen the session (this run).
+ */
+agent: AgentCard | null, };
+
+export type TimelineEvent = { seq: number, at_ms: number, 
+/**
+ * The journal's event kind, e.g. `DISPATCH_STARTED`.
+ */
+kind: string, 
+/**
+ * The step of the lifecycle this belongs to: accepted, validated, approval,
+ * authorized, dispatched, response, committed, delivered, failed, retry,
+ * reconciled.
+ */
+step: string, 
+/**
+ * A short secret-free description of the event's facts.
+ */
+detail: string, };
+
+export type InvocationDetail = { row: ActivityRow, events: Array<TimelineEvent>, 
+/**
+ * The envelope an agent gets from `get_invocation` (status, error, evidence), as
+ * JSON.
+ */
+envelope: Record<string, unknown>, 
+/**
+ * What the durable record proves, in plain sentences.
+ */
+proves: Array<string>, 
+/**
+ * What it does not prove.
+ */
+does_not_prove: Array<string>, 
+/**
+ * The verdict of the newest retry manifest, if a retry was planned.
+ */
+manifest_verdict: string | null, 
+/**
+ * The target has a `[http.reconcile]` query the console can run.
+ */
+can_query: boolean, 
+/**
+ * The outcome is unknown and nothing has settled it yet.
+ */
+unsettled: boolean, 
+/**
+ * How it was settled, if it was: `remote_query` or `operator_attested`, with the
+ * settlement, who and when.
+ */
+settlement: Settlement | null, };
+
+export type Settlement = { 
+/**
+ * `remote_query` or `operator_attested`.
+ */
+source: string, 
+/**
+ * `committed` or `not_applied`.
+ */
+settlement: string, by: string, note: string, at_ms: number, };
+
+export type Attestation = { invocation_id: string, 
+/**
+ * `committed` or `not_applied`.
+ */
+settlement: string, 
+/**
+ * Required: what the operator checked.
+ */
+note: string, };
+
+export type CredentialCard = { id: string, kind: string, version: string, created_at_ms: number, rotated_at_ms: number | null, last_used_ms: number | null, 
+/**
+ * Targets that name this credential.
+ */
+used_by: Array<string>, };
+
+export type SetCredential = { id: string, 
+/**
+ * `token`, `password`, `basic` or `ssh_key`.
+ */
+kind: string, secret: string, 
+/**
+ * For an encrypted SSH private key: used once to decrypt it, never stored.
+ */
+passphrase: string | null, };
+
+export type TargetCard = { name: string, 
+/**
+ * `http` or `ssh`.
+ */
+channel: string, 
+/**
+ * Base URL, or `user@host:port`.
+ */
+location: string, credential: string, 
+/**
+ * `none`, `session` or `per_call`.
+ */
+approval: string, 
+/**
+ * The normalized-config digest bound into fingerprints: changes with every edit.
+ */
+version: string, 
+/**
+ * The target's table as written in the config file, for editing.
+ */
+toml: string, };
+
+export type TargetList = { config_path: string, targets: Array<TargetCard>, };
+
+export type TargetEdit = { name: string, 
+/**
+ * The new text of the target's table (the `[[http]]` or `[[ssh]]` block).
+ */
+toml: string, };
+
+export type IntegrityState = { 
+/**
+ * `verified`, `failed` or `checking`.
+ */
+state: string, 
+/**
+ * Verified through this sequence.
+ */
+through_seq: number | null, checked_at_ms: number | null, events: number, checkpoints: number, 
+/**
+ * The exact failure, when the chain does not verify.
+ */
+failure: string | null, first_bad_seq: number | null, };
+
+export type CommandError = { code: string, message: string, 
+/**
+ * The input field the error is about, when there is one.
+ */
+field: string | null, };
+
+export type ApprovalsChanged = { pending: Array<ApprovalCard>, };
+
+export type JournalChanged = { last_seq: number, };
+
+/** Every console command, typed. Errors reject with a `CommandError`. */
+export const commands = {
+  overview: (): Promise<Overview> => invoke<Overview>("overview"),
+  listApprovals: (): Promise<ApprovalCard[]> => invoke<ApprovalCard[]>("list_approvals"),
+  answerApproval: (invocationId: string, fingerprint: string, decision: Decision): Promise<null> => invoke<null>("answer_approval", { invocationId, fingerprint, decision }),
+  listSessions: (): Promise<SessionSummary[]> => invoke<SessionSummary[]>("list_sessions"),
+  sessionTimeline: (session: string): Promise<InvocationDetail[]> => invoke<InvocationDetail[]>("session_timeline", { session }),
+  queryActivity: (filter: ActivityFilter, beforeSeq: number | null, limit: number): Promise<ActivityPage> => invoke<ActivityPage>("query_activity", { filter, beforeSeq, limit }),
+  exportActivity: (filter: ActivityFilter, format: ExportFormat): Promise<ExportResult> => invoke<ExportResult>("export_activity", { filter, format }),
+  invocationDetail: (invocationId: string): Promise<InvocationDetail> => invoke<InvocationDetail>("invocation_detail", { invocationId }),
+  needsReconciliation: (): Promise<InvocationDetail[]> => invoke<InvocationDetail[]>("needs_reconciliation"),
+  runReconcileQuery: (invocationId: string): Promise<InvocationDetail> => invoke<InvocationDetail>("run_reconcile_query", { invocationId }),
+  attestOutcome: (attestation: Attestation): Promise<InvocationDetail> => invoke<InvocationDetail>("attest_outcome", { attestation }),
+  listCredentials: (): Promise<CredentialCard[]> => invoke<CredentialCard[]>("list_credentials"),
+  setCredential: (credential: SetCredential): Promise<CredentialCard> => invoke<CredentialCard>("set_credential", { credential }),
+  removeCredential: (id: string): Promise<null> => invoke<null>("remove_credential", { id }),
+  listTargets: (): Promise<TargetList> => invoke<TargetList>("list_targets"),
+  updateTarget: (edit: TargetEdit): Promise<TargetCard> => invoke<TargetCard>("update_target", { edit }),
+  integrity: (recheck: boolean): Promise<IntegrityState> => invoke<IntegrityState>("integrity", { recheck }),
+};
+
+/** Backend events and their payloads. */
+export const events = {
+  approvalsChanged: (handler: (payload: ApprovalsChanged) => void): Promise<UnlistenFn> =>
+    listen<ApprovalsChanged>("approvals-changed", (e) => handler(e.payload)),
+  journalChanged: (handler: (payload: JournalChanged) => void): Promise<UnlistenFn> =>
+    listen<JournalChanged>("journal-changed", (e) => handler(e.payload)),
+  integrityChanged: (handler: (payload: IntegrityState) => void): Promise<UnlistenFn> =>
+    listen<IntegrityState>("integrity-changed", (e) => handler(e.payload)),
+};
