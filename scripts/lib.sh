@@ -30,3 +30,35 @@ ensure_rust_tools() {
         done
     fi
 }
+
+# What the desktop console builds and runs against (Tauri v2 on WebKitGTK).
+DESKTOP_PACKAGES=(libwebkit2gtk-4.1-dev libgtk-3-dev librsvg2-dev libayatana-appindicator3-dev
+    libssl-dev pkg-config build-essential libxdo-dev)
+
+# Node.js and npm build the console's UI.
+ensure_node() {
+    if ! command -v npm >/dev/null; then
+        ensure_apt_packages nodejs npm
+    fi
+}
+
+# Installs the UI's npm packages (exactly the lockfile) when they are missing or stale,
+# then builds ui/dist, which the console binary embeds.
+build_ui() {
+    ensure_node
+    if [ ! -d ui/node_modules ] || [ ui/package-lock.json -nt ui/node_modules/.package-lock.json ]; then
+        step "npm ci (ui)"
+        (cd ui && npm ci --no-audit --no-fund)
+    fi
+    step "building the UI (vite)"
+    (cd ui && npm run --silent build)
+}
+
+# tauri-driver drives the console in the end-to-end tests.
+ensure_tauri_driver() {
+    if ! command -v tauri-driver >/dev/null \
+        || ! cargo install --list 2>/dev/null | grep -q '^tauri-driver v2\.1\.0'; then
+        step "installing tauri-driver 2.1.0"
+        cargo install tauri-driver --version 2.1.0 --locked
+    fi
+}

@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# Runs every check and test of the workspace: installs what is missing, checks format
-# and lints, then runs the tests inside a private D-Bus session with an unlocked
-# gnome-keyring (Secret Service) and a private kernel session keyring. Safe to run twice.
+# Runs every check and test of the workspace: installs what is missing, builds and tests
+# the console's UI, checks format and lints, then runs the tests inside a private D-Bus
+# session with an unlocked gnome-keyring (Secret Service), a private kernel session
+# keyring, and a private X display with tauri-driver for the end-to-end tests. Safe to
+# run twice.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
 ensure_apt_packages build-essential pkg-config libdbus-1-dev dbus dbus-bin gnome-keyring keyutils \
-    openssh-server openssh-client
+    openssh-server openssh-client "${DESKTOP_PACKAGES[@]}" xvfb xauth webkit2gtk-driver
 ensure_rust_tools
+ensure_tauri_driver
+
+build_ui
+step "UI tests (vitest)"
+(cd ui && npm test --silent)
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -18,7 +25,7 @@ step "cargo build (tests)"
 cargo test --workspace --locked --no-run
 
 step "cargo test (private D-Bus session + gnome-keyring + keyutils session)"
-# dbus-run-session ends the bus when its child exits; the child stops the keyring
-# daemon it started, by PID.
+# dbus-run-session ends the bus when its child exits; the wrappers stop the keyring
+# daemon, Xvfb and tauri-driver they started, by PID.
 dbus-run-session -- keyctl session - bash scripts/with-keyring.sh \
-    cargo test --workspace --locked
+    bash scripts/with-display.sh cargo test --workspace --locked

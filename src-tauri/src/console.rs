@@ -156,6 +156,7 @@ impl Console {
             data_dir: self.paths.data_dir.display().to_string(),
             config_path: self.paths.config.display().to_string(),
             socket: self.paths.socket.display().to_string(),
+            bridge_command: bridge_command(),
             keychain: self.paths.keychain.clone(),
         })
     }
@@ -836,6 +837,17 @@ impl Console {
         }
         state
     }
+}
+
+/// `postern` beside this executable (both are built into the same directory), else the
+/// bare name for PATH lookup.
+fn bridge_command() -> String {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.join("postern")))
+        .filter(|p| p.is_file())
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "postern".into())
 }
 
 /// The broker's own keychain entries cannot be written or removed from the console.

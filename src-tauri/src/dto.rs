@@ -20,6 +20,9 @@ pub struct Overview {
     pub config_path: String,
     /// The socket agents reach through `postern mcp --socket`.
     pub socket: String,
+    /// The `postern` binary agents launch as their MCP server: the one beside this
+    /// console when it is there, else `postern` from PATH.
+    pub bridge_command: String,
     /// `secret-service` or `keyutils`.
     pub keychain: String,
 }

@@ -22,6 +22,11 @@ vault_empty: boolean, credentials: number, targets: number, pending_approvals: n
  */
 socket: string, 
 /**
+ * The `postern` binary agents launch as their MCP server: the one beside this
+ * console when it is there, else `postern` from PATH.
+ */
+bridge_command: string, 
+/**
  * `secret-service` or `keyutils`.
  */
 keychain: string, };

@@ -1,5 +1,9 @@
-//! The activity view over 1,000,000 invocations: the first page, and the first page
-//! after a filter change (outcome = unknown, 1% of rows; one session of 100).
+//! The console's activity screen over 1,000,000 invocations, through the same
+//! `Console::activity` the `query_activity` command calls: the first page (100 rows, as
+//! the screen asks), and the first page after each kind of filter change.
+//!
+//! The console opens a real broker over the generated journal, so this runs under the
+//! test keychain: `./scripts/bench.sh --bench activity`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
@@ -10,11 +14,12 @@ use ed25519_dalek::SigningKey;
 use postern_broker::action::ConfigSnapshot;
 use postern_broker::clock::SystemClock;
 use postern_broker::config::TargetVersion;
-use postern_broker::contract::Outcome;
 use postern_broker::contract::RemoteContract;
 use postern_broker::journal::events::{Channel, EventBody, OperationFacts};
-use postern_broker::journal::query::{self, Filter};
 use postern_broker::journal::{Journal, JournalOptions};
+use postern_desktop::app::{Args, Keychain, start};
+use postern_desktop::dto::ActivityFilter;
+use postern_tests::fixture::test_service;
 use rusqlite::params;
 
 const INVOCATIONS: u64 = 1_000_000;
@@ -38,10 +43,11 @@ fn build(path: &std::path::Path) {
                     let id = format!("inv_{n:012x}");
                     let session = format!("sess_{}", n % 100);
                     let target = format!("target-{}", n % 5);
+                    let summary = format!("POST https://api.example.test/v1/payments/{n}");
                     let body = EventBody::ActionAccepted {
                         channel: Channel::Http,
                         target: target.clone(),
-                        summary: format!("POST https://api.example.test/v1/payments/{n}"),
+                        summary: summary.clone(),
                         session: Some(session.clone()),
                     };
                     let seq = ctx.append_unchecked_for_bench(&id, &body)?;
@@ -63,8 +69,8 @@ fn build(path: &std::path::Path) {
                     ctx.conn()
                         .prepare_cached(
                             "INSERT INTO invocations (id, accepted_seq, accepted_at_ms, channel,
-                             target, session_id, phase, outcome, code)
-                             VALUES (?1, ?2, ?3, 'http', ?4, ?5, ?6, ?7, ?8)",
+                             target, session_id, phase, outcome, code, summary)
+                             VALUES (?1, ?2, ?3, 'http', ?4, ?5, ?6, ?7, ?8, ?9)",
                         )?
                         .execute(params![
                             id,
@@ -74,7 +80,8 @@ fn build(path: &std::path::Path) {
                             session,
                             phase,
                             outcome,
-                            code
+                            code,
+                            summary
                         ])?;
                 }
                 Ok(())
@@ -128,45 +135,78 @@ fn bench(c: &mut Criterion) {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let db = dir.path().join("journal.db");
     build(&db);
-    let conn =
-        rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .unwrap();
-    let now = 0;
-    let page = |filter: Filter| {
-        query::list(
-            &conn,
-            &Filter {
-                limit: Some(50),
-                ..filter
-            },
-            now,
-        )
-        .unwrap()
-    };
-    assert_eq!(page(Filter::default()).len(), 50);
-    let unknown = page(Filter {
-        outcome: Some(Outcome::Unknown),
+    std::fs::write(dir.path().join("postern.toml"), "").unwrap();
+    let started = start(&Args {
+        data_dir: Some(dir.path().to_path_buf()),
+        config: Some(dir.path().join("postern.toml")),
+        socket: None,
+        keychain: Keychain::SecretService,
+        keychain_service: test_service(),
+        approval_timeout: 5,
+    })
+    .unwrap();
+    let console = started.console;
+    let page = |filter: ActivityFilter| console.activity(&filter, None, 100).unwrap();
+    assert_eq!(page(ActivityFilter::default()).rows.len(), 100);
+    let unknown = page(ActivityFilter {
+        outcome: Some("unknown".into()),
         ..Default::default()
     });
-    assert_eq!(unknown.len(), 50);
-    assert!(unknown.iter().all(|r| r.outcome == Outcome::Unknown));
+    assert_eq!(unknown.rows.len(), 100);
+    assert!(unknown.rows.iter().all(|r| r.outcome == "unknown"));
+    let one = page(ActivityFilter {
+        text: Some("payments/999999".into()),
+        ..Default::default()
+    });
+    assert_eq!(one.rows.len(), 1);
+    // The next page continues where the first stopped.
+    let first = page(ActivityFilter::default());
+    let next = console
+        .activity(&ActivityFilter::default(), first.next_before_seq, 100)
+        .unwrap();
+    assert!(next.rows[0].accepted_seq < first.rows[99].accepted_seq);
 
     let mut group = c.benchmark_group("activity_1m");
     group.sample_size(30);
     group.measurement_time(Duration::from_secs(5));
-    group.bench_function("first_page", |b| b.iter(|| page(Filter::default())));
+    group.bench_function("first_page", |b| b.iter(|| page(ActivityFilter::default())));
+    group.bench_function("next_page", |b| {
+        b.iter(|| {
+            console
+                .activity(&ActivityFilter::default(), first.next_before_seq, 100)
+                .unwrap()
+        })
+    });
     group.bench_function("filter_outcome_unknown", |b| {
         b.iter(|| {
-            page(Filter {
-                outcome: Some(Outcome::Unknown),
+            page(ActivityFilter {
+                outcome: Some("unknown".into()),
                 ..Default::default()
             })
         })
     });
     group.bench_function("filter_session", |b| {
         b.iter(|| {
-            page(Filter {
+            page(ActivityFilter {
                 session: Some("sess_42".into()),
+                ..Default::default()
+            })
+        })
+    });
+    group.bench_function("filter_target_and_text", |b| {
+        b.iter(|| {
+            page(ActivityFilter {
+                target: Some("target-3".into()),
+                text: Some("payments/".into()),
+                ..Default::default()
+            })
+        })
+    });
+    group.sample_size(10);
+    group.bench_function("text_search_single_match", |b| {
+        b.iter(|| {
+            page(ActivityFilter {
+                text: Some("payments/999999".into()),
                 ..Default::default()
             })
         })

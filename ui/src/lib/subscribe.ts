@@ -1,0 +1,73 @@
+import type { UnlistenFn } from "@tauri-apps/api/event";
+
+/**
+ * Starts listening to a backend event and returns a synchronous stop function,
+ * suitable as an `$effect` / `onMount` cleanup. Stopping before the listener is
+ * registered unregisters it as soon as it is.
+ */
+export function subscribe(listening: Promise<UnlistenFn>): () => void {
+  let stopped = false;
+  let unlisten: UnlistenFn | null = null;
+  const stop = (fn: UnlistenFn) => {
+    try {
+      void Promise.resolve(fn()).catch(() => {});
+    } catch {
+      // The window is going away; nothing left to unregister.
+    }
+  };
+  listening
+    .then((fn) => {
+      if (stopped) stop(fn);
+      else unlisten = fn;
+    })
+    .catch(() => {
+      // No event bridge (e.g. in a plain browser): the screen still works by polling on demand.
+    });
+  return () => {
+    stopped = true;
+    if (unlisten) stop(unlisten);
+    unlisten = null;
+  };
+}
+
+/** Coalesces bursts of calls into one call after `wait` ms of quiet (trailing). */
+export function debounce<A extends unknown[]>(fn: (...args: A) => void, wait: number) {
+  let timer: ReturnType<typeof setTimeout> | null = null;
+  const debounced = (...args: A) => {
+    if (timer) clearTimeout(timer);
+    timer = setTimeout(() => {
+      timer = null;
+      fn(...args);
+    }, wait);
+  };
+  debounced.cancel = () => {
+    if (timer) clearTimeout(timer);
+    timer = null;
+  };
+  return debounced;
+}
+
+/** Runs `fn` at most once per `wait` ms, always including a trailing call. */
+export function throttle(fn: () => void, wait: number) {
+  let last = 0;
+  let timer: ReturnType<typeof setTimeout> | null = null;
+  const throttled = () => {
+    const now = Date.now();
+    const remaining = last + wait - now;
+    if (remaining <= 0) {
+      last = now;
+      fn();
+    } else if (!timer) {
+      timer = setTimeout(() => {
+        timer = null;
+        last = Date.now();
+        fn();
+      }, remaining);
+    }
+  };
+  throttled.cancel = () => {
+    if (timer) clearTimeout(timer);
+    timer = null;
+  };
+  return throttled;
+}

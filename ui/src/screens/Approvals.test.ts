@@ -1,0 +1,212 @@
+import { fireEvent, render, screen, within } from "@testing-library/svelte";
+import userEvent from "@testing-library/user-event";
+import { describe, expect, test } from "vitest";
+import { emitEvent, mockBackend, settle } from "../test/backend";
+import { FINGERPRINT, approvalCard } from "../test/fixtures";
+import Approvals from "./Approvals.svelte";
+
+async function renderWith(cards = [approvalCard()], answer: unknown = null) {
+  const backend = mockBackend({ list_approvals: cards, answer_approval: answer });
+  render(Approvals);
+  await settle();
+  return backend;
+}
+
+describe("Approvals", () => {
+  test("a card shows everything the decision is about", async () => {
+    await renderWith();
+    const card = screen.getByTestId("approval-card");
+    expect(card.dataset.invocation).toBe("inv-1");
+    expect(card.dataset.mode).toBe("per_call");
+    const text = card.textContent ?? "";
+    expect(text).toContain("Approve this request?");
+    expect(text).toContain("/usr/bin/claude");
+    expect(text).toContain("4242");
+    expect(text).toContain("/home/ada/project");
+    expect(text).toMatch(/zsh.*4100/);
+    expect(text).toMatch(/session running for 3m 1\ds/);
+    expect(within(card).getByTestId("card-target").textContent).toBe("orders-api");
+    expect(within(card).getByTestId("card-method").textContent).toBe("POST");
+    expect(within(card).getByTestId("card-url").textContent).toBe("https://api.example.com/orders?limit=5");
+    expect(text).toContain("orders-token");
+    expect(within(card).getByTestId("card-credential").textContent).toMatch(/orders-token\s+version cv-77aa88bb99cc/);
+    expect(text).toContain("bearer header");
+    expect(text).toContain("idem-123");
+    expect(text).toContain("(truncated)");
+    expect(text).toContain("blake3 0123456789abcdef…");
+    expect(text).toContain("size 2.0 KiB");
+    expect(within(card).getByTestId("card-fingerprint").textContent).toBe(FINGERPRINT.slice(0, 16));
+    expect(text).toMatch(/expires in 1m 5\ds|expires in 2m 00s/);
+  });
+
+  test("the body preview is shown as text, never as markup", async () => {
+    await renderWith();
+    const pre = screen.getByTestId("card-body").querySelector("pre")!;
+    expect(pre.textContent).toBe('{"item":"<script>alert(1)</script>"}');
+    expect(document.querySelector("script")).toBeNull();
+    expect(pre.innerHTML).toContain("&lt;script&gt;");
+  });
+
+  test("no body, no idempotency key and no agent are said plainly", async () => {
+    await renderWith([approvalCard({ body: null, idempotency_key: null, agent: null })]);
+    expect(screen.getByTestId("card-body").textContent).toContain("no body");
+    expect(screen.getByTestId("card-idempotency").textContent).toContain("none");
+    expect(screen.getByTestId("card-agent").textContent).toContain("agent process unknown");
+  });
+
+  test("Approve sends back the full fingerprint the card showed", async () => {
+    const backend = await renderWith();
+    await userEvent.click(screen.getByTestId("approve"));
+    await settle();
+    expect(backend.callsTo("answer_approval")).toEqual([
+      { cmd: "answer_approval", args: { invocationId: "inv-1", fingerprint: FINGERPRINT, decision: "approve" } },
+    ]);
+    // Removed optimistically.
+    expect(screen.queryByTestId("approval-card")).toBeNull();
+  });
+
+  test("Deny sends decision deny", async () => {
+    const backend = await renderWith();
+    await userEvent.click(screen.getByTestId("deny"));
+    await settle();
+    expect(backend.callsTo("answer_approval")[0].args).toEqual({
+      invocationId: "inv-1",
+      fingerprint: FINGERPRINT,
+      decision: "deny",
+    });
+  });
+
+  test("Escape denies the focused card", async () => {
+    const backend = await renderWith([approvalCard(), approvalCard({ invocation_id: "inv-2", fingerprint: "ab".repeat(32) })]);
+    const second = screen.getAllByTestId("approval-card")[1];
+    second.focus();
+    await fireEvent.keyDown(second, { key: "Escape" });
+    await settle();
+    expect(backend.callsTo("answer_approval").map((c) => c.args)).toEqual([
+      { invocationId: "inv-2", fingerprint: "ab".repeat(32), decision: "deny" },
+    ]);
+  });
+
+  test("Escape with focus elsewhere denies the first card", async () => {
+    const backend = await renderWith();
+    await userEvent.keyboard("{Escape}");
+    await settle();
+    expect(backend.callsTo("answer_approval").map((c) => c.args)).toEqual([
+      { invocationId: "inv-1", fingerprint: FINGERPRINT, decision: "deny" },
+    ]);
+  });
+
+  test("Enter never approves: not on the card, not anywhere", async () => {
+    const backend = await renderWith();
+    const card = screen.getByTestId("approval-card");
+    card.focus();
+    await fireEvent.keyDown(card, { key: "Enter" });
+    await userEvent.keyboard("{Enter}");
+    await settle();
+    expect(document.activeElement).not.toBe(screen.getByTestId("approve"));
+    expect(backend.callsTo("answer_approval")).toEqual([]);
+  });
+
+  test("no button is autofocused", async () => {
+    await renderWith();
+    expect(document.activeElement).toBe(document.body);
+  });
+
+  test("host_key mode asks about the key and shows it", async () => {
+    await renderWith([
+      approvalCard({
+        mode: "host_key",
+        method: null,
+        url: null,
+        body: null,
+        ssh_destination: "deploy@db1.internal:22",
+        command: "systemctl restart app",
+        host_key: "ssh-ed25519 SHA256:abcDEF123+/xyz",
+      }),
+    ]);
+    const card = screen.getByTestId("approval-card");
+    expect(card.dataset.mode).toBe("host_key");
+    expect(card.textContent).toContain("First connection to deploy@db1.internal:22: trust this host key?");
+    expect(screen.getByTestId("host-key").textContent).toContain("ssh-ed25519 SHA256:abcDEF123+/xyz");
+    expect(screen.getByTestId("card-command").textContent).toBe("systemctl restart app");
+  });
+
+  test("session mode names the target in the header", async () => {
+    await renderWith([approvalCard({ mode: "session" })]);
+    expect(screen.getByRole("heading", { level: 2 }).textContent).toContain("Approve this agent session for orders-api?");
+  });
+
+  test("an error stays inside the card and the buttons come back", async () => {
+    mockBackend({
+      list_approvals: [approvalCard()],
+      answer_approval: () => {
+        throw { code: "FINGERPRINT_MISMATCH", message: "The request changed since this card was shown.", field: null };
+      },
+    });
+    render(Approvals);
+    await settle();
+    await userEvent.click(screen.getByTestId("approve"));
+    await settle();
+    const card = screen.getByTestId("approval-card");
+    expect(within(card).getByTestId("card-error").textContent).toBe("The request changed since this card was shown.");
+    expect((screen.getByTestId("approve") as HTMLButtonElement).disabled).toBe(false);
+  });
+
+  test("both buttons are disabled while the answer is in flight", async () => {
+    let release!: () => void;
+    mockBackend({
+      list_approvals: [approvalCard()],
+      answer_approval: () => new Promise<null>((resolve) => (release = () => resolve(null))),
+    });
+    render(Approvals);
+    await settle();
+    await userEvent.click(screen.getByTestId("deny"));
+    expect((screen.getByTestId("approve") as HTMLButtonElement).disabled).toBe(true);
+    expect((screen.getByTestId("deny") as HTMLButtonElement).disabled).toBe(true);
+    release();
+    await settle();
+  });
+
+  test("approvalsChanged replaces the list", async () => {
+    await renderWith();
+    expect(screen.getAllByTestId("approval-card")).toHaveLength(1);
+    await emitEvent("approvals-changed", {
+      pending: [approvalCard({ invocation_id: "inv-9" }), approvalCard({ invocation_id: "inv-10" })],
+    });
+    expect(screen.getAllByTestId("approval-card").map((c) => c.dataset.invocation)).toEqual(["inv-9", "inv-10"]);
+    await emitEvent("approvals-changed", { pending: [] });
+    expect(screen.queryByTestId("approval-card")).toBeNull();
+    expect(screen.getByTestId("empty-state").textContent).toContain("No requests are waiting.");
+  });
+
+  test("an expired request says so and cannot be approved", async () => {
+    await renderWith([approvalCard({ expires_at_ms: Date.now() - 1000 })]);
+    expect(screen.getByTestId("countdown").textContent?.trim()).toBe("expired");
+    expect((screen.getByTestId("approve") as HTMLButtonElement).disabled).toBe(true);
+    expect((screen.getByTestId("deny") as HTMLButtonElement).disabled).toBe(false);
+  });
+
+  test("the empty state explains what will appear", async () => {
+    await renderWith([]);
+    expect(screen.getByTestId("empty-state").textContent).toContain(
+      "No requests are waiting. Agents' requests that need your approval appear here, with a desktop notification.",
+    );
+  });
+
+  test("a load failure shows the message and Retry", async () => {
+    let fail = true;
+    mockBackend({
+      list_approvals: () => {
+        if (fail) throw { code: "BROKER_UNAVAILABLE", message: "The broker is not running.", field: null };
+        return [approvalCard()];
+      },
+    });
+    render(Approvals);
+    await settle();
+    expect(screen.getByTestId("load-error").textContent).toContain("The broker is not running.");
+    fail = false;
+    await userEvent.click(screen.getByTestId("retry"));
+    await settle();
+    expect(screen.getAllByTestId("approval-card")).toHaveLength(1);
+  });
+});

@@ -1,0 +1,64 @@
+import { render, screen, within } from "@testing-library/svelte";
+import userEvent from "@testing-library/user-event";
+import { describe, expect, test } from "vitest";
+import type { SessionSummary } from "../lib/bindings";
+import { mockBackend, settle } from "../test/backend";
+import { agent, detail } from "../test/fixtures";
+import Sessions from "./Sessions.svelte";
+
+const SESSIONS: SessionSummary[] = [
+  { session: "sess-1", invocations: 3, first_at_ms: Date.now() - 60_000, last_at_ms: Date.now() - 5_000, agent: agent() },
+  { session: "sess-0", invocations: 1, first_at_ms: Date.now() - 600_000, last_at_ms: Date.now() - 500_000, agent: null },
+];
+
+describe("Sessions", () => {
+  test("lists sessions with agent, count and liveness", async () => {
+    mockBackend({ list_sessions: SESSIONS });
+    render(Sessions);
+    await settle();
+    const [live, ended] = screen.getAllByTestId("session-item");
+    expect(live.dataset.session).toBe("sess-1");
+    expect(live.textContent).toContain("/usr/bin/claude");
+    expect(live.textContent).toContain("pid 4242");
+    expect(live.textContent).toContain("3 invocations");
+    expect(live.textContent).toContain("live");
+    expect(ended.textContent).toContain("ended");
+  });
+
+  test("selecting a session draws each invocation's lifecycle", async () => {
+    const backend = mockBackend({ list_sessions: SESSIONS, session_timeline: [detail("inv-7")] });
+    render(Sessions);
+    await settle();
+    await userEvent.click(screen.getAllByTestId("session-item")[0]);
+    await settle();
+    expect(backend.callsTo("session_timeline")[0].args).toEqual({ session: "sess-1" });
+    const invocation = screen.getByTestId("timeline-invocation");
+    expect(invocation.dataset.invocation).toBe("inv-7");
+    const reached = [...invocation.querySelectorAll<HTMLElement>("[data-reached]")]
+      .filter((s) => s.dataset.reached === "true")
+      .map((s) => s.dataset.step);
+    expect(reached).toEqual(["accepted", "validated", "dispatched"]);
+    expect(invocation.querySelector('[data-step="failed"]')).toBeTruthy();
+    expect(within(invocation).getByTestId("chip-outcome").classList.contains("unknown")).toBe(true);
+    expect(within(invocation).getByTestId("evidence").tagName).toBe("DETAILS");
+    expect(within(invocation).getByTestId("envelope").textContent).toContain('"status": "failed"');
+  });
+
+  test("arrow keys move through the list", async () => {
+    const backend = mockBackend({ list_sessions: SESSIONS, session_timeline: [] });
+    render(Sessions);
+    await settle();
+    await userEvent.click(screen.getAllByTestId("session-item")[0]);
+    await userEvent.keyboard("{ArrowDown}");
+    await settle();
+    expect(backend.callsTo("session_timeline").map((c) => c.args.session)).toEqual(["sess-1", "sess-0"]);
+    expect((document.activeElement as HTMLElement).dataset.session).toBe("sess-0");
+  });
+
+  test("empty state", async () => {
+    mockBackend({ list_sessions: [] });
+    render(Sessions);
+    await settle();
+    expect(screen.getByTestId("empty-state").textContent).toContain("No agent sessions yet.");
+  });
+});
