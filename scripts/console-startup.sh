@@ -54,9 +54,10 @@ for run in $(seq 1 "$runs"); do
     rss=$(sum_field Rss $pids)
     # shellcheck disable=SC2086
     pss=$(sum_field Pss $pids)
+    app_rss=$(sum_field Rss "$pid")
     nprocs=$(echo "$pids" | wc -w)
-    printf 'run %d: first paint %d ms; idle RSS %d MiB, PSS %d MiB (%d processes)\n' \
-        "$run" "$paint_ms" $((rss / 1024)) $((pss / 1024)) "$nprocs"
+    printf 'run %d: first paint %d ms; idle: app RSS %d MiB; with WebKit (%d processes) RSS %d MiB, PSS %d MiB\n' \
+        "$run" "$paint_ms" $((app_rss / 1024)) "$nprocs" $((rss / 1024)) $((pss / 1024))
     kill "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
     rm -rf "$data"

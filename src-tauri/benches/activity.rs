@@ -83,6 +83,11 @@ fn build(path: &std::path::Path) {
                             code,
                             summary
                         ])?;
+                    ctx.conn()
+                        .prepare_cached(
+                            "INSERT INTO invocation_search (rowid, text) VALUES (?1, ?2)",
+                        )?
+                        .execute(params![seq as i64, format!("{target} {summary}")])?;
                 }
                 Ok(())
             })
@@ -193,6 +198,14 @@ fn bench(c: &mut Criterion) {
             })
         })
     });
+    group.bench_function("text_search_short", |b| {
+        b.iter(|| {
+            page(ActivityFilter {
+                text: Some("/9".into()),
+                ..Default::default()
+            })
+        })
+    });
     group.bench_function("filter_target_and_text", |b| {
         b.iter(|| {
             page(ActivityFilter {
@@ -202,7 +215,6 @@ fn bench(c: &mut Criterion) {
             })
         })
     });
-    group.sample_size(10);
     group.bench_function("text_search_single_match", |b| {
         b.iter(|| {
             page(ActivityFilter {

@@ -133,20 +133,7 @@ impl Console {
     pub fn overview(&self) -> Result<Overview, CommandError> {
         let credentials = self.credential_metas()?.len();
         let config = self.broker.config.current();
-        let unknown = self.read(|conn| {
-            Ok(query::list(
-                conn,
-                &Filter {
-                    outcome: Some(Outcome::Unknown),
-                    limit: Some(RECONCILE_LIST),
-                    ..Filter::default()
-                },
-                self.now(),
-            )?
-            .iter()
-            .filter(|r| unsettled_row(r))
-            .count())
-        })?;
+        let unknown = self.unknown_rows()?.len();
         Ok(Overview {
             vault_empty: credentials == 0,
             credentials: count(credentials),
@@ -442,18 +429,8 @@ impl Console {
             _ => None,
         });
         let (proves, does_not_prove) = what_the_record_proves(&p, &events);
-        let envelope = json!({
-            "invocation_id": p.invocation_id,
-            "target": p.target,
-            "summary": p.summary,
-            "phase": p.phase,
-            "outcome": p.outcome,
-            "retry": p.retry(now),
-            "code": p.effective_code(),
-            "message": p.message,
-            "delivered": p.delivered,
-            "evidence": p.evidence(),
-        });
+        let mut envelope = postern_mcp::server::invocation_status(&p, now);
+        envelope["message"] = json!(p.message);
         Ok(InvocationDetail {
             unsettled: p.outcome == Outcome::Unknown && p.terminal && settlement.is_none(),
             row: activity_row(row),
@@ -469,9 +446,10 @@ impl Console {
 
     // ----- reconciliation -------------------------------------------------------------
 
-    /// Every unknown outcome not yet settled, newest first.
-    pub fn needs_reconciliation(&self) -> Result<Vec<InvocationDetail>, CommandError> {
-        let rows = self.read(|conn| {
+    /// The newest [`RECONCILE_LIST`] invocations whose outcome is unknown now (a settled
+    /// one folds to the settlement, so it is not among them).
+    fn unknown_rows(&self) -> Result<Vec<InvocationRow>, CommandError> {
+        self.read(|conn| {
             query::list(
                 conn,
                 &Filter {
@@ -481,9 +459,13 @@ impl Console {
                 },
                 self.now(),
             )
-        })?;
-        rows.into_iter()
-            .filter(unsettled_row)
+        })
+    }
+
+    /// Every unknown outcome not yet settled, newest first.
+    pub fn needs_reconciliation(&self) -> Result<Vec<InvocationDetail>, CommandError> {
+        self.unknown_rows()?
+            .into_iter()
             .map(|row| self.detail_of(row))
             .filter(|d| !matches!(d, Ok(d) if !d.unsettled))
             .collect()
@@ -879,12 +861,6 @@ fn settled_str(s: Settled) -> &'static str {
         Settled::Committed => "committed",
         Settled::NotApplied => "not_applied",
     }
-}
-
-/// Unknown rows whose code is not already a settlement (a cheap pre-filter; the detail
-/// fold decides).
-fn unsettled_row(row: &InvocationRow) -> bool {
-    row.outcome == Outcome::Unknown
 }
 
 fn to_filter(f: &ActivityFilter) -> Result<Filter, CommandError> {

@@ -20,6 +20,7 @@ use postern_broker::contract::{Code, Outcome, Retry};
 use postern_desktop::app::{Args, Keychain, start, with_console};
 use postern_desktop::console::Console;
 use postern_tests::adversary::{Adversary, Behavior};
+use postern_tests::files_containing;
 use postern_tests::fixture::test_service;
 
 const CANARY: &str = "canary-console-secret-7f3a9c";
@@ -156,31 +157,10 @@ fn store_key(f: &Fixture) {
     );
 }
 
-/// Every file under `dir`, searched for the canary.
+/// No file under `dir` holds the canary.
 fn assert_canary_absent(dir: &Path) {
-    for entry in walk(dir) {
-        let bytes = std::fs::read(&entry).unwrap_or_default();
-        assert!(
-            !bytes.windows(CANARY.len()).any(|w| w == CANARY.as_bytes()),
-            "the secret leaked into {}",
-            entry.display()
-        );
-    }
-}
-
-fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for e in entries.flatten() {
-            let path = e.path();
-            if path.is_dir() {
-                out.extend(walk(&path));
-            } else {
-                out.push(path);
-            }
-        }
-    }
-    out
+    let leaked = files_containing(dir, CANARY.as_bytes());
+    assert!(leaked.is_empty(), "the secret leaked into {leaked:?}");
 }
 
 #[test]
@@ -545,11 +525,11 @@ fn exports_write_every_matching_row_as_jsonl_and_csv() {
     let text = std::fs::read_to_string(&csv.path).unwrap();
     assert_eq!(text.lines().count(), 4, "header + 3 rows");
     assert!(text.starts_with("id,accepted_seq,"));
-    assert!(
-        walk(&exports)
-            .iter()
-            .all(|p| !p.to_string_lossy().ends_with(".partial"))
-    );
+    let partial = std::fs::read_dir(&exports)
+        .unwrap()
+        .flatten()
+        .any(|e| e.path().to_string_lossy().ends_with(".partial"));
+    assert!(!partial, "no half-written export is left behind");
 }
 
 #[test]
@@ -706,4 +686,41 @@ fn commands_are_granted_to_the_main_window_only() {
         let refused = tauri::test::get_ipc_response(&other, request(cmd));
         assert!(refused.is_err(), "{cmd} was allowed from another window");
     }
+}
+
+#[test]
+fn the_configured_reconcile_query_settles_an_unknown_outcome_as_remote_query() {
+    let srv = server(Behavior::ApplyThenCloseWithLookup);
+    let reconcile = "[http.reconcile]\nmethod = \"GET\"\npath = \"/lookup\"\n\
+                     committed_status = [200]\nnot_applied_status = [404]\n";
+    let f = fixture(&target(&srv.base_url(), "none", reconcile));
+    store_key(&f);
+    let out = tauri::async_runtime::block_on(f.call(HttpRequest {
+        url: srv.url("/v1/payments"),
+        method: "POST".into(),
+        body: b"{\"amount\":5}".to_vec(),
+        ..Default::default()
+    }))
+    .unwrap();
+    assert_eq!(out.outcome, Outcome::Unknown);
+    let id = out.invocation_id.clone();
+    let pending = f.ok("needs_reconciliation", json!({}));
+    assert_eq!(pending[0]["can_query"], true);
+
+    let settled = f.ok("run_reconcile_query", json!({"invocationId": id}));
+    assert_eq!(settled["settlement"]["source"], "remote_query");
+    assert_eq!(settled["settlement"]["settlement"], "committed");
+    assert_eq!(settled["row"]["code"], "RECONCILED_COMMITTED");
+    assert_eq!(srv.effects(), 1, "the query applies nothing");
+    assert!(
+        f.ok("needs_reconciliation", json!({}))
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    // Running it again is refused: nothing is unknown any more.
+    let again = f
+        .invoke("run_reconcile_query", json!({"invocationId": id}))
+        .unwrap_err();
+    assert_eq!(again["code"], "NOT_UNKNOWN");
 }

@@ -12,13 +12,13 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use rmcp::ServiceExt;
-use rmcp::model::{CallToolRequestParams, CallToolResult};
-use rmcp::service::{RoleClient, RunningService};
-use rmcp::transport::TokioChildProcess;
+use rmcp::model::CallToolResult;
+use rmcp::service::RoleClient;
 use serde_json::{Value, json};
 
 use postern_tests::adversary::{Adversary, Behavior};
+use postern_tests::agent::{self, structured};
+use postern_tests::files_containing;
 use postern_tests::fixture::test_service;
 
 const APP: &str = env!("CARGO_BIN_EXE_postern-console");
@@ -200,26 +200,8 @@ impl Driver {
     }
 }
 
-async fn agent(socket: &Path) -> RunningService<RoleClient, ()> {
-    let mut command = tokio::process::Command::new(postern_bin());
-    command.arg("mcp").arg("--socket").arg(socket);
-    ().serve(TokioChildProcess::new(command).unwrap())
-        .await
-        .unwrap()
-}
-
 async fn call(client: &rmcp::Peer<RoleClient>, tool: &str, args: Value) -> CallToolResult {
-    let Value::Object(args) = args else {
-        panic!("arguments must be an object")
-    };
-    client
-        .call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(args))
-        .await
-        .unwrap()
-}
-
-fn structured(result: &CallToolResult) -> Value {
-    result.structured_content.clone().unwrap_or(Value::Null)
+    agent::call(client, tool, args).await.unwrap()
 }
 
 fn code(result: &CallToolResult) -> String {
@@ -299,7 +281,7 @@ async fn an_operator_approves_denies_and_attests_from_the_real_console() {
     driver.screenshot("02-credentials").await;
     assert!(!driver.source().await.contains(CANARY));
 
-    let client = agent(&socket).await;
+    let client = agent::connect(&postern_bin(), &socket).await.unwrap();
     driver.click("[data-testid=nav-approvals]").await;
 
     // 1. Approved by a click: the call completes.
@@ -444,27 +426,6 @@ async fn an_operator_approves_denies_and_attests_from_the_real_console() {
     assert!(!driver.source().await.contains(CANARY));
     driver.quit().await;
     let _ = client.cancel().await;
-    for file in walk(dir.path()) {
-        let bytes = std::fs::read(&file).unwrap_or_default();
-        assert!(
-            !bytes.windows(CANARY.len()).any(|w| w == CANARY.as_bytes()),
-            "the secret leaked into {}",
-            file.display()
-        );
-    }
-}
-
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for e in entries.flatten() {
-            let path = e.path();
-            if path.is_dir() {
-                out.extend(walk(&path));
-            } else {
-                out.push(path);
-            }
-        }
-    }
-    out
+    let leaked = files_containing(dir.path(), CANARY.as_bytes());
+    assert!(leaked.is_empty(), "the secret leaked into {leaked:?}");
 }

@@ -2,6 +2,7 @@
 //! and the parent checks, so both sides agree on what each step means.
 
 pub mod adversary;
+pub mod agent;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -16,6 +17,26 @@ use postern_broker::journal::events::{Channel, OperationFacts, ResultFacts};
 use postern_broker::journal::{
     Journal, JournalError, JournalOptions, NewInvocation, ResultToStore, Settle,
 };
+
+/// Every file under `dir` (recursively) whose bytes contain `needle`: the canary checks
+/// run this over a data dir to prove a secret reached no file.
+pub fn files_containing(dir: &Path, needle: &[u8]) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            found.extend(files_containing(&path, needle));
+        } else if std::fs::read(&path).is_ok_and(|bytes| {
+            !needle.is_empty() && bytes.windows(needle.len()).any(|w| w == needle)
+        }) {
+            found.push(path);
+        }
+    }
+    found
+}
 
 /// The audit key the crash tests sign with (a fixed test key, not a user's).
 pub fn test_signing_key() -> SigningKey {

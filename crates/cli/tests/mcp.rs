@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use postern_broker::channel::Credentials;
 use postern_broker::vault::{CredentialKind, Keychain, KeychainBackend, Secret, Vault};
 use postern_tests::adversary::{Adversary, Behavior};
+use postern_tests::agent::{self, Agent, is_error, structured};
 use postern_tests::fixture::test_service;
 
 const POSTERN: &str = env!("CARGO_BIN_EXE_postern");
@@ -126,30 +127,12 @@ fn start_daemon_with(config_text: &str, extra: &[(&str, &str)]) -> Daemon {
     panic!("the daemon did not start");
 }
 
-async fn client(socket: &Path) -> RunningService<RoleClient, ()> {
-    let mut command = tokio::process::Command::new(POSTERN);
-    command.arg("mcp").arg("--socket").arg(socket);
-    ().serve(TokioChildProcess::new(command).unwrap())
-        .await
-        .unwrap()
+async fn client(socket: &Path) -> Agent {
+    agent::connect(Path::new(POSTERN), socket).await.unwrap()
 }
 
-async fn call(client: &RunningService<RoleClient, ()>, tool: &str, args: Value) -> CallToolResult {
-    let Value::Object(args) = args else {
-        panic!("arguments must be an object")
-    };
-    client
-        .call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(args))
-        .await
-        .unwrap()
-}
-
-fn structured(result: &CallToolResult) -> Value {
-    result.structured_content.clone().unwrap_or(Value::Null)
-}
-
-fn is_error(result: &CallToolResult) -> bool {
-    result.is_error == Some(true)
+async fn call(client: &Agent, tool: &str, args: Value) -> CallToolResult {
+    agent::call(client, tool, args).await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -425,7 +408,7 @@ async fn unknown_tools_and_wrong_arguments_are_protocol_errors_and_the_daemon_ke
     again.cancel().await.unwrap();
 }
 
-async fn client_after(socket: &Path) -> RunningService<RoleClient, ()> {
+async fn client_after(socket: &Path) -> Agent {
     client(socket).await
 }
 

@@ -97,6 +97,22 @@ impl Sessions {
     }
 }
 
+/// An invocation's status as `get_invocation` reports it (and the console shows it):
+/// phase, outcome, retry now, code, delivery and the evidence, without the events.
+pub fn invocation_status(p: &Projection, now_ms: i64) -> Value {
+    json!({
+        "invocation_id": p.invocation_id,
+        "target": p.target,
+        "summary": p.summary,
+        "phase": p.phase,
+        "outcome": p.outcome,
+        "retry": p.retry(now_ms),
+        "code": p.effective_code(),
+        "delivered": p.delivered,
+        "evidence": p.evidence(),
+    })
+}
+
 /// What every session shares: the broker.
 pub struct Broker {
     pub channel: HttpChannel,
@@ -317,18 +333,9 @@ impl Session {
                 })
             })
             .collect();
-        Ok(CallToolResult::structured(json!({
-            "invocation_id": p.invocation_id,
-            "target": p.target,
-            "summary": p.summary,
-            "phase": p.phase,
-            "outcome": p.outcome,
-            "retry": p.retry(now),
-            "code": p.effective_code(),
-            "delivered": p.delivered,
-            "evidence": p.evidence(),
-            "events": events,
-        })))
+        let mut status = invocation_status(&p, now);
+        status["events"] = Value::Array(events);
+        Ok(CallToolResult::structured(status))
     }
 
     async fn retry_invocation(

@@ -900,6 +900,12 @@ fn accept_in(ctx: &mut WriteCtx<'_>, new: NewInvocation) -> Result<Appended, Jou
             appended.projection.outcome.as_str(),
             new.summary
         ])?;
+    ctx.conn()
+        .prepare_cached("INSERT INTO invocation_search (rowid, text) VALUES (?1, ?2)")?
+        .execute(params![
+            appended.seq as i64,
+            format!("{} {}", new.target, new.summary)
+        ])?;
     Ok(appended)
 }
 

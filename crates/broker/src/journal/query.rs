@@ -101,8 +101,8 @@ struct SqlFilter<'a> {
     target: Option<&'a str>,
     since_ms: Option<i64>,
     until_ms: Option<i64>,
-    /// A LIKE pattern (escaped, with `%` around) over target and summary.
-    text: Option<String>,
+    /// Text searched in target and summary.
+    text: Option<&'a str>,
     phase: Option<&'static str>,
     outcome: Option<&'static str>,
     code: Option<&'static str>,
@@ -168,12 +168,16 @@ fn scan(
     add(phase, f.phase.map(|s| V::Text(s.to_string())));
     add(outcome, f.outcome.map(|s| V::Text(s.to_string())));
     add(code, f.code.map(|s| V::Text(s.to_string())));
-    // Rows without a stored summary (older than the column) go to the fold to decide.
-    if let Some(pattern) = &f.text {
-        clauses
-            .push("(target LIKE ? ESCAPE '\\' OR summary LIKE ? ESCAPE '\\' OR summary IS NULL)");
-        values.push(V::Text(pattern.clone()));
-        values.push(V::Text(pattern.clone()));
+    // A search of three characters or more walks the trigram index newest first; a
+    // shorter one (too short for trigrams) scans with LIKE.
+    let indexed_search = f.text.as_ref().filter(|t| t.chars().count() >= 3);
+    let mut search_values = Vec::new();
+    if let Some(text) = indexed_search {
+        search_values.push(V::Text(format!("\"{}\"", text.replace('"', "\"\""))));
+    } else if let Some(text) = &f.text {
+        clauses.push("(target LIKE ? ESCAPE '\\' OR summary LIKE ? ESCAPE '\\')");
+        values.push(V::Text(like_pattern(text)));
+        values.push(V::Text(like_pattern(text)));
     }
     // Without ANALYZE statistics SQLite may walk the accepted_seq index and filter;
     // name the (column, accepted_seq) index of the most selective filter instead.
@@ -190,15 +194,29 @@ fn scan(
     } else {
         "invocations_by_seq"
     };
-    let mut sql = format!(
-        "SELECT id, accepted_seq, accepted_at_ms, session_id, target FROM invocations \
-         INDEXED BY {index}"
-    );
+    let mut sql = if indexed_search.is_some() {
+        // The search drives: matches newest first, each joined to its row by seq.
+        clauses.insert(0, "invocation_search MATCH ?");
+        values.splice(0..0, search_values);
+        "SELECT id, accepted_seq, accepted_at_ms, session_id, target FROM invocation_search \
+         JOIN invocations INDEXED BY invocations_by_seq \
+         ON invocations.accepted_seq = invocation_search.rowid"
+            .to_string()
+    } else {
+        format!(
+            "SELECT id, accepted_seq, accepted_at_ms, session_id, target FROM invocations \
+             INDEXED BY {index}"
+        )
+    };
     if !clauses.is_empty() {
         sql.push_str(" WHERE ");
         sql.push_str(&clauses.join(" AND "));
     }
-    sql.push_str(" ORDER BY accepted_seq DESC");
+    if indexed_search.is_some() {
+        sql.push_str(" ORDER BY invocation_search.rowid DESC");
+    } else {
+        sql.push_str(" ORDER BY accepted_seq DESC");
+    }
     let mut stmt = conn.prepare_cached(&sql)?;
     let mut rows = stmt.query(rusqlite::params_from_iter(values))?;
     while let Some(r) = rows.next()? {
@@ -239,7 +257,7 @@ pub fn list(
         target: filter.target.as_deref(),
         since_ms: filter.since_ms,
         until_ms: filter.until_ms,
-        text: filter.text.as_deref().map(like_pattern),
+        text: filter.text.as_deref(),
         phase: filter.phase.map(Phase::as_str),
         outcome: filter.outcome.map(Outcome::as_str),
         code: filter.code.map(Code::as_str),

@@ -21,6 +21,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0003_requests.sql"),
     include_str!("migrations/0004_status.sql"),
     include_str!("migrations/0005_search.sql"),
+    include_str!("migrations/0006_search_index.sql"),
 ];
 
 /// The newest schema this build understands.
