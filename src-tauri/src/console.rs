@@ -737,10 +737,11 @@ impl Console {
         })
     }
 
-    /// Replaces one target's table in the config file (validated before it replaces the
-    /// file), keeps the previous file in `config-history/`, and swaps the live config:
-    /// the target gets a new version, so pending requests bound to the old one are
-    /// refused at dispatch (FINGERPRINT_MISMATCH).
+    /// Replaces one target's table in the config file, or adds a new target (the edited
+    /// file is validated before it replaces the original), keeps the previous file in
+    /// `config-history/`, and swaps the live config: an edited target gets a new
+    /// version, so pending requests bound to the old one are refused at dispatch
+    /// (FINGERPRINT_MISMATCH).
     pub fn update_target(&self, edit: &TargetEdit) -> Result<TargetCard, CommandError> {
         let _one_at_a_time = self
             .edit

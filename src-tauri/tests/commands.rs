@@ -724,3 +724,42 @@ fn the_configured_reconcile_query_settles_an_unknown_outcome_as_remote_query() {
         .unwrap_err();
     assert_eq!(again["code"], "NOT_UNKNOWN");
 }
+
+#[test]
+fn a_new_target_is_added_to_the_config_file_and_served_at_once() {
+    let f = fixture("# my targets\n");
+    let toml = "[[http]]\nname = \"new-api\"\nbase_url = \"https://api.example.test/\"\n\
+                methods = [\"GET\"]\ncredential = \"api-key\"\n\
+                inject = { header = \"Authorization\", format = \"Bearer {secret}\" }\n\
+                approval = \"per_call\"\n";
+    let added = f.ok(
+        "update_target",
+        json!({"edit": {"name": "new-api", "toml": toml}}),
+    );
+    assert_eq!(added["name"], "new-api");
+    assert_eq!(added["approval"], "per_call");
+    let text = std::fs::read_to_string(f.config_path()).unwrap();
+    assert!(
+        text.starts_with("# my targets\n"),
+        "comments are kept: {text}"
+    );
+    assert!(
+        f.console
+            .broker
+            .config
+            .current()
+            .http_target("new-api")
+            .is_some()
+    );
+    assert_eq!(f.ok("overview", json!({}))["targets"], 1);
+    // The previous file is kept for the record.
+    let history: Vec<_> = std::fs::read_dir(f.dir.path().join("config-history"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert_eq!(history.len(), 1);
+    assert_eq!(
+        std::fs::read_to_string(history[0].path()).unwrap(),
+        "# my targets\n"
+    );
+}

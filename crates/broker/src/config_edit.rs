@@ -191,8 +191,9 @@ pub fn target_texts(file: &Path) -> Result<Vec<TargetText>, PinError> {
 }
 
 /// Replaces the table of target `name` with `new_text` (one `[[http]]` or `[[ssh]]`
-/// table of the same channel and name, sub-tables included). The whole edited file is
-/// validated before it replaces the original; the returned config is the new version.
+/// table of the same name, sub-tables included), or adds it when no target has that
+/// name. The whole edited file is validated (names stay unique across sections) before
+/// it replaces the original; the returned config is the new version.
 pub fn replace_target(file: &Path, name: &str, new_text: &str) -> Result<Config, PinError> {
     let edit_error = |detail: String| PinError::Edit {
         file: file.display().to_string(),
@@ -224,27 +225,43 @@ pub fn replace_target(file: &Path, name: &str, new_text: &str) -> Result<Config,
             "the new table must keep `name = \"{name}\"` (renaming a target is a new target)"
         )));
     }
+    let mut new_table = new_table.clone();
+    if doc.get(channel).is_none() {
+        // In a file of comments only, the comments are the document's trailing text;
+        // keep them above the first table rather than letting them drift below it.
+        if doc.iter().next().is_none() {
+            let comments = doc.trailing().as_str().unwrap_or_default().to_string();
+            doc.set_trailing("");
+            new_table.decor_mut().set_prefix(comments);
+        }
+        doc.insert(
+            channel,
+            toml_edit::Item::ArrayOfTables(toml_edit::ArrayOfTables::new()),
+        );
+    }
     let tables = doc
         .get_mut(channel)
         .and_then(|item| item.as_array_of_tables_mut())
-        .ok_or_else(|| PinError::NoTarget {
-            file: file.display().to_string(),
-            target: name.into(),
-        })?;
+        .ok_or_else(|| edit_error(format!("`{channel}` is not an array of tables")))?;
     let matching: Vec<usize> = tables
         .iter()
         .enumerate()
         .filter(|(_, t)| t.get("name").and_then(|v| v.as_str()) == Some(name))
         .map(|(i, _)| i)
         .collect();
-    let [index] = matching.as_slice() else {
-        return Err(PinError::NoTarget {
-            file: file.display().to_string(),
-            target: name.into(),
-        });
-    };
-    if let Some(slot) = tables.get_mut(*index) {
-        *slot = new_table.clone();
+    match matching.as_slice() {
+        // A new target goes at the end of its section.
+        [] => tables.push(new_table),
+        [index] => {
+            if let Some(slot) = tables.get_mut(*index) {
+                *slot = new_table;
+            }
+        }
+        _ => {
+            return Err(edit_error(format!(
+                "more than one [[{channel}]] table is named `{name}`"
+            )));
+        }
     }
     replace_validated(file, &doc.to_string())
 }
