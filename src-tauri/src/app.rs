@@ -161,7 +161,7 @@ async fn watch_approvals<R: Runtime>(app: tauri::AppHandle<R>, console: Arc<Cons
 
 /// Tells the webview when the journal grows, so open views refresh, and keeps the
 /// integrity banner current: the whole file is re-verified at start, after changes
-/// (at most every 5 s, and never more than a tenth of the time), and every minute.
+/// (at most every second, and never more than a tenth of the time), and every minute.
 async fn watch_journal<R: Runtime>(app: tauri::AppHandle<R>, console: Arc<Console>) {
     let mut last_seen = 0u64;
     let mut verified_seq = None::<u64>;
@@ -176,7 +176,7 @@ async fn watch_journal<R: Runtime>(app: tauri::AppHandle<R>, console: Arc<Consol
             let _ = app.emit("journal-changed", JournalChanged { last_seq: seq });
         }
         let since = verified_at.map(|t| t.elapsed());
-        let spacing = (verify_cost * 10).max(Duration::from_secs(5));
+        let spacing = (verify_cost * 10).max(Duration::from_secs(1));
         let due = match since {
             None => true,
             Some(since) => {

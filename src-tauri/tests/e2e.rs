@@ -420,8 +420,23 @@ async fn an_operator_approves_denies_and_attests_from_the_real_console() {
     driver.click("[data-testid=nav-activity]").await;
     driver.wait("[data-testid=activity-row]").await;
     driver.screenshot("07-activity").await;
-    let banner = driver.text("[data-testid=integrity-banner]").await;
-    assert!(banner.to_lowercase().contains("verified"), "{banner}");
+    // The banner re-verifies the whole file after changes: it ends verified through
+    // the journal's newest events, not the empty journal it saw at start.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let banner = driver.text("[data-testid=integrity-banner]").await;
+        if banner.contains("verified through sequence") && !banner.contains("sequence 0 ") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the banner never caught up: {banner}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    driver
+        .wait("[data-testid=integrity-banner][data-state=verified]")
+        .await;
 
     assert!(!driver.source().await.contains(CANARY));
     driver.quit().await;
