@@ -17,7 +17,7 @@ use postern_broker::config::TargetVersion;
 use postern_broker::contract::RemoteContract;
 use postern_broker::journal::events::{Channel, EventBody, OperationFacts};
 use postern_broker::journal::{Journal, JournalOptions};
-use postern_desktop::app::{Args, Keychain, start};
+use postern_desktop::app::{Args, start};
 use postern_desktop::dto::ActivityFilter;
 use postern_tests::fixture::test_service;
 use rusqlite::params;
@@ -141,15 +141,7 @@ fn bench(c: &mut Criterion) {
     let db = dir.path().join("journal.db");
     build(&db);
     std::fs::write(dir.path().join("postern.toml"), "").unwrap();
-    let started = start(&Args {
-        data_dir: Some(dir.path().to_path_buf()),
-        config: Some(dir.path().join("postern.toml")),
-        socket: None,
-        keychain: Keychain::SecretService,
-        keychain_service: test_service(),
-        approval_timeout: 5,
-    })
-    .unwrap();
+    let started = start(&Args::in_dir(dir.path(), &test_service())).unwrap();
     let console = started.console;
     let page = |filter: ActivityFilter| console.activity(&filter, None, 100).unwrap();
     assert_eq!(page(ActivityFilter::default()).rows.len(), 100);

@@ -42,6 +42,21 @@ pub struct Args {
     pub approval_timeout: u64,
 }
 
+impl Args {
+    /// A console over `data_dir` with its targets file inside it and the Secret Service
+    /// keychain under `service` (tests and benchmarks use their own service names).
+    pub fn in_dir(data_dir: &std::path::Path, service: &str) -> Args {
+        Args {
+            data_dir: Some(data_dir.to_path_buf()),
+            config: Some(data_dir.join("postern.toml")),
+            socket: None,
+            keychain: Keychain::SecretService,
+            keychain_service: service.to_string(),
+            approval_timeout: 20,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum Keychain {
     SecretService,

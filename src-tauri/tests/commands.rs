@@ -17,7 +17,7 @@ use tauri::{App, WebviewWindow, WebviewWindowBuilder};
 use postern_broker::channel::CallContext;
 use postern_broker::channel::http::{HttpOutcome, HttpRequest};
 use postern_broker::contract::{Code, Outcome, Retry};
-use postern_desktop::app::{Args, Keychain, start, with_console};
+use postern_desktop::app::{Args, start, with_console};
 use postern_desktop::console::Console;
 use postern_tests::adversary::{Adversary, Behavior};
 use postern_tests::files_containing;
@@ -121,16 +121,7 @@ approval = "{approval}"
 fn fixture(config: &str) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("postern.toml"), config).unwrap();
-    let service = test_service();
-    let started = start(&Args {
-        data_dir: Some(dir.path().to_path_buf()),
-        config: Some(dir.path().join("postern.toml")),
-        socket: None,
-        keychain: Keychain::SecretService,
-        keychain_service: service.clone(),
-        approval_timeout: 20,
-    })
-    .unwrap();
+    let started = start(&Args::in_dir(dir.path(), &test_service())).unwrap();
     let console = started.console;
     let app = with_console(mock_builder(), console.clone())
         .build(mock_context(noop_assets()))
@@ -201,28 +192,20 @@ fn an_empty_vault_opens_to_onboarding_and_a_stored_secret_never_comes_back() {
 #[test]
 fn bad_credential_input_is_a_typed_error_naming_the_field() {
     let f = fixture("");
-    let empty = f
-        .invoke(
-            "set_credential",
-            json!({"credential": {"id": "k", "kind": "token", "secret": "", "passphrase": null}}),
-        )
-        .unwrap_err();
-    assert_eq!(empty["code"], "INVALID_INPUT");
-    assert_eq!(empty["field"], "secret");
-    let kind = f
-        .invoke(
-            "set_credential",
-            json!({"credential": {"id": "k", "kind": "cookie", "secret": "x", "passphrase": null}}),
-        )
-        .unwrap_err();
-    assert_eq!(kind["field"], "kind");
-    let key = f
-        .invoke(
-            "set_credential",
-            json!({"credential": {"id": "k", "kind": "ssh_key", "secret": "not a key", "passphrase": null}}),
-        )
-        .unwrap_err();
-    assert_eq!(key["field"], "secret");
+    for (kind, secret, field) in [
+        ("token", "", "secret"),
+        ("cookie", "x", "kind"),
+        ("ssh_key", "not a key", "secret"),
+    ] {
+        let err = f
+            .invoke(
+                "set_credential",
+                json!({"credential": {"id": "k", "kind": kind, "secret": secret, "passphrase": null}}),
+            )
+            .unwrap_err();
+        assert_eq!(err["code"], "INVALID_INPUT", "{kind}: {err}");
+        assert_eq!(err["field"], field, "{kind}: {err}");
+    }
     let audit_key = f
         .invoke(
             "remove_credential",
@@ -653,15 +636,7 @@ fn the_integrity_banner_reports_verification_and_the_first_bad_sequence() {
 fn commands_are_granted_to_the_main_window_only() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("postern.toml"), "").unwrap();
-    let started = start(&Args {
-        data_dir: Some(dir.path().to_path_buf()),
-        config: Some(dir.path().join("postern.toml")),
-        socket: None,
-        keychain: Keychain::SecretService,
-        keychain_service: test_service(),
-        approval_timeout: 5,
-    })
-    .unwrap();
+    let started = start(&Args::in_dir(dir.path(), &test_service())).unwrap();
     // The real context: the capability files and CSP as shipped.
     let app = with_console(mock_builder(), started.console.clone())
         .build(tauri::generate_context!("../tauri.conf.json"))
