@@ -254,6 +254,20 @@ pub fn main_entry() -> i32 {
                     Err(e) => eprintln!("postern-console: agent socket: {e}"),
                 }
             });
+            // SIGTERM/SIGINT end the app the same way closing the window does, so the
+            // journal signs its final checkpoint.
+            let exit = handle.clone();
+            tauri::async_runtime::spawn(async move {
+                if let Ok(mut terminate) =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                {
+                    tokio::select! {
+                        _ = terminate.recv() => {},
+                        _ = tokio::signal::ctrl_c() => {},
+                    }
+                    exit.exit(0);
+                }
+            });
             tauri::async_runtime::spawn(watch_approvals(handle.clone(), console.clone()));
             tauri::async_runtime::spawn(watch_journal(handle, console.clone()));
             Ok(())
