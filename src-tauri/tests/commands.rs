@@ -738,3 +738,90 @@ fn a_new_target_is_added_to_the_config_file_and_served_at_once() {
         "# my targets\n"
     );
 }
+
+/// Waits up to 10 s for a payload on `rx` that satisfies `ok`.
+fn wait_for_event(rx: &std::sync::mpsc::Receiver<Value>, ok: impl Fn(&Value) -> bool) -> Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(v) if ok(&v) => return v,
+            Ok(_) => {}
+            Err(_) => panic!("no matching event arrived"),
+        }
+    }
+}
+
+#[test]
+fn the_webview_is_told_of_new_cards_journal_growth_and_integrity() {
+    use tauri::{Listener, Manager};
+    let srv = server(Behavior::ok_json("{}"));
+    let f = fixture(&target(&srv.base_url(), "per_call", ""));
+    store_key(&f);
+    let handle = f._app.app_handle().clone();
+    let (tx, rx) = std::sync::mpsc::channel::<(String, Value)>();
+    for name in ["approvals-changed", "journal-changed", "integrity-changed"] {
+        let tx = tx.clone();
+        handle.listen_any(name, move |event| {
+            let payload: Value = serde_json::from_str(event.payload()).unwrap_or(Value::Null);
+            let _ = tx.send((name.to_string(), payload));
+        });
+    }
+    let (approvals_tx, approvals) = std::sync::mpsc::channel();
+    let (journal_tx, journal) = std::sync::mpsc::channel();
+    let (integrity_tx, integrity) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for (name, payload) in rx {
+            let _ = match name.as_str() {
+                "approvals-changed" => approvals_tx.send(payload),
+                "journal-changed" => journal_tx.send(payload),
+                _ => integrity_tx.send(payload),
+            };
+        }
+    });
+    tauri::async_runtime::spawn(postern_desktop::app::watch_approvals(
+        handle.clone(),
+        f.console.clone(),
+    ));
+    tauri::async_runtime::spawn(postern_desktop::app::watch_journal(
+        handle,
+        f.console.clone(),
+    ));
+
+    // At start: the verified state, and the (empty) pending list.
+    let state = wait_for_event(&integrity, |v| v["state"] == "verified");
+    assert!(state["through_seq"].is_number());
+    wait_for_event(&approvals, |v| {
+        v["pending"].as_array().is_some_and(|p| p.is_empty())
+    });
+
+    let call = f.call(HttpRequest {
+        url: srv.url("/v1/items"),
+        method: "GET".into(),
+        ..Default::default()
+    });
+    let changed = wait_for_event(&approvals, |v| {
+        v["pending"].as_array().is_some_and(|p| p.len() == 1)
+    });
+    let card = &changed["pending"][0];
+    assert_eq!(card["target"], "api");
+    let seq_before = wait_for_event(&journal, |v| v["last_seq"].as_u64() > Some(0))["last_seq"]
+        .as_u64()
+        .unwrap();
+    f.ok(
+        "answer_approval",
+        json!({"invocationId": card["invocation_id"], "fingerprint": card["fingerprint"], "decision": "approve"}),
+    );
+    wait_for_event(&approvals, |v| {
+        v["pending"].as_array().is_some_and(|p| p.is_empty())
+    });
+    assert_eq!(
+        tauri::async_runtime::block_on(call).unwrap().outcome,
+        Outcome::Committed
+    );
+    wait_for_event(&journal, |v| v["last_seq"].as_u64() > Some(seq_before));
+    // The banner catches up with the grown journal.
+    wait_for_event(&integrity, |v| {
+        v["state"] == "verified" && v["through_seq"].as_u64() > Some(seq_before)
+    });
+}
