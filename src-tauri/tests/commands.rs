@@ -825,3 +825,81 @@ fn the_webview_is_told_of_new_cards_journal_growth_and_integrity() {
         v["state"] == "verified" && v["through_seq"].as_u64() > Some(seq_before)
     });
 }
+
+#[test]
+fn ssh_cards_show_the_host_key_then_the_escaped_command_and_approving_pins_the_key() {
+    use postern_broker::channel::ssh::SshRequest;
+    use postern_tests::ssh_fixture::Sshd;
+    assert!(
+        Sshd::available(),
+        "the SSH tests need /usr/sbin/sshd (scripts/test.sh installs it)"
+    );
+    let sshd = Sshd::start().unwrap();
+    let config = format!(
+        "[[ssh]]\nname = \"box\"\nhost = \"127.0.0.1\"\nport = {}\nuser = \"{}\"\n\
+         credential = \"box-key\"\napproval = \"per_call\"\ntimeout_ms = 15000\n",
+        sshd.port,
+        Sshd::user()
+    );
+    let f = fixture(&config);
+    // The key goes in through the console, as an operator pastes it.
+    let stored = f.ok(
+        "set_credential",
+        json!({"credential": {"id": "box-key", "kind": "ssh_key", "secret": sshd.user_ed25519.private, "passphrase": null}}),
+    );
+    assert_eq!(stored["kind"], "ssh_key");
+    let run = |command: &str| {
+        let broker = f.console.broker.clone();
+        let approver = f.console.approvals.clone();
+        let request = SshRequest {
+            host: "box".into(),
+            command: command.into(),
+            stdin: None,
+            timeout_ms: None,
+        };
+        tauri::async_runtime::spawn(async move {
+            let ctx = CallContext {
+                session: Some("sess_test_ssh".into()),
+                approver: Some(approver),
+                ..Default::default()
+            };
+            broker.ssh.execute(request, &ctx).await
+        })
+    };
+
+    // First connection: the per-call card, then the host-key card.
+    let first = run("echo first");
+    let card = f.card();
+    assert_eq!(card["mode"], "per_call");
+    assert_eq!(card["command"], "echo first");
+    f.ok(
+        "answer_approval",
+        json!({"invocationId": card["invocation_id"], "fingerprint": card["fingerprint"], "decision": "approve"}),
+    );
+    let host_card = f.card();
+    assert_eq!(host_card["mode"], "host_key");
+    let destination = format!("{}@127.0.0.1:{}", Sshd::user(), sshd.port);
+    assert_eq!(host_card["ssh_destination"], destination.as_str());
+    let shown_key = host_card["host_key"].as_str().unwrap();
+    assert!(shown_key.starts_with("SHA256:"), "{shown_key}");
+    f.ok(
+        "answer_approval",
+        json!({"invocationId": host_card["invocation_id"], "fingerprint": host_card["fingerprint"], "decision": "approve"}),
+    );
+    let first = tauri::async_runtime::block_on(first).unwrap();
+    assert_eq!(first.outcome, Outcome::NotAttempted, "{first:?}");
+    let text = std::fs::read_to_string(f.config_path()).unwrap();
+    assert!(text.contains(&sshd.host_key), "the approved key is pinned");
+
+    // Pinned now: only the per-call card, with control characters shown escaped.
+    let second = run("printf 'ok\\n'; echo \u{1b}[2J");
+    let card = f.card();
+    assert_eq!(card["mode"], "per_call");
+    assert_eq!(card["command"], "printf 'ok\\\\n'; echo \\x1b[2J");
+    f.ok(
+        "answer_approval",
+        json!({"invocationId": card["invocation_id"], "fingerprint": card["fingerprint"], "decision": "approve"}),
+    );
+    let second = tauri::async_runtime::block_on(second).unwrap();
+    assert_eq!(second.outcome, Outcome::Committed, "{second:?}");
+}
