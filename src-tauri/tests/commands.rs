@@ -515,11 +515,8 @@ fn exports_write_every_matching_row_as_jsonl_and_csv() {
     assert!(!partial, "no half-written export is left behind");
 }
 
-#[test]
-fn an_unknown_outcome_is_attested_without_rewriting_the_attempt() {
-    let srv = server(Behavior::ApplyThenClose);
-    let f = fixture(&target(&srv.base_url(), "none", ""));
-    store_key(&f);
+/// A POST the server applies and then closes on: the outcome is unknown. Returns its id.
+fn unknown_payment(f: &Fixture, srv: &Adversary) -> String {
     let out = tauri::async_runtime::block_on(f.call(HttpRequest {
         url: srv.url("/v1/payments"),
         method: "POST".into(),
@@ -527,8 +524,16 @@ fn an_unknown_outcome_is_attested_without_rewriting_the_attempt() {
         ..Default::default()
     }))
     .unwrap();
-    assert_eq!(out.outcome, Outcome::Unknown);
-    let id = out.invocation_id.clone();
+    assert_eq!(out.outcome, Outcome::Unknown, "{out:?}");
+    out.invocation_id
+}
+
+#[test]
+fn an_unknown_outcome_is_attested_without_rewriting_the_attempt() {
+    let srv = server(Behavior::ApplyThenClose);
+    let f = fixture(&target(&srv.base_url(), "none", ""));
+    store_key(&f);
+    let id = unknown_payment(&f, &srv);
 
     let pending = f.ok("needs_reconciliation", json!({}));
     let item = &pending[0];
@@ -670,15 +675,7 @@ fn the_configured_reconcile_query_settles_an_unknown_outcome_as_remote_query() {
                      committed_status = [200]\nnot_applied_status = [404]\n";
     let f = fixture(&target(&srv.base_url(), "none", reconcile));
     store_key(&f);
-    let out = tauri::async_runtime::block_on(f.call(HttpRequest {
-        url: srv.url("/v1/payments"),
-        method: "POST".into(),
-        body: b"{\"amount\":5}".to_vec(),
-        ..Default::default()
-    }))
-    .unwrap();
-    assert_eq!(out.outcome, Outcome::Unknown);
-    let id = out.invocation_id.clone();
+    let id = unknown_payment(&f, &srv);
     let pending = f.ok("needs_reconciliation", json!({}));
     assert_eq!(pending[0]["can_query"], true);
 
