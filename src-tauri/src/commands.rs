@@ -12,21 +12,21 @@ use tauri::{AppHandle, Manager, Runtime, State};
 use crate::console::Console;
 use crate::dto::*;
 
-type Console_<'a> = State<'a, Arc<Console>>;
+type ConsoleState<'a> = State<'a, Arc<Console>>;
 
 #[tauri::command]
-pub async fn overview(console: Console_<'_>) -> Result<Overview, CommandError> {
+pub async fn overview(console: ConsoleState<'_>) -> Result<Overview, CommandError> {
     console.overview()
 }
 
 #[tauri::command]
-pub async fn list_approvals(console: Console_<'_>) -> Result<Vec<ApprovalCard>, CommandError> {
+pub async fn list_approvals(console: ConsoleState<'_>) -> Result<Vec<ApprovalCard>, CommandError> {
     Ok(console.approval_cards())
 }
 
 #[tauri::command]
 pub async fn answer_approval(
-    console: Console_<'_>,
+    console: ConsoleState<'_>,
     invocation_id: String,
     fingerprint: String,
     decision: Decision,
@@ -35,13 +35,13 @@ pub async fn answer_approval(
 }
 
 #[tauri::command]
-pub async fn list_sessions(console: Console_<'_>) -> Result<Vec<SessionSummary>, CommandError> {
+pub async fn list_sessions(console: ConsoleState<'_>) -> Result<Vec<SessionSummary>, CommandError> {
     console.sessions()
 }
 
 #[tauri::command]
 pub async fn session_timeline(
-    console: Console_<'_>,
+    console: ConsoleState<'_>,
     session: String,
 ) -> Result<Vec<InvocationDetail>, CommandError> {
     console.timeline(&session)
@@ -49,7 +49,7 @@ pub async fn session_timeline(
 
 #[tauri::command]
 pub async fn query_activity(
-    console: Console_<'_>,
+    console: ConsoleState<'_>,
     filter: ActivityFilter,
     before_seq: Option<i64>,
     limit: u32,
@@ -60,7 +60,7 @@ pub async fn query_activity(
 #[tauri::command]
 pub async fn export_activity<R: Runtime>(
     app: AppHandle<R>,
-    console: Console_<'_>,
+    console: ConsoleState<'_>,
     filter: ActivityFilter,
     format: ExportFormat,
 ) -> Result<ExportResult, CommandError> {
@@ -78,7 +78,7 @@ pub async fn export_activity<R: Runtime>(
 
 #[tauri::command]
 pub async fn invocation_detail(
-    console: Console_<'_>,
+    console: ConsoleState<'_>,
     invocation_id: String,
 ) -> Result<InvocationDetail, CommandError> {
     console.detail(&invocation_id)
@@ -86,14 +86,14 @@ pub async fn invocation_detail(
 
 #[tauri::command]
 pub async fn needs_reconciliation(
-    console: Console_<'_>,
+    console: ConsoleState<'_>,
 ) -> Result<Vec<InvocationDetail>, CommandError> {
     console.needs_reconciliation()
 }
 
 #[tauri::command]
 pub async fn run_reconcile_query(
-    console: Console_<'_>,
+    console: ConsoleState<'_>,
     invocation_id: String,
 ) -> Result<InvocationDetail, CommandError> {
     console.run_reconcile_query(&invocation_id).await
@@ -101,21 +101,23 @@ pub async fn run_reconcile_query(
 
 #[tauri::command]
 pub async fn attest_outcome(
-    console: Console_<'_>,
+    console: ConsoleState<'_>,
     attestation: Attestation,
 ) -> Result<InvocationDetail, CommandError> {
     console.attest(&attestation)
 }
 
 #[tauri::command]
-pub async fn list_credentials(console: Console_<'_>) -> Result<Vec<CredentialCard>, CommandError> {
+pub async fn list_credentials(
+    console: ConsoleState<'_>,
+) -> Result<Vec<CredentialCard>, CommandError> {
     console.credentials()
 }
 
 /// Add or rotate. The secret goes into the keychain; the answer is metadata only.
 #[tauri::command]
 pub async fn set_credential(
-    console: Console_<'_>,
+    console: ConsoleState<'_>,
     credential: SetCredential,
 ) -> Result<CredentialCard, CommandError> {
     let console = console.inner().clone();
@@ -125,18 +127,18 @@ pub async fn set_credential(
 }
 
 #[tauri::command]
-pub async fn remove_credential(console: Console_<'_>, id: String) -> Result<(), CommandError> {
+pub async fn remove_credential(console: ConsoleState<'_>, id: String) -> Result<(), CommandError> {
     console.remove_credential(&id)
 }
 
 #[tauri::command]
-pub async fn list_targets(console: Console_<'_>) -> Result<TargetList, CommandError> {
+pub async fn list_targets(console: ConsoleState<'_>) -> Result<TargetList, CommandError> {
     console.targets()
 }
 
 #[tauri::command]
 pub async fn update_target(
-    console: Console_<'_>,
+    console: ConsoleState<'_>,
     edit: TargetEdit,
 ) -> Result<TargetCard, CommandError> {
     console.update_target(&edit)
@@ -145,7 +147,7 @@ pub async fn update_target(
 /// The banner's state; `recheck` verifies the whole file again first.
 #[tauri::command]
 pub async fn integrity(
-    console: Console_<'_>,
+    console: ConsoleState<'_>,
     recheck: bool,
 ) -> Result<IntegrityState, CommandError> {
     if !recheck {
