@@ -70,11 +70,6 @@ impl Approvals {
         self.changes.send_modify(|n| *n = n.wrapping_add(1));
     }
 
-    /// How long a request waits for an answer.
-    pub fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
     /// Everything waiting for an answer, oldest first.
     pub fn pending(&self) -> Vec<Pending> {
         let mut out: Vec<Pending> = match self.waiting.lock() {

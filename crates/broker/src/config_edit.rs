@@ -46,10 +46,6 @@ pub fn pin_host_key(
     key: &str,
     replace: bool,
 ) -> Result<(Pinned, Config), PinError> {
-    let edit_error = |detail: String| PinError::Edit {
-        file: file.display().to_string(),
-        detail,
-    };
     let before = Config::load(file)?;
     let Some(current) = before.ssh_target(target) else {
         return Err(PinError::NoTarget {
@@ -77,14 +73,11 @@ pub fn pin_host_key(
             });
         }
     }
-    let text = std::fs::read_to_string(file).map_err(|e| edit_error(e.to_string()))?;
-    let mut doc: DocumentMut = text
-        .parse()
-        .map_err(|e: toml_edit::TomlError| edit_error(e.to_string()))?;
+    let mut doc = read_doc(file)?;
     let tables = doc
         .get_mut("ssh")
         .and_then(|item| item.as_array_of_tables_mut())
-        .ok_or_else(|| edit_error("no [[ssh]] tables".into()))?;
+        .ok_or_else(|| edit_error(file, "no [[ssh]] tables"))?;
     let mut found = 0usize;
     for table in tables.iter_mut() {
         if table.get("name").and_then(|v| v.as_str()) == Some(target) {
@@ -93,15 +86,16 @@ pub fn pin_host_key(
         }
     }
     if found != 1 {
-        return Err(edit_error(format!(
-            "expected one [[ssh]] table named `{target}`, found {found}"
-        )));
+        return Err(edit_error(
+            file,
+            format!("expected one [[ssh]] table named `{target}`, found {found}"),
+        ));
     }
     let after = replace_validated(file, &doc.to_string())?;
     let new_version = after
         .ssh_target(target)
         .map(|t| t.version().to_string())
-        .ok_or_else(|| edit_error(format!("`{target}` vanished after the edit")))?;
+        .ok_or_else(|| edit_error(file, format!("`{target}` vanished after the edit")))?;
     Ok((
         Pinned::Changed {
             fingerprint,
@@ -115,22 +109,19 @@ pub fn pin_host_key(
 /// Writes `text` beside `file`, validates it as a targets file, and only then renames it
 /// over `file` (fsyncing the directory). On any failure `file` is unchanged.
 fn replace_validated(file: &Path, text: &str) -> Result<Config, PinError> {
-    let edit_error = |detail: String| PinError::Edit {
-        file: file.display().to_string(),
-        detail,
-    };
     let tmp = temp_path(file);
-    write_temp(&tmp, text.as_bytes(), file).map_err(|e| edit_error(e.to_string()))?;
+    write_temp(&tmp, text.as_bytes(), file).map_err(|e| edit_error(file, e))?;
     // Validate the edited file before it replaces the original.
     if let Err(e) = Config::load(&tmp) {
         let _ = std::fs::remove_file(&tmp);
-        return Err(edit_error(format!(
-            "the edited file does not validate ({e})"
-        )));
+        return Err(edit_error(
+            file,
+            format!("the edited file does not validate ({e})"),
+        ));
     }
     if let Err(e) = std::fs::rename(&tmp, file) {
         let _ = std::fs::remove_file(&tmp);
-        return Err(edit_error(format!("cannot replace it: {e}")));
+        return Err(edit_error(file, format!("cannot replace it: {e}")));
     }
     if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty())
         && let Ok(d) = std::fs::File::open(dir)
@@ -143,19 +134,27 @@ fn replace_validated(file: &Path, text: &str) -> Result<Config, PinError> {
 /// One target's table as written in the targets file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TargetText {
-    /// `http` or `ssh`.
-    pub channel: &'static str,
     pub name: String,
     /// The `[[http]]`/`[[ssh]]` table with its sub-tables, comments kept.
     pub text: String,
 }
 
+fn edit_error(file: &Path, detail: impl std::fmt::Display) -> PinError {
+    PinError::Edit {
+        file: file.display().to_string(),
+        detail: detail.to_string(),
+    }
+}
+
 fn parse_doc(file: &Path, text: &str) -> Result<DocumentMut, PinError> {
     text.parse()
-        .map_err(|e: toml_edit::TomlError| PinError::Edit {
-            file: file.display().to_string(),
-            detail: e.to_string(),
-        })
+        .map_err(|e: toml_edit::TomlError| edit_error(file, e))
+}
+
+/// The targets file, parsed with its comments and layout.
+fn read_doc(file: &Path) -> Result<DocumentMut, PinError> {
+    let text = std::fs::read_to_string(file).map_err(|e| edit_error(file, e))?;
+    parse_doc(file, &text)
 }
 
 /// The table of one array-of-tables entry as standalone TOML text.
@@ -169,18 +168,13 @@ fn table_text(channel: &str, table: &toml_edit::Table) -> String {
 
 /// Every target's table text, in file order.
 pub fn target_texts(file: &Path) -> Result<Vec<TargetText>, PinError> {
-    let text = std::fs::read_to_string(file).map_err(|e| PinError::Edit {
-        file: file.display().to_string(),
-        detail: e.to_string(),
-    })?;
-    let doc = parse_doc(file, &text)?;
+    let doc = read_doc(file)?;
     let mut out = Vec::new();
     for channel in ["http", "ssh"] {
         if let Some(tables) = doc.get(channel).and_then(|i| i.as_array_of_tables()) {
             for table in tables.iter() {
                 let name = table.get("name").and_then(|v| v.as_str()).unwrap_or("");
                 out.push(TargetText {
-                    channel,
                     name: name.to_string(),
                     text: table_text(channel, table),
                 });
@@ -190,26 +184,21 @@ pub fn target_texts(file: &Path) -> Result<Vec<TargetText>, PinError> {
     Ok(out)
 }
 
+const ONE_TABLE: &str = "the new text must be exactly one [[http]] or [[ssh]] table";
+
 /// Replaces the table of target `name` with `new_text` (one `[[http]]` or `[[ssh]]`
 /// table of the same name, sub-tables included), or adds it when no target has that
 /// name. The whole edited file is validated (names stay unique across sections) before
 /// it replaces the original; the returned config is the new version.
 pub fn replace_target(file: &Path, name: &str, new_text: &str) -> Result<Config, PinError> {
-    let edit_error = |detail: String| PinError::Edit {
-        file: file.display().to_string(),
-        detail,
-    };
-    let text = std::fs::read_to_string(file).map_err(|e| edit_error(e.to_string()))?;
-    let mut doc = parse_doc(file, &text)?;
+    let mut doc = read_doc(file)?;
     let replacement = parse_doc(file, new_text).map_err(|e| match e {
-        PinError::Edit { detail, .. } => edit_error(format!("the new table: {detail}")),
+        PinError::Edit { detail, .. } => edit_error(file, format!("the new table: {detail}")),
         other => other,
     })?;
     let keys: Vec<&str> = replacement.iter().map(|(k, _)| k).collect();
     let [channel] = keys.as_slice() else {
-        return Err(edit_error(
-            "the new text must be exactly one [[http]] or [[ssh]] table".into(),
-        ));
+        return Err(edit_error(file, ONE_TABLE));
     };
     let channel = *channel;
     let new_table = replacement
@@ -217,13 +206,14 @@ pub fn replace_target(file: &Path, name: &str, new_text: &str) -> Result<Config,
         .and_then(|i| i.as_array_of_tables())
         .filter(|a| a.len() == 1)
         .and_then(|a| a.get(0))
-        .ok_or_else(|| {
-            edit_error("the new text must be exactly one [[http]] or [[ssh]] table".into())
-        })?;
+        .ok_or_else(|| edit_error(file, ONE_TABLE))?;
     if new_table.get("name").and_then(|v| v.as_str()) != Some(name) {
-        return Err(edit_error(format!(
-            "the new table must keep `name = \"{name}\"` (renaming a target is a new target)"
-        )));
+        return Err(edit_error(
+            file,
+            format!(
+                "the new table must keep `name = \"{name}\"` (renaming a target is a new target)"
+            ),
+        ));
     }
     let mut new_table = new_table.clone();
     if doc.get(channel).is_none() {
@@ -242,7 +232,7 @@ pub fn replace_target(file: &Path, name: &str, new_text: &str) -> Result<Config,
     let tables = doc
         .get_mut(channel)
         .and_then(|item| item.as_array_of_tables_mut())
-        .ok_or_else(|| edit_error(format!("`{channel}` is not an array of tables")))?;
+        .ok_or_else(|| edit_error(file, format!("`{channel}` is not an array of tables")))?;
     let matching: Vec<usize> = tables
         .iter()
         .enumerate()
@@ -258,9 +248,10 @@ pub fn replace_target(file: &Path, name: &str, new_text: &str) -> Result<Config,
             }
         }
         _ => {
-            return Err(edit_error(format!(
-                "more than one [[{channel}]] table is named `{name}`"
-            )));
+            return Err(edit_error(
+                file,
+                format!("more than one [[{channel}]] table is named `{name}`"),
+            ));
         }
     }
     replace_validated(file, &doc.to_string())

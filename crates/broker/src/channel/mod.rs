@@ -259,6 +259,34 @@ pub struct ApprovalRequest {
     pub detail: ApprovalDetail,
 }
 
+impl ApprovalRequest {
+    /// A card for `invocation_id` binding `fingerprint` under `snapshot` (target and
+    /// credential as bound). `seek_approval` sets the mode; a caller with an idempotency
+    /// key sets it.
+    pub fn bound(
+        invocation_id: &str,
+        ctx: &CallContext,
+        summary: String,
+        fingerprint: String,
+        snapshot: &crate::action::ConfigSnapshot,
+        detail: ApprovalDetail,
+    ) -> Self {
+        ApprovalRequest {
+            invocation_id: invocation_id.to_string(),
+            session: ctx.session.clone(),
+            target: snapshot.target_id.clone(),
+            summary,
+            fingerprint,
+            credential_id: snapshot.credential_id.clone(),
+            credential_version: snapshot.credential_version.clone(),
+            injection_mode: snapshot.injection_mode.clone(),
+            idempotency_key: None,
+            mode: "",
+            detail,
+        }
+    }
+}
+
 /// The action behind an approval card, as the fingerprint binds it. Agent-written text
 /// (commands, bodies) is escaped so it cannot hide or reorder what a person reads.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]

@@ -415,23 +415,18 @@ impl SshChannel {
             .ssh_target(&p.target.name)
             .map(|t| t.approval)
             .unwrap_or(ApprovalMode::None);
-        let request = ApprovalRequest {
-            invocation_id: rec.id().to_string(),
-            session: ctx.session.clone(),
-            target: p.target.name.clone(),
-            summary: summary(Some(&p.target), &p.request),
-            fingerprint: p.fingerprint.clone(),
-            credential_id: p.snapshot.credential_id.clone(),
-            credential_version: p.snapshot.credential_version.clone(),
-            injection_mode: p.snapshot.injection_mode.clone(),
-            idempotency_key: None,
-            mode: "",
-            detail: super::ApprovalDetail {
+        let request = ApprovalRequest::bound(
+            rec.id(),
+            ctx,
+            summary(Some(&p.target), &p.request),
+            p.fingerprint.clone(),
+            &p.snapshot,
+            super::ApprovalDetail {
                 ssh_destination: Some(destination(&p.target)),
                 command: Some(crate::display::escape_text(&p.request.command)),
                 ..Default::default()
             },
-        };
+        );
         super::seek_approval(rec, mode, request, ctx)
             .await
             .map_err(|stop| {
@@ -484,24 +479,22 @@ impl SshChannel {
             ));
         };
         let request = ApprovalRequest {
-            invocation_id: rec.id().to_string(),
-            session: ctx.session.clone(),
-            target: p.target.name.clone(),
-            summary: format!(
-                "First connection to {} ({}:{}): host key {fingerprint}",
-                p.target.name, p.target.host, p.target.port
-            ),
-            fingerprint: fingerprint.to_string(),
-            credential_id: p.snapshot.credential_id.clone(),
-            credential_version: p.snapshot.credential_version.clone(),
-            injection_mode: p.snapshot.injection_mode.clone(),
-            idempotency_key: None,
             mode: "host_key",
-            detail: super::ApprovalDetail {
-                ssh_destination: Some(destination(&p.target)),
-                host_key: Some(fingerprint.to_string()),
-                ..Default::default()
-            },
+            ..ApprovalRequest::bound(
+                rec.id(),
+                ctx,
+                format!(
+                    "First connection to {} ({}:{}): host key {fingerprint}",
+                    p.target.name, p.target.host, p.target.port
+                ),
+                fingerprint.to_string(),
+                &p.snapshot,
+                super::ApprovalDetail {
+                    ssh_destination: Some(destination(&p.target)),
+                    host_key: Some(fingerprint.to_string()),
+                    ..Default::default()
+                },
+            )
         };
         let answer = tokio::select! {
             answer = approver.approve(request) => answer,

@@ -93,6 +93,21 @@ struct Identity {
     target: String,
 }
 
+impl Identity {
+    /// The columns [`Identity::from_row`] reads, in order.
+    const COLUMNS: &'static str = "id, accepted_seq, accepted_at_ms, session_id, target";
+
+    fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Identity> {
+        Ok(Identity {
+            id: r.get(0)?,
+            accepted_seq: r.get(1)?,
+            accepted_at_ms: r.get(2)?,
+            session: r.get(3)?,
+            target: r.get(4)?,
+        })
+    }
+}
+
 /// The SQL-side filters. Status filters use the writer-maintained status columns and
 /// let rows with no status yet (written before they existed) through to the fold.
 #[derive(Default)]
@@ -198,14 +213,16 @@ fn scan(
         // The search drives: matches newest first, each joined to its row by seq.
         clauses.insert(0, "invocation_search MATCH ?");
         values.splice(0..0, search_values);
-        "SELECT id, accepted_seq, accepted_at_ms, session_id, target FROM invocation_search \
-         JOIN invocations INDEXED BY invocations_by_seq \
-         ON invocations.accepted_seq = invocation_search.rowid"
-            .to_string()
+        format!(
+            "SELECT {} FROM invocation_search \
+             JOIN invocations INDEXED BY invocations_by_seq \
+             ON invocations.accepted_seq = invocation_search.rowid",
+            Identity::COLUMNS
+        )
     } else {
         format!(
-            "SELECT id, accepted_seq, accepted_at_ms, session_id, target FROM invocations \
-             INDEXED BY {index}"
+            "SELECT {} FROM invocations INDEXED BY {index}",
+            Identity::COLUMNS
         )
     };
     if !clauses.is_empty() {
@@ -220,14 +237,7 @@ fn scan(
     let mut stmt = conn.prepare_cached(&sql)?;
     let mut rows = stmt.query(rusqlite::params_from_iter(values))?;
     while let Some(r) = rows.next()? {
-        let identity = Identity {
-            id: r.get(0)?,
-            accepted_seq: r.get(1)?,
-            accepted_at_ms: r.get(2)?,
-            session: r.get(3)?,
-            target: r.get(4)?,
-        };
-        if !each(identity)? {
+        if !each(Identity::from_row(r)?)? {
             break;
         }
     }
@@ -271,6 +281,27 @@ pub fn list(
         Ok(filter.limit.is_none_or(|limit| out.len() < limit))
     })?;
     Ok(out)
+}
+
+/// One invocation as [`list`] shows it, or `None` when the journal has no such id.
+///
+/// # Errors
+///
+/// As [`list`].
+pub fn row_by_id(
+    conn: &Connection,
+    invocation_id: &str,
+    now_ms: i64,
+) -> Result<Option<InvocationRow>, JournalError> {
+    use rusqlite::OptionalExtension;
+    let identity = conn
+        .prepare_cached(&format!(
+            "SELECT {} FROM invocations WHERE id = ?1",
+            Identity::COLUMNS
+        ))?
+        .query_row([invocation_id], Identity::from_row)
+        .optional()?;
+    identity.map(|i| row(conn, i, now_ms)).transpose()
 }
 
 /// `%text%` for LIKE, with the wildcards of `text` itself escaped.
@@ -355,20 +386,12 @@ pub fn stats(conn: &Connection, now_ms: i64) -> Result<Stats, JournalError> {
             *stats.by_code.entry(code).or_default() += n;
         }
     }
-    let mut unindexed = conn.prepare_cached(
-        "SELECT id, accepted_seq, accepted_at_ms, session_id, target FROM invocations
-         WHERE phase IS NULL",
-    )?;
+    let mut unindexed = conn.prepare_cached(&format!(
+        "SELECT {} FROM invocations WHERE phase IS NULL",
+        Identity::COLUMNS
+    ))?;
     let legacy: Vec<Identity> = unindexed
-        .query_map([], |r| {
-            Ok(Identity {
-                id: r.get(0)?,
-                accepted_seq: r.get(1)?,
-                accepted_at_ms: r.get(2)?,
-                session: r.get(3)?,
-                target: r.get(4)?,
-            })
-        })?
+        .query_map([], Identity::from_row)?
         .collect::<Result<_, _>>()?;
     for identity in legacy {
         let row = row(conn, identity, now_ms)?;

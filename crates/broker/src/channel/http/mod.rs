@@ -510,23 +510,21 @@ impl HttpChannel {
             .map(|t| t.approval)
             .unwrap_or(ApprovalMode::None);
         let request = ApprovalRequest {
-            invocation_id: rec.id().to_string(),
-            session: ctx.session.clone(),
-            target: p.target.clone(),
-            summary: summary(&p.request),
-            fingerprint: p.fingerprint.clone(),
-            credential_id: p.snapshot.credential_id.clone(),
-            credential_version: p.snapshot.credential_version.clone(),
-            injection_mode: p.snapshot.injection_mode.clone(),
             idempotency_key: p.idempotency_key.clone(),
-            mode: "",
-            detail: super::ApprovalDetail {
-                method: Some(p.action.method.clone()),
-                url: Some(p.action.url()),
-                body: (!p.request.body.is_empty())
-                    .then(|| crate::display::BodyPreview::of(&p.request.body)),
-                ..Default::default()
-            },
+            ..ApprovalRequest::bound(
+                rec.id(),
+                ctx,
+                summary(&p.request),
+                p.fingerprint.clone(),
+                &p.snapshot,
+                super::ApprovalDetail {
+                    method: Some(p.action.method.clone()),
+                    url: Some(p.action.url()),
+                    body: (!p.request.body.is_empty())
+                        .then(|| crate::display::BodyPreview::of(&p.request.body)),
+                    ..Default::default()
+                },
+            )
         };
         super::seek_approval(rec, mode, request, ctx)
             .await
