@@ -15,7 +15,9 @@ use postern_broker::clock::SystemClock;
 use postern_mcp::{DaemonArgs, KeychainChoice, daemon};
 
 use crate::console::{Console, Paths};
-use crate::dto::{ApprovalsChanged, JournalChanged};
+use crate::dto::{
+    APPROVALS_CHANGED, ApprovalsChanged, INTEGRITY_CHANGED, JOURNAL_CHANGED, JournalChanged,
+};
 
 /// `postern-console`: the desktop console. Every option has a default; a plain start
 /// uses the same data dir, config and socket as `postern daemon`.
@@ -173,7 +175,7 @@ pub async fn watch_approvals<R: Runtime>(app: tauri::AppHandle<R>, console: Arc<
             }
         }
         seen.retain(|id| pending.iter().any(|c| &c.invocation_id == id));
-        let _ = app.emit("approvals-changed", ApprovalsChanged { pending });
+        let _ = app.emit(APPROVALS_CHANGED, ApprovalsChanged { pending });
         if changes.changed().await.is_err() {
             return;
         }
@@ -194,7 +196,7 @@ pub async fn watch_journal<R: Runtime>(app: tauri::AppHandle<R>, console: Arc<Co
             && seq != last_seen
         {
             last_seen = seq;
-            let _ = app.emit("journal-changed", JournalChanged { last_seq: seq });
+            let _ = app.emit(JOURNAL_CHANGED, JournalChanged { last_seq: seq });
         }
         let since = verified_at.map(|t| t.elapsed());
         let spacing = (verify_cost * 10).max(Duration::from_secs(1));
@@ -208,7 +210,7 @@ pub async fn watch_journal<R: Runtime>(app: tauri::AppHandle<R>, console: Arc<Co
             let c = console.clone();
             let started = std::time::Instant::now();
             if let Ok(state) = tauri::async_runtime::spawn_blocking(move || c.verify_now()).await {
-                let _ = app.emit("integrity-changed", state);
+                let _ = app.emit(INTEGRITY_CHANGED, state);
             }
             verify_cost = started.elapsed();
             verified_at = Some(std::time::Instant::now());

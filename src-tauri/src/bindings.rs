@@ -116,9 +116,9 @@ pub const SIGNATURES: &[Signature] = &[
 
 /// Events the backend emits, with their payload types.
 pub const EVENTS: &[(&str, &str, &str)] = &[
-    ("approvalsChanged", "approvals-changed", "ApprovalsChanged"),
-    ("journalChanged", "journal-changed", "JournalChanged"),
-    ("integrityChanged", "integrity-changed", "IntegrityState"),
+    ("approvalsChanged", APPROVALS_CHANGED, "ApprovalsChanged"),
+    ("journalChanged", JOURNAL_CHANGED, "JournalChanged"),
+    ("integrityChanged", INTEGRITY_CHANGED, "IntegrityState"),
 ];
 
 fn union(name: &str, values: impl Iterator<Item = &'static str>) -> String {

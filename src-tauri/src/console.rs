@@ -133,13 +133,13 @@ impl Console {
     pub fn overview(&self) -> Result<Overview, CommandError> {
         let credentials = self.credential_metas()?.len();
         let config = self.broker.config.current();
-        let unknown = self.unknown_rows()?.len();
+        let unsettled = self.unsettled_rows()?.len();
         Ok(Overview {
             vault_empty: credentials == 0,
             credentials: count(credentials),
             targets: count(config.http.len() + config.ssh.len()),
             pending_approvals: count(self.approvals.pending().len()),
-            needs_reconciliation: count(unknown),
+            needs_reconciliation: count(unsettled),
             data_dir: self.paths.data_dir.display().to_string(),
             config_path: self.paths.config.display().to_string(),
             socket: self.paths.socket.display().to_string(),
@@ -352,44 +352,15 @@ impl Console {
     // ----- one invocation -------------------------------------------------------------
 
     pub fn detail(&self, invocation_id: &str) -> Result<InvocationDetail, CommandError> {
-        let p = self.projection(invocation_id)?;
-        let row = self.read(|conn| {
-            conn.query_row(
-                "SELECT accepted_seq, accepted_at_ms FROM invocations WHERE id = ?1",
-                [invocation_id],
-                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
-            )
-            .map_err(JournalError::from)
-        })?;
-        let now = self.now();
-        self.detail_of(InvocationRow {
-            id: p.invocation_id.clone(),
-            accepted_seq: row.0,
-            accepted_at_ms: row.1,
-            session: p.session.clone(),
-            target: p.target.clone().unwrap_or_default(),
-            summary: p.summary.clone().unwrap_or_default(),
-            phase: p.phase,
-            outcome: p.outcome,
-            retry: p.retry(now),
-            code: p.effective_code(),
-        })
-    }
-
-    fn projection(&self, invocation_id: &str) -> Result<Projection, CommandError> {
-        let p = self
-            .broker
-            .journal
-            .projection(invocation_id)
-            .map_err(|e| journal_error(&e))?;
-        if !p.exists() {
+        let row = self.read(|conn| query::row_by_id(conn, invocation_id, self.now()))?;
+        let Some(row) = row else {
             return Err(CommandError::field(
                 "UNKNOWN_INVOCATION",
                 "invocation_id",
                 format!("No invocation {invocation_id} in this journal."),
             ));
-        }
-        Ok(p)
+        };
+        self.detail_of(row)
     }
 
     fn detail_of(&self, row: InvocationRow) -> Result<InvocationDetail, CommandError> {
@@ -446,10 +417,11 @@ impl Console {
 
     // ----- reconciliation -------------------------------------------------------------
 
-    /// The newest [`RECONCILE_LIST`] invocations whose outcome is unknown now (a settled
-    /// one folds to the settlement, so it is not among them).
-    fn unknown_rows(&self) -> Result<Vec<InvocationRow>, CommandError> {
-        self.read(|conn| {
+    /// The newest [`RECONCILE_LIST`] unknown outcomes that nothing has settled: the
+    /// attempt is closed (not still running) and no reconciliation was recorded (one
+    /// would have folded the outcome to its settlement).
+    fn unsettled_rows(&self) -> Result<Vec<InvocationRow>, CommandError> {
+        let unknown = self.read(|conn| {
             query::list(
                 conn,
                 &Filter {
@@ -459,15 +431,26 @@ impl Console {
                 },
                 self.now(),
             )
-        })
+        })?;
+        let mut unsettled = Vec::with_capacity(unknown.len());
+        for row in unknown {
+            let p = self
+                .broker
+                .journal
+                .projection(&row.id)
+                .map_err(|e| journal_error(&e))?;
+            if p.terminal && p.reconciled.is_none() {
+                unsettled.push(row);
+            }
+        }
+        Ok(unsettled)
     }
 
     /// Every unknown outcome not yet settled, newest first.
     pub fn needs_reconciliation(&self) -> Result<Vec<InvocationDetail>, CommandError> {
-        self.unknown_rows()?
+        self.unsettled_rows()?
             .into_iter()
             .map(|row| self.detail_of(row))
-            .filter(|d| !matches!(d, Ok(d) if !d.unsettled))
             .collect()
     }
 

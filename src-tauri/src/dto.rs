@@ -373,6 +373,11 @@ impl CommandError {
     }
 }
 
+/// Event names: emitted by `app`, listened to through the generated bindings.
+pub const APPROVALS_CHANGED: &str = "approvals-changed";
+pub const JOURNAL_CHANGED: &str = "journal-changed";
+pub const INTEGRITY_CHANGED: &str = "integrity-changed";
+
 /// Payload of the `approvals-changed` event: the full pending list.
 #[derive(Debug, Clone, Serialize, TS)]
 pub struct ApprovalsChanged {
