@@ -30,23 +30,6 @@ export function subscribe(listening: Promise<UnlistenFn>): () => void {
   };
 }
 
-/** Coalesces bursts of calls into one call after `wait` ms of quiet (trailing). */
-export function debounce<A extends unknown[]>(fn: (...args: A) => void, wait: number) {
-  let timer: ReturnType<typeof setTimeout> | null = null;
-  const debounced = (...args: A) => {
-    if (timer) clearTimeout(timer);
-    timer = setTimeout(() => {
-      timer = null;
-      fn(...args);
-    }, wait);
-  };
-  debounced.cancel = () => {
-    if (timer) clearTimeout(timer);
-    timer = null;
-  };
-  return debounced;
-}
-
 /** Runs `fn` at most once per `wait` ms, always including a trailing call. */
 export function throttle(fn: () => void, wait: number) {
   let last = 0;
