@@ -91,6 +91,14 @@ impl Fixture {
         })
     }
 
+    /// Answers `card` through `answer_approval` with the fingerprint it shows.
+    fn answer(&self, card: &Value, decision: &str) -> Value {
+        self.ok(
+            "answer_approval",
+            json!({"invocationId": card["invocation_id"], "fingerprint": card["fingerprint"], "decision": decision}),
+        )
+    }
+
     /// Waits for one pending card through `list_approvals`.
     fn card(&self) -> Value {
         for _ in 0..300 {
@@ -245,10 +253,7 @@ fn approving_a_card_sends_exactly_that_fingerprint() {
     assert!(card["expires_at_ms"].as_i64() > card["requested_at_ms"].as_i64());
     assert_eq!(srv.requests().len(), 0, "nothing is sent before the answer");
 
-    f.ok(
-        "answer_approval",
-        json!({"invocationId": card["invocation_id"], "fingerprint": card["fingerprint"], "decision": "approve"}),
-    );
+    f.answer(&card, "approve");
     let out = tauri::async_runtime::block_on(call).unwrap();
     assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
     assert_eq!(srv.requests().len(), 1);
@@ -283,10 +288,7 @@ fn denying_a_card_stops_the_request_for_good() {
         ..Default::default()
     });
     let card = f.card();
-    f.ok(
-        "answer_approval",
-        json!({"invocationId": card["invocation_id"], "fingerprint": card["fingerprint"], "decision": "deny"}),
-    );
+    f.answer(&card, "deny");
     let out = tauri::async_runtime::block_on(call).unwrap();
     let env = out.error.unwrap();
     assert_eq!(
@@ -333,10 +335,7 @@ fn a_target_edited_under_a_pending_card_is_refused_as_a_fingerprint_mismatch() {
             .contains("methods = [\"GET\"]")
     );
 
-    f.ok(
-        "answer_approval",
-        json!({"invocationId": card["invocation_id"], "fingerprint": card["fingerprint"], "decision": "approve"}),
-    );
+    f.answer(&card, "approve");
     let out = tauri::async_runtime::block_on(call).unwrap();
     let env = out.error.unwrap();
     assert_eq!(env.error.code, Code::FingerprintMismatch, "{env:?}");
@@ -805,10 +804,7 @@ fn the_webview_is_told_of_new_cards_journal_growth_and_integrity() {
     let seq_before = wait_for_event(&journal, |v| v["last_seq"].as_u64() > Some(0))["last_seq"]
         .as_u64()
         .unwrap();
-    f.ok(
-        "answer_approval",
-        json!({"invocationId": card["invocation_id"], "fingerprint": card["fingerprint"], "decision": "approve"}),
-    );
+    f.answer(card, "approve");
     wait_for_event(&approvals, |v| {
         v["pending"].as_array().is_some_and(|p| p.is_empty())
     });
@@ -869,20 +865,14 @@ fn ssh_cards_show_the_host_key_then_the_escaped_command_and_approving_pins_the_k
     let card = f.card();
     assert_eq!(card["mode"], "per_call");
     assert_eq!(card["command"], "echo first");
-    f.ok(
-        "answer_approval",
-        json!({"invocationId": card["invocation_id"], "fingerprint": card["fingerprint"], "decision": "approve"}),
-    );
+    f.answer(&card, "approve");
     let host_card = f.card();
     assert_eq!(host_card["mode"], "host_key");
     let destination = format!("{}@127.0.0.1:{}", Sshd::user(), sshd.port);
     assert_eq!(host_card["ssh_destination"], destination.as_str());
     let shown_key = host_card["host_key"].as_str().unwrap();
     assert!(shown_key.starts_with("SHA256:"), "{shown_key}");
-    f.ok(
-        "answer_approval",
-        json!({"invocationId": host_card["invocation_id"], "fingerprint": host_card["fingerprint"], "decision": "approve"}),
-    );
+    f.answer(&host_card, "approve");
     let first = tauri::async_runtime::block_on(first).unwrap();
     assert_eq!(first.outcome, Outcome::NotAttempted, "{first:?}");
     let text = std::fs::read_to_string(f.config_path()).unwrap();
@@ -893,10 +883,7 @@ fn ssh_cards_show_the_host_key_then_the_escaped_command_and_approving_pins_the_k
     let card = f.card();
     assert_eq!(card["mode"], "per_call");
     assert_eq!(card["command"], "printf 'ok\\\\n'; echo \\x1b[2J");
-    f.ok(
-        "answer_approval",
-        json!({"invocationId": card["invocation_id"], "fingerprint": card["fingerprint"], "decision": "approve"}),
-    );
+    f.answer(&card, "approve");
     let second = tauri::async_runtime::block_on(second).unwrap();
     assert_eq!(second.outcome, Outcome::Committed, "{second:?}");
 }
