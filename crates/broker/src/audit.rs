@@ -155,6 +155,10 @@ pub enum AuditError {
     },
     #[error("cannot read the audit record in {path}: {detail}")]
     Unreadable { path: String, detail: String },
+    /// The chain verifies, but the file around it does not: a damaged page, a cut-off
+    /// end. What such a file says cannot be trusted whole.
+    #[error("the journal file {path} is damaged: {detail}")]
+    Damaged { path: String, detail: String },
 }
 
 impl AuditError {
@@ -162,7 +166,7 @@ impl AuditError {
     pub fn first_bad_seq(&self) -> Option<u64> {
         match self {
             AuditError::Broken { first_bad_seq, .. } => Some(*first_bad_seq),
-            AuditError::Unreadable { .. } => None,
+            AuditError::Unreadable { .. } | AuditError::Damaged { .. } => None,
         }
     }
 }
@@ -187,19 +191,51 @@ fn broken(first_bad_seq: u64, kind: Tamper, detail: impl Into<String>) -> AuditE
     }
 }
 
-/// Verifies the journal at `db` read-only against the audit public key.
+/// Verifies the journal at `db` read-only against the audit public key: the chain and
+/// its signed checkpoints, then the integrity of the whole file (every page of every
+/// table and index, and its length against its header), since a damaged page outside
+/// the events would otherwise pass.
 pub fn verify_file(db: &Path, key: &VerifyingKey) -> Result<VerifyReport, AuditError> {
     let unreadable = |e: &dyn std::fmt::Display| AuditError::Unreadable {
         path: db.display().to_string(),
         detail: e.to_string(),
     };
+    let damaged = |detail: String| AuditError::Damaged {
+        path: db.display().to_string(),
+        detail,
+    };
     let conn = Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY)
         .map_err(|e| unreadable(&e))?;
     let witness = read_witness(db).map_err(|e| unreadable(&e))?;
-    verify(&conn, key, witness.as_ref()).map_err(|e| match e {
+    let report = verify(&conn, key, witness.as_ref()).map_err(|e| match e {
         VerifyFailure::Audit(a) => a,
+        VerifyFailure::Sql(s)
+            if s.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseCorrupt) =>
+        {
+            damaged(s.to_string())
+        }
         VerifyFailure::Sql(s) => unreadable(&s),
-    })
+    })?;
+    if let Err(crate::journal::JournalError::Damaged { detail, .. }) =
+        crate::journal::schema::check_length(db)
+    {
+        return Err(damaged(detail));
+    }
+    // quick_check reads every page of the file (it skips only the index-to-table
+    // cross-check of integrity_check, which costs a sort per index).
+    let mut problems: Vec<String> = Vec::new();
+    let checked = conn.prepare("PRAGMA quick_check(20)").and_then(|mut stmt| {
+        let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+        for row in rows {
+            problems.push(row?);
+        }
+        Ok(())
+    });
+    match checked {
+        Ok(()) if problems.len() == 1 && problems[0] == "ok" => Ok(report),
+        Ok(()) => Err(damaged(problems.join("; "))),
+        Err(e) => Err(damaged(e.to_string())),
+    }
 }
 
 fn read_witness(db: &Path) -> Result<Option<Checkpoint>, String> {

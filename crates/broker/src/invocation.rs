@@ -38,6 +38,14 @@ pub struct Recorder {
     journal: Journal,
     id: String,
     generation: u32,
+    /// The agent session the invocation belongs to (for what is remembered of it when
+    /// nothing could be recorded).
+    session: Option<String>,
+    /// Whether bytes of this invocation may have reached a transport: set when a
+    /// DISPATCH_STARTED was recorded by this process, or found in the record on resume.
+    /// When the journal fails so badly that the record cannot be read back, this is what
+    /// tells "nothing was sent" from "the remote may have acted".
+    may_have_dispatched: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What was observed of a complete exchange, recorded with its result.
@@ -64,12 +72,9 @@ impl Recorder {
     /// ACTION_ACCEPTED.
     pub fn accept(journal: &Journal, new: NewInvocation) -> Result<Recorder, JournalError> {
         let id = new.invocation_id.clone();
+        let session = new.session.clone();
         journal.accept(new)?;
-        Ok(Recorder {
-            journal: journal.clone(),
-            id,
-            generation: 0,
-        })
+        Ok(Recorder::new(journal, id, 0, session, false))
     }
 
     /// [`Recorder::accept`] without waiting for the commit; the next waited step
@@ -79,22 +84,55 @@ impl Recorder {
         new: NewInvocation,
     ) -> Result<Recorder, JournalError> {
         let id = new.invocation_id.clone();
+        let session = new.session.clone();
         journal.accept_pipelined(new)?;
-        Ok(Recorder {
-            journal: journal.clone(),
-            id,
-            generation: 0,
-        })
+        Ok(Recorder::new(journal, id, 0, session, false))
     }
 
     /// Picks up an existing invocation (a retry, a reconciliation, a restart).
     pub fn resume(journal: &Journal, invocation_id: &str) -> Result<Recorder, JournalError> {
         let p = journal.projection(invocation_id)?;
-        Ok(Recorder {
+        Ok(Recorder::new(
+            journal,
+            invocation_id.to_string(),
+            p.attempt.generation,
+            p.session.clone(),
+            p.ever_dispatched,
+        ))
+    }
+
+    fn new(
+        journal: &Journal,
+        id: String,
+        generation: u32,
+        session: Option<String>,
+        dispatched: bool,
+    ) -> Recorder {
+        Recorder {
             journal: journal.clone(),
-            id: invocation_id.to_string(),
-            generation: p.attempt.generation,
-        })
+            id,
+            generation,
+            session,
+            may_have_dispatched: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(
+                dispatched,
+            )),
+        }
+    }
+
+    /// Whether this invocation may have crossed the dispatch boundary, by the record
+    /// or by what this process did (see the field).
+    pub fn may_have_dispatched(&self) -> bool {
+        self.may_have_dispatched
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The agent session, as accepted.
+    pub fn session(&self) -> Option<&str> {
+        self.session.as_deref()
+    }
+
+    pub fn journal(&self) -> &Journal {
+        &self.journal
     }
 
     pub fn id(&self) -> &str {
@@ -297,7 +335,12 @@ impl Recorder {
             connection_id,
             peer_identity,
         ) {
-            Ok(a) => Ok(a),
+            Ok(a) => {
+                // From here the caller hands bytes to the transport.
+                self.may_have_dispatched
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                Ok(a)
+            }
             Err(JournalError::FingerprintChanged(failed)) => Err(self.stopped(&failed)),
             Err(JournalError::LeaseLost { .. }) => {
                 // Another holder owns the invocation now. Record nothing on its record

@@ -282,6 +282,17 @@ pub fn audit_verify(
             // Already reported on stdout, which is where a check's result goes.
             Err(Failure::silent(common::EXIT_FAILED))
         }
+        Err(AuditError::Damaged { path, detail }) => {
+            if json {
+                println!(
+                    "{}",
+                    json!({ "ok": false, "error": "damaged", "path": path, "detail": detail })
+                );
+            } else {
+                println!("audit FAILED: the journal file {path} is damaged: {detail}");
+            }
+            Err(Failure::silent(common::EXIT_FAILED))
+        }
         Err(e @ AuditError::Unreadable { .. }) => {
             Err(Failure::unavailable(e.to_string()).with_json(json, "unreadable"))
         }

@@ -277,8 +277,35 @@ impl Session {
         Ok(ssh_result_of(&outcome))
     }
 
+    /// What was answered for an invocation of this session that the journal could not
+    /// record (a full disk, say): the same envelope, marked as not recorded.
+    fn unrecorded(&self, invocation_id: &str) -> Option<CallToolResult> {
+        let u = self.broker.journal.unrecorded(invocation_id)?;
+        if u.session.as_deref() != Some(self.identity.session.as_str()) {
+            return None;
+        }
+        let mut value = serde_json::to_value(&u.envelope).ok()?;
+        value["recorded"] = Value::Bool(false);
+        value["outcome"] = serde_json::to_value(u.envelope.error.outcome).ok()?;
+        Some(CallToolResult::structured_error(value))
+    }
+
+    /// The invocation's projection, or the answer for one that was never recorded.
+    fn owned_or_unrecorded(
+        &self,
+        invocation_id: &str,
+    ) -> Result<Result<Projection, CallToolResult>, McpError> {
+        match self.owned(invocation_id) {
+            Ok(p) => Ok(Ok(p)),
+            Err(e) => self.unrecorded(invocation_id).map(Err).ok_or(e),
+        }
+    }
+
     fn fetch_result(&self, args: InvocationArgs) -> Result<CallToolResult, McpError> {
-        let p = self.owned(&args.invocation_id)?;
+        let p = match self.owned_or_unrecorded(&args.invocation_id)? {
+            Ok(p) => p,
+            Err(answer) => return Ok(answer),
+        };
         if p.channel == Some(Channel::Ssh) {
             let mut outcome = SshOutcome {
                 invocation_id: p.invocation_id.clone(),
@@ -315,7 +342,10 @@ impl Session {
     }
 
     fn get_invocation(&self, args: InvocationArgs) -> Result<CallToolResult, McpError> {
-        let p = self.owned(&args.invocation_id)?;
+        let p = match self.owned_or_unrecorded(&args.invocation_id)? {
+            Ok(p) => p,
+            Err(answer) => return Ok(answer),
+        };
         let now = self.broker.journal.now_ms();
         let events = self
             .broker
@@ -343,7 +373,10 @@ impl Session {
         args: InvocationArgs,
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
-        let p = self.owned(&args.invocation_id)?;
+        let p = match self.owned_or_unrecorded(&args.invocation_id)? {
+            Ok(p) => p,
+            Err(answer) => return Ok(answer),
+        };
         if p.channel == Some(Channel::Ssh) {
             // A shell command is never assumed safe to repeat; the record and its retry
             // advice are what the caller gets.

@@ -341,10 +341,10 @@ pub fn unrecorded_failure(invocation_id: &str, error: &JournalError) -> Envelope
     )
 }
 
-/// The journal failed and its record cannot even be read back, so nothing can prove the
-/// request stayed unsent: report the conservative outcome (seed 000: "If it cannot prove
-/// that a remote operation stayed unattempted, it must not describe the call as a
-/// preflight failure").
+/// The journal failed and its record cannot even be read back, after this invocation
+/// may have been dispatched: nothing can prove the request stayed unsent, so report the
+/// conservative outcome (a broker that cannot prove an operation stayed unattempted
+/// must not call it a preflight failure).
 pub fn unprovable(invocation_id: &str, error: &JournalError) -> Envelope {
     Envelope {
         invocation_id: invocation_id.to_string(),
@@ -357,19 +357,37 @@ pub fn unprovable(invocation_id: &str, error: &JournalError) -> Envelope {
                 "The journal failed and the record cannot be read; the request may have been sent. ({error})"
             ),
         },
-        evidence: Evidence::default(),
+        evidence: Evidence {
+            dispatch_started: true,
+            ..Evidence::default()
+        },
     }
 }
 
 /// What to report when the journal failed part-way through an invocation: after a
 /// recorded dispatch the outcome stands as recorded (the remote may have acted) with
-/// RESULT_STORE_FAILED; with no dispatch recorded nothing was sent; with the record
-/// unreadable, nothing can be proven.
+/// RESULT_STORE_FAILED. Without one, nothing was sent, whether or not the record can be
+/// read back: DISPATCH_STARTED is durable before the first byte goes out, so a request
+/// this process never dispatched (and whose record shows no earlier dispatch) stayed
+/// here. Only an invocation that may have dispatched and whose record is unreadable is
+/// unprovable. What is answered for an invocation that left no record is remembered
+/// for `get_invocation`.
 pub fn journal_failure(
     rec: &crate::invocation::Recorder,
     error: &JournalError,
     now_ms: i64,
 ) -> Envelope {
+    // A step that failed because an earlier one was refused for space says only that
+    // the invocation is missing; name the cause instead.
+    let full;
+    let error = if !error.is_disk_full() && rec.journal().low_space() {
+        full = JournalError::DiskFull {
+            detail: crate::journal::space::describe(rec.journal().path()),
+        };
+        &full
+    } else {
+        error
+    };
     match rec.projection() {
         Ok(p) if p.ever_dispatched => {
             let retry = p.retry(now_ms);
@@ -388,8 +406,29 @@ pub fn journal_failure(
             envelope.error.message = format!("The journal failed after dispatch: {error}");
             envelope
         }
-        Ok(_) => unrecorded_failure(rec.id(), error),
-        Err(_) => unprovable(rec.id(), error),
+        Ok(p) => {
+            // Close the record if the journal takes it now (the reserve a full disk gives
+            // back is there for this), so it does not stay "in progress" until a restart.
+            if !p.terminal {
+                let _ = rec.fail(
+                    p.phase,
+                    Code::BrokerUnavailable,
+                    Retry::Backoff,
+                    "The journal failed before dispatch; nothing was sent.",
+                );
+            }
+            unrecorded_failure(rec.id(), error)
+        }
+        Err(_) if rec.may_have_dispatched() => unprovable(rec.id(), error),
+        Err(_) => {
+            let envelope = unrecorded_failure(rec.id(), error);
+            rec.journal().note_unrecorded(crate::journal::Unrecorded {
+                invocation_id: rec.id().to_string(),
+                session: rec.session().map(str::to_string),
+                envelope: envelope.clone(),
+            });
+            envelope
+        }
     }
 }
 

@@ -21,17 +21,21 @@
 //! - [`projection`]: folding events into the current status; refuses impossible ones.
 //! - [`schema`]: numbered migrations embedded in the binary.
 //! - [`results`]: the settled-result store (chunked, with a completeness marker).
+//! - [`space`]: the disk-space reserve and the low-space mode of a full disk.
 
 pub mod events;
 pub mod projection;
 pub mod query;
 pub mod results;
 pub mod schema;
+pub mod space;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use ed25519_dalek::SigningKey;
 use rusqlite::{Connection, OptionalExtension, params};
@@ -65,6 +69,12 @@ pub enum JournalError {
     },
     #[error("{path} is a SQLite database of another application; it was left untouched")]
     Foreign { path: PathBuf },
+    #[error(
+        "journal {path} is damaged ({detail}); Postern will not add to it. Run `postern audit verify` for the details, and move the file aside (keep it as evidence) to start a new journal"
+    )]
+    Damaged { path: PathBuf, detail: String },
+    #[error("the journal's disk is full ({detail}); nothing new is accepted until space is freed")]
+    DiskFull { detail: String },
     #[error("journal storage failed: {0}")]
     Storage(String),
     #[error("the journal writer has stopped")]
@@ -97,7 +107,19 @@ pub enum JournalError {
 
 impl From<rusqlite::Error> for JournalError {
     fn from(e: rusqlite::Error) -> Self {
-        JournalError::Storage(e.to_string())
+        match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::DiskFull) => JournalError::DiskFull {
+                detail: e.to_string(),
+            },
+            _ => JournalError::Storage(e.to_string()),
+        }
+    }
+}
+
+impl JournalError {
+    /// Whether this is the disk running out of space (as opposed to damage or a bug).
+    pub fn is_disk_full(&self) -> bool {
+        matches!(self, JournalError::DiskFull { .. })
     }
 }
 
@@ -123,7 +145,23 @@ struct Inner {
     clock: Arc<dyn Clock>,
     /// The public half of the checkpoint signing key, to verify this journal's file.
     verifying_key: ed25519_dalek::VerifyingKey,
+    /// Set by the writer while the disk is full (see [`space`]).
+    low_space: Arc<AtomicBool>,
+    /// Invocations refused before their acceptance could be recorded, so `get_invocation`
+    /// can still say what happened to them (in memory: nothing else could be written).
+    unrecorded: Mutex<std::collections::VecDeque<Unrecorded>>,
 }
+
+/// An invocation whose acceptance never reached the journal.
+#[derive(Debug, Clone)]
+pub struct Unrecorded {
+    pub invocation_id: String,
+    pub session: Option<String>,
+    pub envelope: crate::contract::Envelope,
+}
+
+/// How many unrecorded invocations are remembered.
+const MAX_UNRECORDED: usize = 4096;
 
 /// The result of an append: where it landed and the invocation's new status.
 #[derive(Debug, Clone)]
@@ -146,6 +184,8 @@ pub struct NewInvocation {
 type Finish = Box<dyn FnOnce(Result<(), JournalError>) + Send>;
 struct JobOutcome {
     ok: bool,
+    /// The job failed because the disk is full.
+    disk_full: bool,
     finish: Finish,
 }
 /// A job runs inside the batch transaction, or with `None` when the transaction could
@@ -178,6 +218,8 @@ pub struct WriteCtx<'a> {
     checkpoint_every: u64,
     signing_key: &'a SigningKey,
     checkpoint: Option<Checkpoint>,
+    /// The disk is full: new invocations are refused, those in flight go on.
+    low_space: bool,
 }
 
 impl WriteCtx<'_> {
@@ -365,10 +407,16 @@ impl Journal {
     /// Opens (creating or migrating) the journal at `path` and starts its writer.
     pub fn open(path: &Path, options: JournalOptions) -> Result<Journal, JournalError> {
         let conn = schema::open_and_migrate(path)?;
-        let (last_seq, head) = chain_tail(&conn)?;
+        let (last_seq, head) = chain_tail(&conn).map_err(|e| JournalError::Damaged {
+            path: path.to_path_buf(),
+            detail: format!("reading the end of the audit chain failed: {e}"),
+        })?;
+        verify_unsigned_tail(&conn, path, last_seq, &head)?;
         let reader = schema::open_reader(path)?;
         let (sender, receiver) = mpsc::sync_channel::<Job>(4096);
         let verifying_key = options.signing_key.verifying_key();
+        let reserve = space::reserve_path(path);
+        let low_space = Arc::new(AtomicBool::new(!space::ensure_reserve(&reserve)));
         let state = WriterState {
             conn,
             cache: ProjectionCache::default(),
@@ -381,6 +429,11 @@ impl Journal {
             last_checkpoint_seq: 0,
             sync_full: None,
             unsynced_witness: None,
+            db: path.to_path_buf(),
+            reserve,
+            low_space: low_space.clone(),
+            last_space_check: None,
+            batches: 0,
         };
         let writer = std::thread::Builder::new()
             .name("postern-journal-writer".into())
@@ -397,8 +450,35 @@ impl Journal {
                 reader: Mutex::new(reader),
                 clock: options.clock,
                 verifying_key,
+                low_space,
+                unrecorded: Mutex::new(std::collections::VecDeque::new()),
             }),
         })
+    }
+
+    /// Whether the disk is full and new invocations are refused (see [`space`]).
+    pub fn low_space(&self) -> bool {
+        self.inner.low_space.load(Ordering::Relaxed)
+    }
+
+    /// Remembers an invocation refused before anything of it was recorded.
+    pub fn note_unrecorded(&self, unrecorded: Unrecorded) {
+        if let Ok(mut list) = self.inner.unrecorded.lock() {
+            if list.len() >= MAX_UNRECORDED {
+                list.pop_front();
+            }
+            list.push_back(unrecorded);
+        }
+    }
+
+    /// What was answered for an invocation that was never recorded, if this process
+    /// refused it.
+    pub fn unrecorded(&self, invocation_id: &str) -> Option<Unrecorded> {
+        let list = self.inner.unrecorded.lock().ok()?;
+        list.iter()
+            .rev()
+            .find(|u| u.invocation_id == invocation_id)
+            .cloned()
     }
 
     pub fn path(&self) -> &Path {
@@ -431,6 +511,7 @@ impl Journal {
             };
             JobOutcome {
                 ok: result.is_ok(),
+                disk_full: result.as_ref().is_err_and(JournalError::is_disk_full),
                 finish: Box::new(move |commit: Result<(), JournalError>| {
                     // The caller may have gone away; the commit stands either way.
                     let _ = tx.send(commit.and(result));
@@ -438,7 +519,12 @@ impl Journal {
             }
         });
         self.submit(Job { durable, run })?;
-        rx.recv().map_err(|_| JournalError::Closed)?
+        match rx.recv().map_err(|_| JournalError::Closed)? {
+            Err(JournalError::DiskFull { detail }) => Err(JournalError::DiskFull {
+                detail: format!("{detail}; {}", space::describe(&self.inner.path)),
+            }),
+            other => other,
+        }
     }
 
     /// Waits until every append queued before this call has been applied.
@@ -480,9 +566,13 @@ impl Journal {
         F: FnOnce(&mut WriteCtx<'_>) -> Result<(), JournalError> + Send + 'static,
     {
         let run: JobFn = Box::new(move |ctx| {
-            let ok = ctx.is_some_and(|ctx| f(ctx).is_ok());
+            let result = match ctx {
+                Some(ctx) => f(ctx),
+                None => Err(JournalError::Closed),
+            };
             JobOutcome {
-                ok,
+                ok: result.is_ok(),
+                disk_full: result.as_ref().is_err_and(JournalError::is_disk_full),
                 finish: Box::new(|_| {}),
             }
         });
@@ -859,6 +949,12 @@ impl Drop for Inner {
 }
 
 fn accept_in(ctx: &mut WriteCtx<'_>, new: NewInvocation) -> Result<Appended, JournalError> {
+    if ctx.low_space {
+        // The space left belongs to invocations already in flight.
+        return Err(JournalError::DiskFull {
+            detail: "the journal is keeping its last space for requests already sent".into(),
+        });
+    }
     let exists: Option<i64> = ctx
         .conn()
         .query_row(
@@ -946,6 +1042,119 @@ fn reap_expired(ctx: &mut WriteCtx<'_>, id: &str) -> Result<bool, JournalError> 
     Ok(true)
 }
 
+/// A copy of a SQLite error good enough for reporting it to several callers.
+fn clone_sqlite_error(e: &rusqlite::Error) -> rusqlite::Error {
+    match e {
+        rusqlite::Error::SqliteFailure(code, msg) => {
+            rusqlite::Error::SqliteFailure(*code, msg.clone())
+        }
+        other => rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
+            Some(other.to_string()),
+        ),
+    }
+}
+
+/// Checks the events after the last signed checkpoint before the journal is extended
+/// (or signed at shutdown): the checkpointed event must still have the signed head,
+/// sequence numbers must be gap-free, and every row must link to the one before. A
+/// damaged tail is refused rather than extended (the audit key's signature is not
+/// checked here; `postern audit verify` does that).
+fn verify_unsigned_tail(
+    conn: &Connection,
+    path: &Path,
+    last_seq: u64,
+    head: &[u8; 32],
+) -> Result<(), JournalError> {
+    let damaged = |detail: String| JournalError::Damaged {
+        path: path.to_path_buf(),
+        detail,
+    };
+    let sql = |e: rusqlite::Error| damaged(format!("reading the events failed: {e}"));
+    let checkpoint: Option<(i64, Vec<u8>)> = conn
+        .query_row(
+            "SELECT seq, head FROM checkpoints ORDER BY seq DESC LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()
+        .map_err(sql)?;
+    let (from, mut prev) = match checkpoint {
+        None => (0u64, GENESIS),
+        Some((seq, h)) => {
+            let h: [u8; 32] = h
+                .try_into()
+                .map_err(|_| damaged(format!("checkpoint {seq} has a malformed head")))?;
+            (u64::try_from(seq).unwrap_or(0), h)
+        }
+    };
+    if from > last_seq {
+        return Err(damaged(format!(
+            "a signed checkpoint covers sequence {from} but the events end at {last_seq}: \
+             events were cut off"
+        )));
+    }
+    if from > 0 {
+        let stored: Option<Vec<u8>> = conn
+            .query_row(
+                "SELECT hash FROM events WHERE seq = ?1",
+                [from as i64],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(sql)?;
+        if stored.as_deref() != Some(&prev[..]) {
+            return Err(damaged(format!(
+                "the event at signed checkpoint {from} is missing or changed"
+            )));
+        }
+    }
+    let mut hasher = ChainHasher::new();
+    let mut expected = from + 1;
+    let mut stmt = conn
+        .prepare(
+            "SELECT seq, invocation_id, kind, body, recorded_at_ms, hash FROM events
+             WHERE seq > ?1 ORDER BY seq",
+        )
+        .map_err(sql)?;
+    let mut rows = stmt.query([from as i64]).map_err(sql)?;
+    while let Some(row) = rows.next().map_err(sql)? {
+        let seq = u64::try_from(row.get::<_, i64>(0).map_err(sql)?).unwrap_or(0);
+        if seq != expected {
+            return Err(damaged(format!(
+                "expected event {expected}, found {seq}: events are missing"
+            )));
+        }
+        let text =
+            |i: usize| -> Result<String, JournalError> { row.get::<_, String>(i).map_err(sql) };
+        let computed = hasher.link(
+            &prev,
+            &ChainedRow {
+                seq,
+                invocation_id: &text(1)?,
+                kind: &text(2)?,
+                body: &text(3)?,
+                recorded_at_ms: row.get::<_, i64>(4).map_err(sql)?,
+            },
+        );
+        let stored: Vec<u8> = row.get(5).map_err(sql)?;
+        if stored != computed {
+            return Err(damaged(format!(
+                "event {seq} does not match the audit chain"
+            )));
+        }
+        prev = computed;
+        expected += 1;
+    }
+    if expected - 1 != last_seq || prev != *head {
+        return Err(damaged(format!(
+            "the chain ends at {} but the journal's tail is {last_seq}",
+            expected - 1
+        )));
+    }
+    Ok(())
+}
+
 fn chain_tail(conn: &Connection) -> Result<(u64, [u8; 32]), JournalError> {
     let tail: Option<(i64, Vec<u8>)> = conn
         .query_row(
@@ -998,6 +1207,14 @@ struct WriterState {
     /// A checkpoint committed without fsync, waiting for a durable commit before it
     /// goes to the witness file.
     unsynced_witness: Option<Checkpoint>,
+    db: PathBuf,
+    /// The disk-space reserve (see [`space`]).
+    reserve: PathBuf,
+    low_space: Arc<AtomicBool>,
+    /// When free space was last measured in low-space mode.
+    last_space_check: Option<Instant>,
+    /// Committed batches, to look at the WAL's size now and then.
+    batches: u64,
 }
 
 impl WriterState {
@@ -1030,7 +1247,11 @@ impl WriterState {
         {
             self.write_witness(&cp);
         }
-        if self.pos.last_seq > self.last_checkpoint_seq {
+        // Sign only a chain the file still holds: a file damaged under a running broker
+        // must not get a signature over what is left of it.
+        if self.pos.last_seq > self.last_checkpoint_seq
+            && verify_unsigned_tail(&self.conn, &self.db, self.pos.last_seq, &self.pos.head).is_ok()
+        {
             let now = self.clock.now_ms();
             let cp = Checkpoint::sign(
                 &self.signing_key,
@@ -1056,6 +1277,11 @@ impl WriterState {
     }
 
     fn run_batch(&mut self, batch: Vec<Job>) {
+        if self.low_space.load(Ordering::Relaxed) {
+            self.try_leave_low_space();
+        }
+        let low_space = self.low_space.load(Ordering::Relaxed);
+        let mut disk_full = false;
         let durable = batch.iter().any(|j| j.durable);
         let start = self.pos;
         let now_ms = self.clock.now_ms();
@@ -1069,7 +1295,10 @@ impl WriterState {
             for job in batch {
                 // The job never ran; tell its caller why.
                 let outcome = (job.run)(None);
-                (outcome.finish)(Err(JournalError::Storage(e.to_string())));
+                (outcome.finish)(Err(JournalError::from(clone_sqlite_error(&e))));
+            }
+            if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull) {
+                self.enter_low_space();
             }
             return;
         }
@@ -1087,8 +1316,10 @@ impl WriterState {
                 checkpoint_every: self.checkpoint_every,
                 signing_key: &self.signing_key,
                 checkpoint: None,
+                low_space,
             };
             let outcome = (job.run)(Some(&mut ctx));
+            disk_full |= outcome.disk_full;
             let (pos, cp, touched) = (
                 ctx.pos,
                 ctx.checkpoint.take(),
@@ -1126,15 +1357,72 @@ impl WriterState {
                 for finish in finishes {
                     finish(Ok(()));
                 }
+                self.batches = self.batches.wrapping_add(1);
+                if self.batches.is_multiple_of(32) {
+                    self.trim_wal();
+                }
             }
             Err(e) => {
                 let _ = self.conn.execute_batch("ROLLBACK");
                 self.pos = start;
                 self.cache.map.clear();
+                let full = e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull);
+                disk_full |= full;
                 for finish in finishes {
-                    finish(Err(JournalError::Storage(format!("commit failed: {e}"))));
+                    finish(Err(if full {
+                        JournalError::DiskFull {
+                            detail: format!("commit failed: {e}"),
+                        }
+                    } else {
+                        JournalError::Storage(format!("commit failed: {e}"))
+                    }));
                 }
             }
+        }
+        if disk_full {
+            self.enter_low_space();
+        }
+    }
+
+    /// The disk is full: give the reserve back so invocations in flight can settle,
+    /// fold the WAL into the database, and refuse new invocations (see [`space`]).
+    fn enter_low_space(&mut self) {
+        if !self.low_space.swap(true, Ordering::Relaxed) {
+            space::release_reserve(&self.reserve);
+        }
+        self.last_space_check = Some(Instant::now());
+        let _ = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
+    }
+
+    /// Leaves low-space mode once the filesystem has room for the reserve twice over
+    /// and the reserve could be written again. Measured at most every 200 ms.
+    fn try_leave_low_space(&mut self) {
+        if self
+            .last_space_check
+            .is_some_and(|t| t.elapsed() < Duration::from_millis(200))
+        {
+            return;
+        }
+        self.last_space_check = Some(Instant::now());
+        let enough =
+            space::free_bytes(&self.db).is_none_or(|free| free >= 2 * space::RESERVE_BYTES);
+        if !enough {
+            return;
+        }
+        // Fold the WAL into the database first: it may hold most of the used space.
+        let _ = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
+        if space::ensure_reserve(&self.reserve) {
+            self.low_space.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// Checkpoints and truncates a WAL that grew past [`space::WAL_CHECKPOINT_AT`]
+    /// (passive checkpoints cannot reset it while readers keep coming).
+    fn trim_wal(&mut self) {
+        let mut wal = self.db.as_os_str().to_os_string();
+        wal.push("-wal");
+        if std::fs::metadata(&wal).is_ok_and(|m| m.len() > space::WAL_CHECKPOINT_AT) {
+            let _ = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
         }
     }
 

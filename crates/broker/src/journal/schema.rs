@@ -24,6 +24,9 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0006_search_index.sql"),
 ];
 
+/// Bytes a checkpointed WAL is truncated to (see `configure`).
+pub const WAL_SIZE_LIMIT: u64 = 4 * 1024 * 1024;
+
 /// The newest schema this build understands.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
@@ -42,6 +45,7 @@ fn classify(path: &Path, e: rusqlite::Error) -> JournalError {
 
 /// Opens the writer connection and brings the schema up to date.
 pub fn open_and_migrate(path: &Path) -> Result<Connection, JournalError> {
+    check_length(path)?;
     let conn = Connection::open(path).map_err(|e| classify(path, e))?;
     // Identify the file before changing anything about it: switching to WAL rewrites
     // the header, which must never happen to a file that is not ours.
@@ -49,6 +53,56 @@ pub fn open_and_migrate(path: &Path) -> Result<Connection, JournalError> {
     configure(&conn).map_err(|e| classify(path, e))?;
     migrate(&conn, path, version)?;
     Ok(conn)
+}
+
+/// Refuses a file shorter than its own header says: its last pages were cut off (a torn
+/// write, a truncated copy). SQLite reads a missing page as zeros, so without this check
+/// the damage would surface later, or never, while new events extend a broken chain.
+///
+/// The header fields (SQLite file format §1.3): page size at offset 16 (big-endian u16,
+/// 1 meaning 65536), the file change counter at 24, the database size in pages at 28,
+/// valid only when the "version-valid-for" number at 92 equals the change counter. In
+/// WAL mode the main file holds at least as many pages as its own header names; newer
+/// pages live in the WAL until a checkpoint copies them, header included.
+pub fn check_length(path: &Path) -> Result<(), JournalError> {
+    use std::io::Read;
+    let mut file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        // A missing file is a new journal; other errors surface when SQLite opens it.
+        Err(_) => return Ok(()),
+    };
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut header = [0u8; 100];
+    if len < 100 || file.read_exact(&mut header).is_err() {
+        // Empty (new) or too short to be SQLite: identification reports the latter.
+        return Ok(());
+    }
+    if &header[..16] != b"SQLite format 3\0" {
+        return Ok(());
+    }
+    let be32 = |at: usize| {
+        u32::from_be_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]])
+    };
+    let page_size = match u16::from_be_bytes([header[16], header[17]]) {
+        1 => 65_536u64,
+        n => u64::from(n),
+    };
+    let pages = u64::from(be32(28));
+    if be32(24) != be32(92) || pages == 0 {
+        // Written by an old SQLite that did not keep the size field: nothing to compare.
+        return Ok(());
+    }
+    let expected = pages.saturating_mul(page_size);
+    if len < expected {
+        return Err(JournalError::Damaged {
+            path: path.to_path_buf(),
+            detail: format!(
+                "the file is {len} bytes but its header says {pages} pages of {page_size} bytes \
+                 ({expected} bytes): its end was cut off"
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Opens a read connection (WAL lets it read while the writer commits).
@@ -73,6 +127,9 @@ fn configure(conn: &Connection) -> Result<(), rusqlite::Error> {
     }
     // FULL until the writer decides per batch; see the durability promise in mod.rs.
     conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")?;
+    // A WAL that a checkpoint has emptied is cut back to this size instead of keeping
+    // its high-water mark: after a burst (or a full disk) the space comes back.
+    conn.execute_batch(&format!("PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}"))?;
     Ok(())
 }
 

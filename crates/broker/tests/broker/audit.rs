@@ -821,9 +821,9 @@ fn bad_input_a_journal_cut_to_half_its_size_is_refused_without_panicking() {
     assert!(
         matches!(
             err,
-            JournalError::Corrupt { .. } | JournalError::Open { .. }
+            JournalError::Corrupt { .. } | JournalError::Open { .. } | JournalError::Damaged { .. }
         ),
-        "expected Corrupt or Open, got {err:?}"
+        "expected Corrupt, Open or Damaged, got {err:?}"
     );
 }
 

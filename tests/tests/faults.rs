@@ -1,0 +1,353 @@
+//! A faulty environment: a full disk (a small tmpfs this test mounts and unmounts), a
+//! journal whose last page was cut off, a zeroed page outside the events. In each case
+//! the broker must report what its records prove — never "unknown" for a request it did
+//! not send — and must refuse to extend or bless a damaged record.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use postern_broker::audit::{AuditError, verify_file};
+use postern_broker::channel::CallContext;
+use postern_broker::channel::http::{HttpOutcome, HttpRequest};
+use postern_broker::contract::{Code, Outcome, Phase, Retry};
+use postern_broker::journal::JournalError;
+use postern_broker::journal::space::{RESERVE_BYTES, reserve_path};
+use postern_tests::adversary::{Adversary, Behavior};
+use postern_tests::fixture::{Broker, open_broker, test_service};
+use postern_tests::{open_journal, run_lifecycle, test_signing_key};
+
+const CANARY: &str = "pstn-canary-disk-4be1";
+
+/// A tmpfs of a given size, unmounted on drop. `None` where mounting is not permitted
+/// (the test then says so and passes without checking anything: CI runs as root).
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    fn mount(size: &str) -> Option<Tmpfs> {
+        let dir = tempfile::tempdir().ok()?;
+        let status = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(dir.path())
+            .status()
+            .ok()?;
+        if !status.success() {
+            eprintln!("skipped: cannot mount a tmpfs here (needs root)");
+            return None;
+        }
+        Some(Tmpfs { dir })
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        // Lazy: a task still holding a file open must not keep the mount behind.
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+/// Writes `path` until the filesystem says it is full.
+fn fill(path: &Path) {
+    let mut f = std::fs::File::create(path).unwrap();
+    let block = vec![0xA5u8; 64 * 1024];
+    loop {
+        if let Err(e) = f.write_all(&block) {
+            assert_eq!(e.raw_os_error(), Some(28), "expected ENOSPC, got {e}");
+            break;
+        }
+    }
+    // Whatever is left is smaller than a block: take it byte by byte.
+    while f.write_all(&[0xA5]).is_ok() {}
+}
+
+fn config(fast: &str, slow: &str) -> String {
+    format!(
+        r#"
+[[http]]
+name = "api"
+base_url = "{fast}/v1"
+methods = ["GET"]
+credential = "api-key"
+inject = {{ header = "Authorization", format = "Bearer {{secret}}" }}
+approval = "none"
+idempotent_methods = ["GET"]
+timeout_ms = 5000
+
+[[http]]
+name = "slow"
+base_url = "{slow}/v1"
+methods = ["POST"]
+credential = "api-key"
+inject = {{ header = "Authorization", format = "Bearer {{secret}}" }}
+approval = "none"
+timeout_ms = 20000
+"#
+    )
+}
+
+fn get(url: String) -> HttpRequest {
+    HttpRequest {
+        url,
+        method: "GET".into(),
+        ..Default::default()
+    }
+}
+
+async fn run(broker: &Broker, request: HttpRequest) -> HttpOutcome {
+    broker
+        .channel
+        .execute(request, &CallContext::default())
+        .await
+}
+
+// Regression: issue 10. On a full disk, 1,192 of 1,200 calls came back
+// unknown / RESULT_STORE_FAILED / remote_execution with dispatch_started false, and
+// get_invocation said "no invocation".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_refuses_new_requests_as_not_attempted_and_recovers_when_space_returns() {
+    let Some(fs) = Tmpfs::mount("16m") else {
+        return;
+    };
+    let fast = Adversary::start(Behavior::ok_json(r#"{"ok":true}"#))
+        .await
+        .unwrap();
+    let slow = Adversary::start(Behavior::Stall).await.unwrap();
+    let data = fs.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let broker = open_broker(
+        &data,
+        &config(&fast.base_url(), &slow.base_url()),
+        &test_service(),
+    )
+    .unwrap();
+    broker.set_secret("api-key", CANARY).unwrap();
+    let reserve = reserve_path(&data.join("journal.db"));
+    assert_eq!(
+        std::fs::metadata(&reserve).unwrap().len(),
+        RESERVE_BYTES,
+        "the journal keeps its reserve"
+    );
+
+    // A request in flight when the disk fills: sent, and the server holds its answer.
+    let in_flight = {
+        let channel = broker.channel.clone();
+        let url = slow.url("/v1/payments");
+        tokio::spawn(async move {
+            let request = HttpRequest {
+                url,
+                method: "POST".into(),
+                body: b"{\"amount\":1}".to_vec(),
+                ..Default::default()
+            };
+            channel.execute(request, &CallContext::default()).await
+        })
+    };
+    assert!(slow.wait_for_effects(1, Duration::from_secs(10)).await);
+
+    let filler = fs.path().join("filler");
+    fill(&filler);
+
+    // Every call now either completes (the WAL may still have room of its own) or is
+    // refused as not attempted; none is called unknown, and a refused one sent nothing.
+    let mut committed = 0u64;
+    let mut refused = Vec::new();
+    for _ in 0..3000 {
+        let outcome = run(&broker, get(fast.url("/v1/items"))).await;
+        match outcome.outcome {
+            Outcome::Committed => committed += 1,
+            Outcome::NotAttempted => refused.push(outcome),
+            other => panic!("a call on a full disk came back {other:?}: {outcome:?}"),
+        }
+        if refused.len() >= 20 {
+            break;
+        }
+    }
+    assert!(refused.len() >= 20, "the disk never filled up");
+    assert!(
+        broker.journal.low_space(),
+        "the journal says it is short of space"
+    );
+    for outcome in &refused {
+        let env = outcome.error.as_ref().unwrap();
+        assert_eq!(
+            (env.error.phase, env.error.retry, env.error.code),
+            (Phase::Validation, Retry::Backoff, Code::BrokerUnavailable),
+            "{env:#?}"
+        );
+        assert!(!env.evidence.dispatch_started, "{env:#?}");
+        assert!(
+            env.error.message.contains("disk is full"),
+            "the message says why: {}",
+            env.error.message
+        );
+        // What get_invocation reads: the record, closed as not attempted, or the answer
+        // remembered for an invocation the journal could not take at all.
+        match broker.journal.projection(&outcome.invocation_id) {
+            Ok(p) => {
+                assert_eq!(p.outcome, Outcome::NotAttempted);
+                assert!(!p.ever_dispatched);
+            }
+            Err(JournalError::UnknownInvocation(_)) => {
+                let remembered = broker
+                    .journal
+                    .unrecorded(&outcome.invocation_id)
+                    .expect("an unrecorded invocation is remembered");
+                assert_eq!(remembered.envelope.error, env.error);
+            }
+            Err(e) => panic!("reading a refused invocation failed: {e}"),
+        }
+    }
+    assert_eq!(
+        fast.requests().len() as u64,
+        committed,
+        "a refused request reached the server"
+    );
+
+    // The request in flight settles in the space the reserve gave back.
+    slow.release();
+    let settled = in_flight.await.unwrap();
+    assert_eq!(settled.outcome, Outcome::Committed, "{settled:?}");
+    assert_eq!(settled.response.as_ref().unwrap().status, 200);
+
+    // Space comes back: the journal takes its reserve again and serves.
+    std::fs::remove_file(&filler).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for _ in 0..50 {
+        let outcome = run(&broker, get(fast.url("/v1/items"))).await;
+        assert_eq!(outcome.outcome, Outcome::Committed, "{outcome:?}");
+    }
+    assert!(!broker.journal.low_space());
+    assert_eq!(std::fs::metadata(&reserve).unwrap().len(), RESERVE_BYTES);
+
+    let key = broker.journal.verifying_key();
+    let db = broker.journal.path().to_path_buf();
+    broker.forget(&["api-key"]);
+    drop(broker);
+    verify_file(&db, &key).unwrap();
+    assert!(postern_tests::files_containing(&data, CANARY.as_bytes()).is_empty());
+}
+
+/// A closed journal with a few complete invocations.
+fn written_journal(dir: &Path) -> PathBuf {
+    let db = dir.join("journal.db");
+    let journal = open_journal(&db).unwrap();
+    run_lifecycle(&journal, |_| {}).unwrap();
+    for _ in 0..40 {
+        journal.flush().unwrap();
+        journal
+            .store_request(
+                "inv_crash",
+                serde_json::json!({"pad": "x".repeat(2000)}),
+                vec![7; 4000],
+            )
+            .unwrap();
+    }
+    journal.flush().unwrap();
+    journal.close().unwrap();
+    db
+}
+
+fn page_size(db: &Path) -> u64 {
+    let header = std::fs::read(db).unwrap();
+    match u16::from_be_bytes([header[16], header[17]]) {
+        1 => 65_536,
+        n => u64::from(n),
+    }
+}
+
+// Regression: issue 10. A journal with a cut last page started silently and was signed
+// over at shutdown.
+#[test]
+fn a_journal_with_its_last_page_cut_off_is_refused_and_left_as_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = written_journal(dir.path());
+    let len = std::fs::metadata(&db).unwrap().len();
+    let cut = len - page_size(&db);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&db)
+        .unwrap()
+        .set_len(cut)
+        .unwrap();
+    let before = std::fs::read(&db).unwrap();
+
+    let err = open_journal(&db).err().expect("a cut journal is refused");
+    assert!(matches!(err, JournalError::Damaged { .. }), "{err}");
+    let message = err.to_string();
+    assert!(message.contains(&db.display().to_string()), "{message}");
+    assert!(message.contains("cut off"), "{message}");
+    assert!(message.contains("postern audit verify"), "{message}");
+    assert_eq!(std::fs::read(&db).unwrap(), before, "the file was changed");
+
+    let err = verify_file(&db, &test_signing_key().verifying_key()).unwrap_err();
+    assert!(
+        matches!(err, AuditError::Damaged { .. } | AuditError::Broken { .. }),
+        "{err}"
+    );
+}
+
+// Regression: issue 10. A zeroed page outside `events` passed `audit verify`.
+#[test]
+fn a_zeroed_page_outside_the_events_fails_verification() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = written_journal(dir.path());
+    let key = test_signing_key().verifying_key();
+    verify_file(&db, &key).unwrap();
+    let root: i64 = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row(
+            "SELECT rootpage FROM sqlite_master WHERE name = 'requests'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let size = page_size(&db);
+    let mut bytes = std::fs::read(&db).unwrap();
+    let at = usize::try_from((root as u64 - 1) * size).unwrap();
+    bytes[at..at + size as usize].fill(0);
+    std::fs::write(&db, &bytes).unwrap();
+
+    let err = verify_file(&db, &key).unwrap_err();
+    assert!(matches!(err, AuditError::Damaged { .. }), "{err}");
+    assert!(err.to_string().contains("damaged"), "{err}");
+}
+
+// Regression: issue 10. The unsigned tail after a crash could be cut at the chain level
+// (rows deleted past the last checkpoint) and the broker went on extending it.
+#[test]
+fn events_deleted_after_the_last_checkpoint_are_refused_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = written_journal(dir.path());
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let (last, checkpoint): (i64, i64) = conn
+        .query_row(
+            "SELECT (SELECT max(seq) FROM events), (SELECT max(seq) FROM checkpoints)",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert!(last >= 2);
+    // Drop the signed head's own row: the checkpoint now names an event that is gone.
+    conn.execute("DELETE FROM events WHERE seq >= ?1", [checkpoint])
+        .unwrap();
+    drop(conn);
+    let err = open_journal(&db).err().expect("a cut chain is refused");
+    assert!(matches!(err, JournalError::Damaged { .. }), "{err}");
+}
