@@ -68,6 +68,17 @@ const HOP_BY_HOP: &[&str] = &[
 ];
 const MAX_HEADER_BYTES: usize = 64 * 1024;
 const MAX_HEADERS: usize = 100;
+/// The longest request URL the channel sends, query included. RFC 9110 §4.1 recommends
+/// that senders and recipients support URIs of at least 8000 octets; longer ones are
+/// refused by many servers and proxies (414), and past 64 KiB the HTTP stack cannot
+/// even build the request line.
+const MAX_URL_BYTES: usize = 8 * 1024;
+/// Query parameters per request, from the URL and the `query` argument together. The
+/// URL limit bounds their bytes; this bounds the work done before it is applied.
+const MAX_QUERY_PAIRS: usize = 1024;
+/// The longest idempotency key a caller may choose. It travels as a header value and in
+/// the reconcile query's URL, and is stored with every record of the invocation.
+const MAX_IDEMPOTENCY_KEY_BYTES: usize = 255;
 /// Connection-setup attempts per invocation attempt (seed 000: "cap the attempts").
 const MAX_SETUP_ATTEMPTS: u32 = 2;
 /// Dispatches an invocation may make in total, across retries and restarts.
@@ -156,6 +167,72 @@ fn invalid(code: Code, field: impl Into<String>, message: impl Into<String>) -> 
         field: field.into(),
         message: message.into(),
     }
+}
+
+/// Limits that need no parsing: a huge URL or query list is refused before any work.
+fn check_sizes_before_parsing(request: &HttpRequest) -> Result<(), Invalid> {
+    if request.url.len() > MAX_URL_BYTES {
+        return Err(invalid(
+            Code::PayloadLimit,
+            "url",
+            format!("The URL is limited to {MAX_URL_BYTES} bytes."),
+        ));
+    }
+    if request.query.len() > MAX_QUERY_PAIRS {
+        return Err(invalid(
+            Code::PayloadLimit,
+            "query",
+            format!("A request is limited to {MAX_QUERY_PAIRS} query parameters."),
+        ));
+    }
+    Ok(())
+}
+
+/// The URL as it goes on the wire (the `query` pairs encoded and appended) stays within
+/// the limits; the field is the part the caller should shorten.
+fn check_assembled_url(request: &HttpRequest, action: &NormalizedHttp) -> Result<(), Invalid> {
+    let field = if request.query.is_empty() {
+        "url"
+    } else {
+        "query"
+    };
+    if action.query.len() > MAX_QUERY_PAIRS {
+        return Err(invalid(
+            Code::PayloadLimit,
+            field,
+            format!("A request is limited to {MAX_QUERY_PAIRS} query parameters."),
+        ));
+    }
+    if action.url().len() > MAX_URL_BYTES {
+        return Err(invalid(
+            Code::PayloadLimit,
+            field,
+            format!(
+                "The URL with its query parameters, percent-encoded, is limited to {MAX_URL_BYTES} bytes."
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A caller-chosen key: sent as a header value (RFC 9110 §5.5) and compared byte for
+/// byte, so visible ASCII only, no whitespace, and bounded.
+fn check_idempotency_key(key: &str) -> Result<(), Invalid> {
+    if key.len() > MAX_IDEMPOTENCY_KEY_BYTES {
+        return Err(invalid(
+            Code::PayloadLimit,
+            "idempotency_key",
+            format!("An idempotency key is limited to {MAX_IDEMPOTENCY_KEY_BYTES} bytes."),
+        ));
+    }
+    if key.is_empty() || !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(invalid(
+            Code::InvalidRequest,
+            "idempotency_key",
+            "An idempotency key must be visible ASCII (0x21-0x7E): no spaces, control characters (CR, LF, NUL, ...) or non-ASCII.",
+        ));
+    }
+    Ok(())
 }
 
 impl HttpChannel {
@@ -319,6 +396,7 @@ impl HttpChannel {
     /// Everything that can be checked before a secret is touched or a socket opened.
     fn validate(&self, request: &HttpRequest) -> Result<Prepared, Invalid> {
         let config = self.inner.config.current();
+        check_sizes_before_parsing(request)?;
         let action = NormalizedHttp::new(
             &request.method,
             &request.url,
@@ -327,6 +405,7 @@ impl HttpChannel {
             &request.body,
         )
         .map_err(|e| invalid(e.code, e.field.clone(), e.message.clone()))?;
+        check_assembled_url(request, &action)?;
         let target = config.resolve_normalized_http(&action).map_err(|_| {
             invalid(
                 Code::InvalidTarget,
@@ -362,6 +441,22 @@ impl HttpChannel {
                     format!("The header {lower} is set by the broker, not the caller."),
                 ));
             }
+            // What the HTTP stack accepts, checked here so that nothing the caller sent
+            // can fail later, after the credential was read.
+            if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return Err(invalid(
+                    Code::InvalidRequest,
+                    format!("headers[{i}].name"),
+                    "Not a valid HTTP field name (RFC 9110 §5.1).",
+                ));
+            }
+            if reqwest::header::HeaderValue::from_str(value).is_err() {
+                return Err(invalid(
+                    Code::InvalidRequest,
+                    format!("headers[{i}].value"),
+                    "Not a valid HTTP field value: control characters (CR, LF, NUL, ...) are not allowed (RFC 9110 §5.5).",
+                ));
+            }
             header_bytes += name.len() + value.len();
         }
         if request.headers.len() > MAX_HEADERS || header_bytes > MAX_HEADER_BYTES {
@@ -391,6 +486,9 @@ impl HttpChannel {
                     target.max_request_body_bytes
                 ),
             ));
+        }
+        if let Some(key) = &request.idempotency_key {
+            check_idempotency_key(key)?;
         }
         let idempotent = target.idempotent_methods.contains(&action.method);
         // With a configured contract, a non-idempotent request always carries a key: one
@@ -736,6 +834,19 @@ impl HttpChannel {
                             Some(e) => self.stopped(rec, e),
                             None => self.outcome_of(rec),
                         };
+                    }
+                    // The HTTP stack refused to build the request (a header value or the
+                    // URL it cannot put on the wire): no connection was tried, and waiting
+                    // will not change the request.
+                    if error.is_builder() {
+                        return self.fail(
+                            rec,
+                            Phase::Validation,
+                            Code::InvalidRequest,
+                            Retry::AfterCorrection,
+                            "The request could not be built: a header value or the URL is not valid on the wire; nothing was sent.",
+                            None,
+                        );
                     }
                     let (io_kind, tls) = transport::error_chain_facts(&error);
                     let (stage, code) = probe.setup_failure(https, io_kind, tls);
