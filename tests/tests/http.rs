@@ -893,6 +893,23 @@ async fn no_idempotency_header_is_sent_to_a_target_without_a_contract() {
 
 // ---- hardening: what cannot be sent is refused at validation ---------------------------
 
+/// A validation refusal: nothing touched, the caller corrects `field`.
+fn assert_refused(outcome: &HttpOutcome, code: Code, field: &str) {
+    assert_error(
+        outcome,
+        Phase::Validation,
+        Outcome::NotAttempted,
+        Retry::AfterCorrection,
+        code,
+    );
+    assert_eq!(
+        error(outcome).evidence.field.as_deref(),
+        Some(field),
+        "{outcome:?}"
+    );
+    assert!(!error(outcome).evidence.dispatch_started);
+}
+
 /// What a case got instead of the expected validation refusal, if anything.
 fn refusal_mismatch(outcome: &HttpOutcome, code: Code, field: &str) -> Option<String> {
     let Some(env) = outcome.error.as_ref() else {
@@ -1137,4 +1154,21 @@ async fn a_credential_the_http_stack_cannot_send_is_not_reported_as_a_connection
     );
     assert_server_untouched(&server, "secret with CR LF");
     assert_no_canary(&f, &out);
+}
+
+// Regression: issue 10
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_timeout_is_refused_at_validation() {
+    let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let f = fixture(&config(&server.base_url(), ""));
+    let mut request = get(server.url("/v1/items"));
+    request.timeout_ms = Some(0);
+    let out = run(&f, request).await;
+    assert_refused(&out, Code::InvalidRequest, "timeout_ms");
+    assert_server_untouched(&server, "timeout_ms 0");
+    // One millisecond is small but means something; the target's timeout caps the rest.
+    let mut request = get(server.url("/v1/items"));
+    request.timeout_ms = Some(u64::MAX);
+    let out = run(&f, request).await;
+    assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
 }

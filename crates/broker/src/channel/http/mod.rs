@@ -490,6 +490,13 @@ impl HttpChannel {
         if let Some(key) = &request.idempotency_key {
             check_idempotency_key(key)?;
         }
+        if request.timeout_ms == Some(0) {
+            return Err(invalid(
+                Code::InvalidRequest,
+                "timeout_ms",
+                "timeout_ms must be at least 1 (omit it to use the target's timeout).",
+            ));
+        }
         let idempotent = target.idempotent_methods.contains(&action.method);
         // With a configured contract, a non-idempotent request always carries a key: one
         // the caller chose, or one the broker makes and keeps for retries.
