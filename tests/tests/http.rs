@@ -1172,3 +1172,75 @@ async fn a_zero_timeout_is_refused_at_validation() {
     let out = run(&f, request).await;
     assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
 }
+
+// Regression: issue 10
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parameter_a_server_could_read_as_the_injected_one_is_refused() {
+    let server = Adversary::start(Behavior::EchoAuthorization).await.unwrap();
+    let text = config(&server.base_url(), "").replace(
+        r#"{ header = "Authorization", format = "Bearer {secret}" }"#,
+        r#"{ query = "token" }"#,
+    );
+    let f = fixture(&text);
+    let in_url = [
+        "token=x",
+        "TOKEN=x",
+        "Token=x",
+        "token[]=x",
+        "token%5B%5D=x",
+        "token%5b%5d=x",
+        "Token[0]=x",
+        "token[a][b]=x",
+        "%20token=x",
+        "+token=x",
+        "token%20=x",
+        "%74oken=x",
+        "%54OKEN=x",
+        "a=1;token=x",
+        "ok=1&token",
+    ];
+    let as_argument = ["token", "TOKEN", "token[]", "Token[0]", " token", "token "];
+    let mut requests: Vec<(String, HttpRequest, &str)> = Vec::new();
+    for query in in_url {
+        let url = format!("{}?{query}", server.url("/v1/echo"));
+        requests.push((format!("url ?{query}"), get(url), "url"));
+    }
+    for name in as_argument {
+        let mut request = get(server.url("/v1/echo"));
+        request.query = vec![("page".into(), "2".into()), (name.to_string(), "x".into())];
+        requests.push((format!("query {name:?}"), request, "query[1].name"));
+    }
+    let total = requests.len();
+    let mut wrong = Vec::new();
+    for (case, request, field) in requests {
+        let before = server.requests().len();
+        let out = run(&f, request).await;
+        let sent = server.requests().len() - before;
+        if let Some(got) = refusal_mismatch(&out, Code::InvalidRequest, field) {
+            wrong.push(format!("{case}: {got}, {sent} request(s) sent"));
+        }
+    }
+    println!(
+        "query pollution: {}/{total} spellings refused at validation; {} reached the server",
+        total - wrong.len(),
+        server.requests().len()
+    );
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    assert_server_untouched(&server, "query pollution");
+
+    // Names that only contain it are other parameters, and are sent.
+    let mut request = get(format!(
+        "{}?tokens=1&my_token=2&token_id=3",
+        server.url("/v1/echo")
+    ));
+    request.query = vec![("x-token".into(), "4".into())];
+    let out = run(&f, request).await;
+    assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
+    let seen = server.requests();
+    assert_eq!(seen.len(), 1);
+    let sent = seen[0].query().unwrap_or_default().to_string();
+    assert!(
+        sent.starts_with("tokens=1&my_token=2&token_id=3&x-token=4&token="),
+        "{sent}"
+    );
+}

@@ -235,6 +235,86 @@ fn check_idempotency_key(key: &str) -> Result<(), Invalid> {
     Ok(())
 }
 
+/// On a target that injects the credential as query parameter `param`, refuses every
+/// caller parameter a server could read as that same parameter: the name compared after
+/// percent-decoding (`+` as space), trimming whitespace, ASCII case folding, cutting an
+/// array suffix (`token[]`, `token[0]`, `token%5B%5D`) and reading `.` and inner spaces
+/// as `_` (PHP does). Pieces after a `;` count as parameters too, as some servers split
+/// on it.
+fn check_query_pollution(
+    request: &HttpRequest,
+    action: &NormalizedHttp,
+    param: &str,
+) -> Result<(), Invalid> {
+    let wanted = query_name_key(param.as_bytes());
+    // `action.query` is the URL's own pairs followed by the `query` argument's.
+    let from_url = action.query.len().saturating_sub(request.query.len());
+    for (j, (name, value)) in action.query.iter().enumerate() {
+        let pair = format!("{name}={value}");
+        let polluted = pair.split(';').any(|piece| {
+            let name = piece.split_once('=').map_or(piece, |(k, _)| k);
+            query_name_key(&percent_decode(name)) == wanted
+        });
+        if polluted {
+            let field = if j < from_url {
+                "url".to_string()
+            } else {
+                format!("query[{}].name", j - from_url)
+            };
+            return Err(invalid(
+                Code::InvalidRequest,
+                field,
+                format!(
+                    "The query parameter {param} carries the credential and is set by the broker; no caller parameter may resemble it."
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The name a lenient server would file a query parameter under: anything from the
+/// first `[` on removed, whitespace trimmed, ASCII lowercase, `.` and spaces as `_`.
+fn query_name_key(decoded: &[u8]) -> Vec<u8> {
+    let base = decoded
+        .iter()
+        .position(|&b| b == b'[')
+        .map_or(decoded, |i| &decoded[..i]);
+    base.trim_ascii()
+        .iter()
+        .map(|&b| match b {
+            b'.' | b' ' => b'_',
+            other => other.to_ascii_lowercase(),
+        })
+        .collect()
+}
+
+/// application/x-www-form-urlencoded decoding of a name: `%XX` escapes and `+` as space;
+/// a malformed escape stays as it is.
+fn percent_decode(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |k: usize| b.get(k).and_then(|&h| char::from(h).to_digit(16));
+        match (b[i], hex(i + 1), hex(i + 2)) {
+            (b'%', Some(hi), Some(lo)) => {
+                out.push(u8::try_from(hi * 16 + lo).unwrap_or(b'%'));
+                i += 3;
+            }
+            (b'+', _, _) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
 impl HttpChannel {
     pub fn new(journal: Journal, credentials: Arc<Credentials>, config: ConfigHandle) -> Self {
         HttpChannel {
@@ -468,14 +548,8 @@ impl HttpChannel {
                 ),
             ));
         }
-        if let Injection::Query { param } = &target.inject
-            && action.query.iter().any(|(k, _)| k == param)
-        {
-            return Err(invalid(
-                Code::InvalidRequest,
-                "query",
-                format!("The query parameter {param} is set by the broker, not the caller."),
-            ));
+        if let Injection::Query { param } = &target.inject {
+            check_query_pollution(request, &action, param)?;
         }
         if request.body.len() as u64 > target.max_request_body_bytes {
             return Err(invalid(
@@ -1565,4 +1639,43 @@ fn generated_key() -> String {
         bytes.copy_from_slice(&nanos.to_le_bytes());
     }
     format!("pstn_{}", hex::encode(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{percent_decode, query_name_key};
+
+    fn key(raw: &str) -> Vec<u8> {
+        query_name_key(&percent_decode(raw))
+    }
+
+    // Regression: issue 10
+    #[test]
+    fn query_names_a_lenient_server_merges_with_the_injected_one_share_its_key() {
+        for spelling in [
+            "api_key",
+            "API_KEY",
+            "api_key[]",
+            "api_key%5B%5D",
+            "Api_Key[0][1]",
+            "+api_key",
+            "%20api_key%20",
+            "api.key",
+            "api+key",
+            "api%2Ekey",
+            "api%5Fkey",
+        ] {
+            assert_eq!(key(spelling), b"api_key", "{spelling}");
+        }
+        for other in [
+            "api_keys",
+            "my_api_key",
+            "api_key%255B%255D",
+            "apikey",
+            "api-key",
+        ] {
+            assert_ne!(key(other), b"api_key", "{other}");
+        }
+        assert_eq!(percent_decode("%zz%4"), b"%zz%4", "malformed escapes stay");
+    }
 }
