@@ -890,3 +890,357 @@ async fn no_idempotency_header_is_sent_to_a_target_without_a_contract() {
         postern_broker::contract::RemoteContract::None
     );
 }
+
+// ---- hardening: what cannot be sent is refused at validation ---------------------------
+
+/// A validation refusal: nothing touched, the caller corrects `field`.
+fn assert_refused(outcome: &HttpOutcome, code: Code, field: &str) {
+    assert_error(
+        outcome,
+        Phase::Validation,
+        Outcome::NotAttempted,
+        Retry::AfterCorrection,
+        code,
+    );
+    assert_eq!(
+        error(outcome).evidence.field.as_deref(),
+        Some(field),
+        "{outcome:?}"
+    );
+    assert!(!error(outcome).evidence.dispatch_started);
+}
+
+/// What a case got instead of the expected validation refusal, if anything.
+fn refusal_mismatch(outcome: &HttpOutcome, code: Code, field: &str) -> Option<String> {
+    let Some(env) = outcome.error.as_ref() else {
+        return Some(format!("no refusal: {:?}", outcome.outcome));
+    };
+    let got = (
+        env.error.phase,
+        env.error.outcome,
+        env.error.retry,
+        env.error.code,
+        env.evidence.field.as_deref(),
+    );
+    let want = (
+        Phase::Validation,
+        Outcome::NotAttempted,
+        Retry::AfterCorrection,
+        code,
+        Some(field),
+    );
+    (got != want || env.evidence.dispatch_started).then(|| format!("{got:?}"))
+}
+
+/// The server saw no connection and no request.
+fn assert_server_untouched(server: &Adversary, case: &str) {
+    assert_eq!(server.connections(), 0, "{case}: a connection was opened");
+    assert!(
+        server.requests().is_empty(),
+        "{case}: a request reached the server"
+    );
+}
+
+// Regression: issue 10
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_the_http_stack_cannot_build_are_refused_at_validation_and_send_nothing() {
+    let server = Adversary::start(Behavior::idempotent("idempotency-key"))
+        .await
+        .unwrap();
+    // The contract makes the key travel as a header value.
+    let f = fixture(&config(&server.base_url(), CONTRACT));
+    let keyed = |key: &str| {
+        let mut request = post(server.url("/v1/payments"), "{}");
+        request.idempotency_key = Some(key.to_string());
+        request
+    };
+    let with_query = |query: Vec<(String, String)>| {
+        let mut request = get(server.url("/v1/items"));
+        request.query = query;
+        request
+    };
+    let with_header = |name: &str, value: &str| {
+        let mut request = get(server.url("/v1/items"));
+        request.headers = vec![(name.to_string(), value.to_string())];
+        request
+    };
+    let pairs = |n: usize, value: &str| -> Vec<(String, String)> {
+        (0..n)
+            .map(|i| (format!("p{i}"), value.to_string()))
+            .collect()
+    };
+    let cases: Vec<(&str, HttpRequest, Code, &str)> = vec![
+        (
+            "key with CR LF",
+            keyed("k\r\nX-Evil: 1"),
+            Code::InvalidRequest,
+            "idempotency_key",
+        ),
+        (
+            "key with LF",
+            keyed("k\nx"),
+            Code::InvalidRequest,
+            "idempotency_key",
+        ),
+        (
+            "key with NUL",
+            keyed("k\0x"),
+            Code::InvalidRequest,
+            "idempotency_key",
+        ),
+        (
+            "key with DEL",
+            keyed("k\u{7f}"),
+            Code::InvalidRequest,
+            "idempotency_key",
+        ),
+        (
+            "key with a space",
+            keyed("order 42"),
+            Code::InvalidRequest,
+            "idempotency_key",
+        ),
+        (
+            "key not ASCII",
+            keyed("ключ"),
+            Code::InvalidRequest,
+            "idempotency_key",
+        ),
+        (
+            "empty key",
+            keyed(""),
+            Code::InvalidRequest,
+            "idempotency_key",
+        ),
+        (
+            "key of 256 bytes",
+            keyed(&"k".repeat(256)),
+            Code::PayloadLimit,
+            "idempotency_key",
+        ),
+        (
+            "key of 1 MB",
+            keyed(&"k".repeat(1 << 20)),
+            Code::PayloadLimit,
+            "idempotency_key",
+        ),
+        (
+            "URL of 1 MB",
+            get(server.url(&format!("/v1/{}", "a".repeat(1 << 20)))),
+            Code::PayloadLimit,
+            "url",
+        ),
+        (
+            "URL one byte over 8 KiB",
+            get(format!(
+                "{}{}",
+                server.url("/v1/"),
+                "a".repeat(8 * 1024 + 1 - server.url("/v1/").len())
+            )),
+            Code::PayloadLimit,
+            "url",
+        ),
+        (
+            "URL with 100k query pairs",
+            get(format!(
+                "{}?{}",
+                server.url("/v1/items"),
+                "a=1&".repeat(100_000)
+            )),
+            Code::PayloadLimit,
+            "url",
+        ),
+        (
+            "100k query pairs",
+            with_query(pairs(100_000, "x")),
+            Code::PayloadLimit,
+            "query",
+        ),
+        (
+            "1025 query pairs",
+            with_query(pairs(1025, "")),
+            Code::PayloadLimit,
+            "query",
+        ),
+        (
+            "query over 8 KiB once encoded",
+            with_query(pairs(3, &"é".repeat(1000))),
+            Code::PayloadLimit,
+            "query",
+        ),
+        (
+            "header value with CR LF",
+            with_header("x-note", "a\r\nX-Evil: 1"),
+            Code::InvalidRequest,
+            "headers[0].value",
+        ),
+        (
+            "header value with NUL",
+            with_header("x-note", "a\0b"),
+            Code::InvalidRequest,
+            "headers[0].value",
+        ),
+        (
+            "header name with a colon",
+            with_header("x-note:", "a"),
+            Code::InvalidRequest,
+            "headers[0].name",
+        ),
+        (
+            "header name with a space",
+            with_header("x note", "a"),
+            Code::InvalidRequest,
+            "headers[0].name",
+        ),
+    ];
+    let total = cases.len();
+    let mut wrong = Vec::new();
+    for (case, request, code, field) in cases {
+        let out = run(&f, request).await;
+        assert_no_canary(&f, &out);
+        if let Some(got) = refusal_mismatch(&out, code, field) {
+            wrong.push(format!("{case}: {got}"));
+        }
+    }
+    println!(
+        "header-build matrix: {}/{total} cases refused at validation with their code and field; \
+         the server saw {} connections and {} requests",
+        total - wrong.len(),
+        server.connections(),
+        server.requests().len()
+    );
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    assert_server_untouched(&server, "header-build matrix");
+
+    // The limits are limits, not bans: a key of 255 visible bytes and a URL of exactly
+    // 8 KiB are sent.
+    let out = run(&f, keyed(&format!("{}~", "K".repeat(254)))).await;
+    assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
+    let url = format!(
+        "{}{}",
+        server.url("/v1/"),
+        "a".repeat(8 * 1024 - server.url("/v1/").len())
+    );
+    // The API answers an unknown GET with 404: a response, so the request went out.
+    let out = run(&f, get(url)).await;
+    assert_eq!(
+        out.response.as_ref().map(|r| r.status),
+        Some(404),
+        "{out:?}"
+    );
+    assert_eq!(server.requests().len(), 2);
+}
+
+// Regression: issue 10
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credential_the_http_stack_cannot_send_is_not_reported_as_a_connection_failure() {
+    let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let f = fixture(&config(&server.base_url(), ""));
+    // A secret pasted with its line break renders an invalid Authorization value.
+    f.broker
+        .set_secret("api-key", &format!("{CANARY}\r\nX-Injected: 1"))
+        .unwrap();
+    let out = run(&f, get(server.url("/v1/items"))).await;
+    assert_error(
+        &out,
+        Phase::Validation,
+        Outcome::NotAttempted,
+        Retry::AfterCorrection,
+        Code::InvalidRequest,
+    );
+    assert!(
+        error(&out).evidence.attempts.is_empty(),
+        "no connection attempt was made or recorded: {out:?}"
+    );
+    assert_server_untouched(&server, "secret with CR LF");
+    assert_no_canary(&f, &out);
+}
+
+// Regression: issue 10
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_timeout_is_refused_at_validation() {
+    let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let f = fixture(&config(&server.base_url(), ""));
+    let mut request = get(server.url("/v1/items"));
+    request.timeout_ms = Some(0);
+    let out = run(&f, request).await;
+    assert_refused(&out, Code::InvalidRequest, "timeout_ms");
+    assert_server_untouched(&server, "timeout_ms 0");
+    // One millisecond is small but means something; the target's timeout caps the rest.
+    let mut request = get(server.url("/v1/items"));
+    request.timeout_ms = Some(u64::MAX);
+    let out = run(&f, request).await;
+    assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
+}
+
+// Regression: issue 10
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parameter_a_server_could_read_as_the_injected_one_is_refused() {
+    let server = Adversary::start(Behavior::EchoAuthorization).await.unwrap();
+    let text = config(&server.base_url(), "").replace(
+        r#"{ header = "Authorization", format = "Bearer {secret}" }"#,
+        r#"{ query = "token" }"#,
+    );
+    let f = fixture(&text);
+    let in_url = [
+        "token=x",
+        "TOKEN=x",
+        "Token=x",
+        "token[]=x",
+        "token%5B%5D=x",
+        "token%5b%5d=x",
+        "Token[0]=x",
+        "token[a][b]=x",
+        "%20token=x",
+        "+token=x",
+        "token%20=x",
+        "%74oken=x",
+        "%54OKEN=x",
+        "a=1;token=x",
+        "ok=1&token",
+    ];
+    let as_argument = ["token", "TOKEN", "token[]", "Token[0]", " token", "token "];
+    let mut requests: Vec<(String, HttpRequest, &str)> = Vec::new();
+    for query in in_url {
+        let url = format!("{}?{query}", server.url("/v1/echo"));
+        requests.push((format!("url ?{query}"), get(url), "url"));
+    }
+    for name in as_argument {
+        let mut request = get(server.url("/v1/echo"));
+        request.query = vec![("page".into(), "2".into()), (name.to_string(), "x".into())];
+        requests.push((format!("query {name:?}"), request, "query[1].name"));
+    }
+    let total = requests.len();
+    let mut wrong = Vec::new();
+    for (case, request, field) in requests {
+        let before = server.requests().len();
+        let out = run(&f, request).await;
+        let sent = server.requests().len() - before;
+        if let Some(got) = refusal_mismatch(&out, Code::InvalidRequest, field) {
+            wrong.push(format!("{case}: {got}, {sent} request(s) sent"));
+        }
+    }
+    println!(
+        "query pollution: {}/{total} spellings refused at validation; {} reached the server",
+        total - wrong.len(),
+        server.requests().len()
+    );
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    assert_server_untouched(&server, "query pollution");
+
+    // Names that only contain it are other parameters, and are sent.
+    let mut request = get(format!(
+        "{}?tokens=1&my_token=2&token_id=3",
+        server.url("/v1/echo")
+    ));
+    request.query = vec![("x-token".into(), "4".into())];
+    let out = run(&f, request).await;
+    assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
+    let seen = server.requests();
+    assert_eq!(seen.len(), 1);
+    let sent = seen[0].query().unwrap_or_default().to_string();
+    assert!(
+        sent.starts_with("tokens=1&my_token=2&token_id=3&x-token=4&token="),
+        "{sent}"
+    );
+}

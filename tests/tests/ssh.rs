@@ -729,3 +729,49 @@ async fn a_denied_first_seen_host_key_is_not_pinned() {
     let text = std::fs::read_to_string(f.data.path().join("postern.toml")).unwrap();
     assert!(!text.contains(&sshd.host_key));
 }
+
+// Regression: issue 10
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_timeout_is_refused_at_validation_before_connecting() {
+    // A listener that only counts: a refusal at validation never reaches it.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counter = accepted.clone();
+    let accepting = tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            drop(stream);
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let user = keygen("ed25519", &dir.path().join("user")).unwrap();
+    let f = fixture(&config(port, None, ""), &user.private);
+    let mut request = cmd("true");
+    request.timeout_ms = Some(0);
+    let o = run(&f, request).await;
+    assert_error(
+        &o,
+        Phase::Validation,
+        Outcome::NotAttempted,
+        Code::InvalidRequest,
+    );
+    let env = o.error.as_ref().unwrap();
+    assert_eq!(
+        env.error.retry,
+        postern_broker::contract::Retry::AfterCorrection
+    );
+    assert_eq!(
+        env.evidence.field.as_deref(),
+        Some("timeout_ms"),
+        "{env:#?}"
+    );
+    assert!(env.evidence.attempts.is_empty(), "{env:#?}");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        accepted.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "nothing connected to the server"
+    );
+    accepting.abort();
+}

@@ -3,7 +3,9 @@
 //! Parsing is strict (`deny_unknown_fields`): a misspelled key in a security policy must
 //! fail loudly rather than silently fall back to a default. After parsing, every target
 //! is validated and normalized; each failure is a [`ConfigError`] naming the file, the
-//! target and the field.
+//! target and the field. [`Config::load`] also checks the files a target names
+//! (`ca_file`). What loads but needs the operator's attention (an SSH target without a
+//! pinned host key) is a [`ConfigWarning`] from [`Config::warnings`].
 //!
 //! Each target has a [`TargetVersion`]: a digest of its *normalized* configuration, bound
 //! into every invocation's [`ConfigSnapshot`](crate::action::ConfigSnapshot) so that a
@@ -106,6 +108,16 @@ impl Injection {
             Injection::Header { name, .. } => format!("header:{name}"),
             Injection::Basic { .. } => "basic".to_owned(),
             Injection::Query { param } => format!("query:{param}"),
+        }
+    }
+
+    /// The lowercase header the credential travels in, if it travels in one (Basic uses
+    /// `authorization`).
+    pub fn header_name(&self) -> Option<&str> {
+        match self {
+            Injection::Header { name, .. } => Some(name),
+            Injection::Basic { .. } => Some("authorization"),
+            Injection::Query { .. } => None,
         }
     }
 }
@@ -314,6 +326,40 @@ pub enum Problem {
     InvalidHost,
     #[error("not `<algorithm> <base64 key>`: {reason}")]
     InvalidHostKey { reason: String },
+    #[error(
+        "`{name}` is the header the credential is injected into; the idempotency key needs its own header"
+    )]
+    IdempotencyHeaderIsInjectionHeader { name: String },
+    #[error("`{value}` is not listed in `methods`, so no request can use it")]
+    NotInMethods { value: String },
+    #[error("{}: cannot read: {reason}", path.display())]
+    UnreadableFile { path: PathBuf, reason: String },
+    #[error("{}: not valid PEM: {reason}", path.display())]
+    InvalidPem { path: PathBuf, reason: String },
+    #[error("{}: contains no PEM certificate", path.display())]
+    NoCertificate { path: PathBuf },
+}
+
+/// What a target's configuration allows but an operator should know about before the
+/// first call. Closed, like [`Problem`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Caution {
+    #[error(
+        "no host key is pinned: the first connection waits for the console to approve the \
+         server's key, and a headless daemon fails it with HOST_KEY_UNKNOWN; pin one with \
+         `postern config pin-host-key`"
+    )]
+    HostKeyNotPinned,
+}
+
+/// A field that loads but deserves attention, located like an [`InvalidField`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {target}: field `{field}`: {caution}", file.display())]
+pub struct ConfigWarning {
+    pub file: PathBuf,
+    pub target: TargetRef,
+    pub field: String,
+    pub caution: Caution,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -478,17 +524,21 @@ impl Ctx<'_> {
 }
 
 impl Config {
-    /// Reads and validates the targets file.
+    /// Reads and validates the targets file, and checks that every file a target refers
+    /// to (`ca_file`) can be read and holds what it should.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::parse(&text, path)
+        let config = Self::parse(&text, path)?;
+        config.check_files()?;
+        Ok(config)
     }
 
     /// Parses and validates `text` as if read from `path` (used in errors and to resolve
-    /// relative `ca_file` paths).
+    /// relative `ca_file` paths). The text alone: files it names are checked by
+    /// [`Config::load`].
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Syntax {
             file: path.to_path_buf(),
@@ -566,6 +616,46 @@ impl Config {
             ssh,
             source: path.to_path_buf(),
         })
+    }
+
+    /// Each `ca_file`, resolved as the HTTP channel resolves it (against the config
+    /// file's directory), is readable and holds at least one PEM certificate: otherwise
+    /// every request to the target would fail its TLS setup.
+    fn check_files(&self) -> Result<(), ConfigError> {
+        for (index, t) in self.http.iter().enumerate() {
+            let Some(path) = &t.ca_file else { continue };
+            let ctx = Ctx {
+                file: &self.source,
+                target: TargetRef {
+                    section: Section::Http,
+                    index,
+                    name: Some(t.name.clone()),
+                },
+            };
+            check_ca_file(&ctx, path)?;
+        }
+        Ok(())
+    }
+
+    /// What loads but deserves the operator's attention, for `postern config check` and a
+    /// starting daemon to print. Computed from the targets, so every caller of
+    /// [`Config::load`] can ask without a change to what `load` returns.
+    pub fn warnings(&self) -> Vec<ConfigWarning> {
+        self.ssh
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.host_key.is_none())
+            .map(|(index, t)| ConfigWarning {
+                file: self.source.clone(),
+                target: TargetRef {
+                    section: Section::Ssh,
+                    index,
+                    name: Some(t.name.clone()),
+                },
+                field: "host_key".to_owned(),
+                caution: Caution::HostKeyNotPinned,
+            })
+            .collect()
     }
 
     /// The target a URL falls under: same scheme, host and effective port, and the
@@ -806,6 +896,8 @@ const RESERVED_HEADERS: &[&str] = &[
     "upgrade",
     "keep-alive",
     "proxy-connection",
+    // Asks the server to answer before the body arrives (RFC 9110 §10.1.1).
+    "expect",
 ];
 
 fn check_header_name(ctx: &Ctx<'_>, field: &str, name: &str) -> Result<String, ConfigError> {
@@ -871,6 +963,36 @@ fn check_injection(ctx: &Ctx<'_>, raw: RawInjection) -> Result<Injection, Config
         }
         _ => Err(ctx.err("inject", Problem::InjectionForm)),
     }
+}
+
+fn check_ca_file(ctx: &Ctx<'_>, path: &Path) -> Result<(), ConfigError> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let bytes = std::fs::read(path).map_err(|e| {
+        let problem = Problem::UnreadableFile {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        };
+        ctx.err("ca_file", problem)
+    })?;
+    let mut certificates = 0usize;
+    for cert in CertificateDer::pem_slice_iter(&bytes) {
+        cert.map_err(|e| {
+            let problem = Problem::InvalidPem {
+                path: path.to_path_buf(),
+                reason: e.to_string(),
+            };
+            ctx.err("ca_file", problem)
+        })?;
+        certificates += 1;
+    }
+    if certificates == 0 {
+        let problem = Problem::NoCertificate {
+            path: path.to_path_buf(),
+        };
+        return Err(ctx.err("ca_file", problem));
+    }
+    Ok(())
 }
 
 /// `<digits><unit>` with unit s, m, h or d; zero is no retention at all and is rejected.
@@ -980,7 +1102,18 @@ fn validate_http(ctx: &Ctx<'_>, raw: RawHttp, base_dir: &Path) -> Result<HttpTar
     let methods = check_methods(ctx, "methods", raw.methods)?;
     let credential = check_credential(ctx, raw.credential)?;
     let inject = check_injection(ctx, raw.inject)?;
+    // Indexes in errors are positions in the file, so the list is kept before sorting.
+    let listed = raw.idempotent_methods.clone();
     let idempotent_methods = check_methods(ctx, "idempotent_methods", raw.idempotent_methods)?;
+    // A method agents cannot use is a typo or a stale list, never a guarantee.
+    if let Some((i, m)) = listed
+        .iter()
+        .enumerate()
+        .find(|(_, m)| !methods.contains(m))
+    {
+        let problem = Problem::NotInMethods { value: m.clone() };
+        return Err(ctx.err(format!("idempotent_methods[{i}]"), problem));
+    }
     let ca_file = match raw.ca_file {
         Some(p) if p.as_os_str().is_empty() => return Err(ctx.err("ca_file", Problem::Empty)),
         Some(p) => Some(base_dir.join(p)),
@@ -1005,6 +1138,16 @@ fn validate_http(ctx: &Ctx<'_>, raw: RawHttp, base_dir: &Path) -> Result<HttpTar
         .idempotency
         .map(|i| check_idempotency(ctx, i))
         .transpose()?;
+    // Both would be set by the broker on the same request: one value would replace or
+    // sit beside the credential, and the key could end up where the secret belongs.
+    if let Some(contract) = &idempotency
+        && inject.header_name() == Some(contract.header.as_str())
+    {
+        let problem = Problem::IdempotencyHeaderIsInjectionHeader {
+            name: contract.header.clone(),
+        };
+        return Err(ctx.err("idempotency.header", problem));
+    }
     let reconcile = raw
         .reconcile
         .map(|r| check_reconcile(ctx, r, idempotency.is_some()))

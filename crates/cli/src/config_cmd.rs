@@ -14,6 +14,10 @@ use crate::common::{self, Failure, print_table};
 pub fn check(file: &Path) -> common::Outcome {
     // The error already names the file, the target and the field.
     let config = Config::load(file).map_err(|e| Failure::failed(e.to_string()))?;
+    // Warnings go to stderr and do not fail the check: the file loads as it is.
+    for warning in config.warnings() {
+        eprintln!("warning: {warning}");
+    }
     let count = config.http.len() + config.ssh.len();
     println!(
         "{}: OK, {count} target{}",

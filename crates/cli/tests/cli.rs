@@ -131,7 +131,7 @@ methods = ["GET", "POST"]
 credential = "payments-key"
 inject = { header = "Authorization", format = "Bearer {secret}" }
 approval = "per_call"
-idempotent_methods = ["GET", "PUT", "DELETE"]
+idempotent_methods = ["GET"]
 timeout_ms = 30000
 
 [http.idempotency]
@@ -188,6 +188,103 @@ fn config_check_names_file_target_and_field_of_a_bad_one() {
     assert!(err.contains("[[http]] \"payments\""), "{err}");
     assert!(err.contains("base_url"), "{err}");
     assert!(err.contains("loopback"), "{err}");
+}
+
+// Regression: issue 10
+#[test]
+fn config_check_warns_about_an_unpinned_host_key_and_still_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("targets.toml");
+    std::fs::write(&file, GOOD_CONFIG).unwrap();
+    let out = postern(&["config", "check", dir_str(&file)]);
+    assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
+    assert!(stdout(&out).contains("2 targets"), "{}", stdout(&out));
+    let err = stderr(&out);
+    let warning = err
+        .lines()
+        .find(|l| l.starts_with("warning: "))
+        .unwrap_or_else(|| panic!("no warning on stderr: {err}"));
+    assert!(warning.contains(dir_str(&file)), "{warning}");
+    assert!(warning.contains("[[ssh]] \"web1\""), "{warning}");
+    assert!(warning.contains("`host_key`"), "{warning}");
+    assert!(warning.contains("HOST_KEY_UNKNOWN"), "{warning}");
+    assert!(
+        !stdout(&out).contains("warning"),
+        "warnings go to stderr only"
+    );
+
+    // Pinned: nothing to warn about.
+    let pinned = GOOD_CONFIG.replace(
+        "approval = \"session\"",
+        "approval = \"session\"\nhost_key = \"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAABAgMEBQYHCAkKCwwNDg8QERITFBUWFxgZGhscHR4f\"",
+    );
+    std::fs::write(&file, pinned).unwrap();
+    let out = postern(&["config", "check", dir_str(&file)]);
+    assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
+    assert!(!stderr(&out).contains("warning"), "{}", stderr(&out));
+}
+
+// Regression: issue 10
+#[test]
+fn config_check_refuses_targets_the_broker_could_not_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("targets.toml");
+    let missing_ca = dir.path().join("certs/ca.pem");
+    let cases = [
+        (
+            "the idempotency header is the injection header",
+            GOOD_CONFIG.replace("header = \"Idempotency-Key\"", "header = \"authorization\""),
+            "idempotency.header",
+            "the header the credential is injected into".to_string(),
+        ),
+        (
+            "an idempotent method that is not allowed",
+            GOOD_CONFIG.replace(
+                "idempotent_methods = [\"GET\"]",
+                "idempotent_methods = [\"GET\", \"DELETE\"]",
+            ),
+            "idempotent_methods[1]",
+            "`DELETE` is not listed in `methods`".to_string(),
+        ),
+        (
+            "a ca_file that does not exist",
+            GOOD_CONFIG.replace(
+                "timeout_ms = 30000",
+                "timeout_ms = 30000\nca_file = \"certs/ca.pem\"",
+            ),
+            "ca_file",
+            format!("{}: cannot read", missing_ca.display()),
+        ),
+        (
+            "the credential in a broker-owned header",
+            GOOD_CONFIG.replace("header = \"Authorization\"", "header = \"Expect\""),
+            "inject.header",
+            "owned by the broker".to_string(),
+        ),
+    ];
+    let total = cases.len();
+    let mut wrong = Vec::new();
+    for (case, text, field, detail) in cases {
+        std::fs::write(&file, text).unwrap();
+        let out = postern(&["config", "check", dir_str(&file)]);
+        let err = stderr(&out);
+        let named = err.contains(dir_str(&file))
+            && err.contains("[[http]] \"payments\"")
+            && err.contains(&format!("field `{field}`"))
+            && err.contains(&detail);
+        if out.status.code() != Some(1) || !named {
+            wrong.push(format!(
+                "{case}: exit {:?}: {}",
+                out.status.code(),
+                all_output(&out)
+            ));
+        }
+    }
+    println!(
+        "config check: {}/{total} unusable targets refused",
+        total - wrong.len()
+    );
+    assert!(wrong.is_empty(), "{wrong:#?}");
 }
 
 #[test]

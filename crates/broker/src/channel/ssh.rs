@@ -327,6 +327,16 @@ impl SshChannel {
         target: SshTarget,
         request: SshRequest,
     ) -> Result<Prepared, Box<SshOutcome>> {
+        if request.timeout_ms == Some(0) {
+            return Err(Box::new(self.fail(
+                rec,
+                Phase::Validation,
+                Code::InvalidRequest,
+                Retry::AfterCorrection,
+                "timeout_ms must be at least 1 (omit it to use the target's timeout).",
+                Some("timeout_ms"),
+            )));
+        }
         let stdin = request.stdin.clone().unwrap_or_default();
         if stdin.len() > MAX_STDIN_BYTES {
             return Err(Box::new(self.fail(

@@ -17,7 +17,7 @@ fn design_example() -> String {
 [[http]]
 name = "payments"
 base_url = "https://api.example.test/v1"
-methods = ["GET", "POST"]
+methods = ["GET", "POST", "PUT", "DELETE"]
 credential = "payments-key"
 inject = {{ header = "Authorization", format = "Bearer {{secret}}" }}
 approval = "per_call"
@@ -113,7 +113,7 @@ fn design_example_parses_with_defaults_and_normalized_fields() {
     let p = &cfg.http[0];
     assert_eq!(p.name, "payments");
     assert_eq!(p.base_url.as_str(), "https://api.example.test/v1");
-    assert_eq!(p.methods, ["GET", "POST"]);
+    assert_eq!(p.methods, ["DELETE", "GET", "POST", "PUT"]);
     assert_eq!(p.credential.as_str(), "payments-key");
     assert_eq!(
         p.inject,
@@ -160,6 +160,8 @@ fn load_reads_the_file_and_resolves_ca_file_beside_it() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("targets.toml");
     std::fs::write(&file, design_example()).unwrap();
+    std::fs::create_dir(dir.path().join("certs")).unwrap();
+    std::fs::write(dir.path().join("certs/ca.pem"), TEST_CA_PEM).unwrap();
     let cfg = Config::load(&file).unwrap();
     assert_eq!(cfg.source, file);
     assert_eq!(
@@ -815,7 +817,7 @@ timeout_ms = 30_000
 inject = {{ format = "Bearer {{secret}}", header = "authorization" }}
 idempotent_methods = ["DELETE", "PUT", "GET", "GET"]
 credential = "payments-key"
-methods = ["POST", "GET"]
+methods = ["PUT", "POST", "DELETE", "GET"]
 approval = "per_call"
 ca_file = "certs/ca.pem"
 base_url = "https://API.example.test:443/v1/"
@@ -859,7 +861,10 @@ fn changing_any_http_field_changes_the_target_version() {
             "https://api.example.test/v1",
             "https://api.example.test:8443/v1",
         ),
-        ("methods = [\"GET\", \"POST\"]", "methods = [\"GET\"]"),
+        (
+            "methods = [\"GET\", \"POST\", \"PUT\", \"DELETE\"]",
+            "methods = [\"GET\", \"PUT\", \"DELETE\"]",
+        ),
         (
             "credential = \"payments-key\"",
             "credential = \"payments-key2\"",
@@ -1123,4 +1128,232 @@ fn ssh_resolution_by_name_or_host() {
         cfg.resolve_ssh("other.test"),
         Err(ResolveError::NoSshTarget { .. })
     ));
+}
+
+// ---- checks `config check` used to pass -------------------------------------------------
+
+/// A self-signed test CA (P-256), only ever parsed here.
+const TEST_CA_PEM: &str = "-----BEGIN CERTIFICATE-----
+MIIBmTCCAT+gAwIBAgIUJdlpSzQzwTnAiv1FLiMC3rJQGa4wCgYIKoZIzj0EAwIw
+ITEfMB0GA1UEAwwWcG9zdGVybiBjb25maWcgdGVzdCBDQTAgFw0yNjEyMDEwMDE3
+NDdaGA8yMTI2MTEwNzAwMTc0N1owITEfMB0GA1UEAwwWcG9zdGVybiBjb25maWcg
+dGVzdCBDQTBZMBMGByqGSM49AgEGCCqGSM49AwEHA0IABE2SUIWP/gALClwAsPBs
+m1HDVv+ZJm1xZ7XDAsC6FRdD7yWuZ/QRxVRakhq2kjvWwFZrTyGujzhr+rkj61vs
+1iujUzBRMB0GA1UdDgQWBBRwleLt/pU+DLnLGSDHOG9xjTn8jDAfBgNVHSMEGDAW
+gBRwleLt/pU+DLnLGSDHOG9xjTn8jDAPBgNVHRMBAf8EBTADAQH/MAoGCCqGSM49
+BAMCA0gAMEUCIQDljsqRnJYJmNvZrA7mfhB0lQcVed4ZlfNEylWdh7h6LQIge8gA
+78H26VCHaBuvEdiLVqjjcmBLM40dyxCY2dSaKig=
+-----END CERTIFICATE-----
+";
+
+const IDEMPOTENCY: &str = "[http.idempotency]\nheader = \"{}\"\nscope = \"s\"\nretention = \"1h\"";
+
+// Regression: issue 10
+#[test]
+fn an_idempotency_header_that_is_the_injection_header_is_refused() {
+    let with = |inject: &str, header: &str| {
+        http_target("pay", "https://x.test", &IDEMPOTENCY.replace("{}", header))
+            .replace("{ query = \"api_key\" }", inject)
+    };
+    for (inject, header, name) in [
+        ("{ header = \"X-Api-Key\" }", "x-api-key", "x-api-key"),
+        ("{ header = \"X-Api-Key\" }", "X-API-KEY", "x-api-key"),
+        (
+            "{ header = \"Authorization\", format = \"Bearer {secret}\" }",
+            "authorization",
+            "authorization",
+        ),
+        // Basic travels in Authorization.
+        ("{ basic_user = \"svc\" }", "Authorization", "authorization"),
+    ] {
+        let text = with(inject, header);
+        let (target, field, problem) = invalid(&text);
+        assert_eq!(target, http_ref(0, "pay"), "{inject} / {header}");
+        assert_eq!(field, "idempotency.header");
+        assert_eq!(
+            problem,
+            Problem::IdempotencyHeaderIsInjectionHeader { name: name.into() }
+        );
+        let message = parse(&text).unwrap_err().to_string();
+        assert!(
+            message.starts_with(
+                "/etc/postern/config.toml: [[http]] \"pay\": field `idempotency.header`: "
+            ),
+            "{message}"
+        );
+    }
+    // Different headers, or a credential in the query, are fine.
+    assert!(parse(&with("{ header = \"X-Api-Key\" }", "Idempotency-Key")).is_ok());
+    assert!(parse(&with("{ query = \"api_key\" }", "X-Api-Key")).is_ok());
+}
+
+// Regression: issue 10
+#[test]
+fn an_idempotent_method_that_is_not_an_allowed_method_is_refused() {
+    let text = http_target(
+        "a",
+        "https://x.test",
+        "idempotent_methods = [\"GET\", \"PUT\", \"DELETE\"]",
+    );
+    let (target, field, problem) = invalid(&text);
+    assert_eq!(target, http_ref(0, "a"));
+    // The position in the file, not in the sorted list.
+    assert_eq!(field, "idempotent_methods[1]");
+    assert_eq!(
+        problem,
+        Problem::NotInMethods {
+            value: "PUT".into()
+        }
+    );
+    assert!(
+        parse(&text)
+            .unwrap_err()
+            .to_string()
+            .contains("`PUT` is not listed in `methods`"),
+    );
+    let ok = http_target("a", "https://x.test", "idempotent_methods = [\"GET\"]");
+    assert_eq!(parse(&ok).unwrap().http[0].idempotent_methods, ["GET"]);
+}
+
+/// Loads `text` as `dir/conf/targets.toml` and returns the `ca_file` problem, if any.
+fn load_with_ca(dir: &Path, ca_file: &str) -> Result<Config, ConfigError> {
+    let conf = dir.join("conf");
+    std::fs::create_dir_all(&conf).unwrap();
+    let file = conf.join("targets.toml");
+    let text = http_target("tls", "https://x.test", &format!("ca_file = \"{ca_file}\""));
+    std::fs::write(&file, text).unwrap();
+    Config::load(&file)
+}
+
+fn ca_problem(result: Result<Config, ConfigError>) -> (String, Problem) {
+    match result {
+        Err(ConfigError::Invalid(e)) => {
+            assert_eq!(e.target, http_ref(0, "tls"));
+            assert_eq!(e.field, "ca_file");
+            let message = e.to_string();
+            (message, e.problem)
+        }
+        other => panic!("expected a ca_file error, got {other:?}"),
+    }
+}
+
+// Regression: issue 10
+#[test]
+fn a_ca_file_that_cannot_be_read_or_holds_no_certificate_is_refused_on_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("conf");
+
+    // Missing: resolved beside the config file, and the resolved path is named.
+    let (message, problem) = ca_problem(load_with_ca(dir.path(), "certs/ca.pem"));
+    let missing = conf.join("certs/ca.pem");
+    assert!(
+        matches!(&problem, Problem::UnreadableFile { path, .. } if *path == missing),
+        "{problem:?}"
+    );
+    assert!(message.contains(missing.to_str().unwrap()), "{message}");
+    assert!(message.contains("[[http]] \"tls\""), "{message}");
+    assert!(message.contains("targets.toml"), "{message}");
+
+    // A directory is not a readable file.
+    std::fs::create_dir_all(conf.join("certs")).unwrap();
+    let (_, problem) = ca_problem(load_with_ca(dir.path(), "certs"));
+    assert!(
+        matches!(problem, Problem::UnreadableFile { .. }),
+        "{problem:?}"
+    );
+
+    // Readable, but nothing a TLS client could trust.
+    std::fs::write(conf.join("certs/empty.pem"), "").unwrap();
+    let (_, problem) = ca_problem(load_with_ca(dir.path(), "certs/empty.pem"));
+    assert_eq!(
+        problem,
+        Problem::NoCertificate {
+            path: conf.join("certs/empty.pem")
+        }
+    );
+    std::fs::write(
+        conf.join("certs/bad.pem"),
+        "-----BEGIN CERTIFICATE-----\n!!!!\n-----END CERTIFICATE-----\n",
+    )
+    .unwrap();
+    let (_, problem) = ca_problem(load_with_ca(dir.path(), "certs/bad.pem"));
+    assert!(matches!(problem, Problem::InvalidPem { .. }), "{problem:?}");
+
+    // Relative to the config file's directory, not the working directory.
+    std::fs::write(dir.path().join("ca.pem"), TEST_CA_PEM).unwrap();
+    let cfg = load_with_ca(dir.path(), "../ca.pem").unwrap();
+    assert_eq!(
+        cfg.http[0].ca_file.as_deref(),
+        Some(conf.join("../ca.pem").as_path())
+    );
+    // Parsing text alone never touches the file system.
+    assert!(
+        parse(&http_target(
+            "tls",
+            "https://x.test",
+            "ca_file = \"absent.pem\""
+        ))
+        .is_ok()
+    );
+}
+
+// Regression: issue 10
+#[test]
+fn an_ssh_target_without_a_pinned_host_key_loads_with_a_warning() {
+    let pinned = parse(&design_example()).unwrap();
+    assert!(pinned.warnings().is_empty());
+    let unpinned = design_example().replace(&format!("host_key = \"{ED25519_KEY}\"\n"), "");
+    let cfg = parse(&unpinned).unwrap();
+    assert_eq!(cfg.ssh[0].host_key, None, "it still loads");
+    let warnings = cfg.warnings();
+    assert_eq!(
+        warnings,
+        [ConfigWarning {
+            file: path(),
+            target: ssh_ref(0, "web1"),
+            field: "host_key".into(),
+            caution: Caution::HostKeyNotPinned,
+        }]
+    );
+    let text = warnings[0].to_string();
+    assert!(
+        text.starts_with("/etc/postern/config.toml: [[ssh]] \"web1\": field `host_key`: "),
+        "{text}"
+    );
+    assert!(text.contains("HOST_KEY_UNKNOWN"), "{text}");
+}
+
+// Regression: issue 10
+#[test]
+fn broker_owned_headers_cannot_carry_the_credential_or_the_key() {
+    for name in [
+        "Host",
+        "Content-Length",
+        "Transfer-Encoding",
+        "Connection",
+        "TE",
+        "Trailer",
+        "Upgrade",
+        "Keep-Alive",
+        "Proxy-Connection",
+        "Expect",
+    ] {
+        let lower = name.to_ascii_lowercase();
+        let text = http_target("a", "https://x.test", "").replace(
+            "{ query = \"api_key\" }",
+            &format!("{{ header = \"{name}\" }}"),
+        );
+        let (_, field, problem) = invalid(&text);
+        assert_eq!(field, "inject.header", "{name}");
+        assert_eq!(
+            problem,
+            Problem::ReservedHeader {
+                name: lower.clone()
+            }
+        );
+        let text = http_target("a", "https://x.test", &IDEMPOTENCY.replace("{}", name));
+        let (_, field, problem) = invalid(&text);
+        assert_eq!(field, "idempotency.header", "{name}");
+        assert_eq!(problem, Problem::ReservedHeader { name: lower });
+    }
 }
