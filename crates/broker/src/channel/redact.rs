@@ -29,6 +29,9 @@
 //! at a time, or one bit through timing). A remote the agent controls can always
 //! exfiltrate the credential; the scrubber removes accidental and naive echoes.
 //!
+//! The scrubber sees bytes as they will be returned: the HTTP channel first undoes any
+//! content coding it can (`gzip`, `deflate`) and withholds a body it cannot decode.
+//!
 //! Values shorter than [`MIN_REDACTABLE`] are never scrubbed: they would match ordinary
 //! text.
 //!
