@@ -1,6 +1,8 @@
 //! Scrubbing a response body: 1 MiB and 16 MiB of JSON-ish log text (with the escapes a
 //! real body has: `\n`, `\"`, `%20`, `&amp;`), once with no occurrence of the secret and
-//! once with a few echoes in different forms.
+//! once with a few echoes in different forms. Also what building a redactor costs (once
+//! per HTTP request or SSH command): for a token, and for an ed25519-sized key with its
+//! lines.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
@@ -38,9 +40,39 @@ fn body(size: usize, hits: usize) -> Vec<u8> {
     out
 }
 
+/// An OpenSSH-armored key of `raw` bytes, and what the SSH channel renders from it (each
+/// line of the armored body, and the trimmed text).
+fn key(raw: usize) -> (String, Vec<String>) {
+    let bytes: Vec<u8> = (0..raw).map(|i| (i * 7919 % 251) as u8).collect();
+    let body = STANDARD.encode(bytes);
+    let lines: Vec<String> = body
+        .as_bytes()
+        .chunks(70)
+        .map(|c| String::from_utf8(c.to_vec()).unwrap())
+        .collect();
+    let text = format!(
+        "-----BEGIN OPENSSH PRIVATE KEY-----\n{}\n-----END OPENSSH PRIVATE KEY-----\n",
+        lines.join("\n")
+    );
+    let mut rendered = lines;
+    rendered.push(text.trim().to_string());
+    (text, rendered)
+}
+
 fn bench(c: &mut Criterion) {
     let rendered = format!("Bearer {SECRET}");
     let redactor = Redactor::new(SECRET.as_bytes(), &[rendered.as_bytes()]);
+    let mut group = c.benchmark_group("build");
+    group.bench_function("token", |b| {
+        b.iter(|| Redactor::new(SECRET.as_bytes(), &[rendered.as_bytes()]))
+    });
+    let (text, lines) = key(300);
+    let lines: Vec<&[u8]> = lines.iter().map(|l| l.as_bytes()).collect();
+    group.bench_function("ssh_key", |b| {
+        b.iter(|| Redactor::new(text.as_bytes(), &lines))
+    });
+    group.finish();
+
     let mut group = c.benchmark_group("scrub");
     group.sample_size(10);
     group.measurement_time(Duration::from_secs(10));
