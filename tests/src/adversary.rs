@@ -32,7 +32,7 @@
 //! | `ApplyThenClose`, `ApplyThen500`, `ShortBody`, `BrokenChunked`, `Stall` | every request it read completely, whatever the method |
 //! | `ApplyThenCloseWithLookup` | every request that is not a `GET`/`HEAD` |
 //! | `Idempotent` | the first use of each key (and every keyless non-`GET` request) |
-//! | `CloseBeforeReading`, `ReadHeadersThenClose`, `ContinueThenClose`, `Status`, `EchoAuthorization` | never |
+//! | `CloseBeforeReading`, `ReadHeadersThenClose`, `ContinueThenClose`, `Status`, `EchoAuthorization`, `EchoCompressed`, `CompressionBomb`, `EchoHeadersEncoded` | never |
 //!
 //! # Shutdown
 //!
@@ -131,6 +131,17 @@ pub enum Behavior {
     /// Apply nothing; answer `200` with header `x-echo-auth: <Authorization value>` and a
     /// JSON body `{"authorization": <value or null>, "query": <raw query or null>}`.
     EchoAuthorization,
+    /// Apply nothing; answer `200` with the body `secret=<token>` (the `Authorization`
+    /// value after its scheme, or the raw query), encoded as `encoding` says, whatever
+    /// the request's `accept-encoding`. See [`Encoding`].
+    EchoCompressed { encoding: Encoding },
+    /// Apply nothing; answer `200`, `content-encoding: gzip`, with a gzip stream of
+    /// `inflated` zero bytes (a few KiB on the wire).
+    CompressionBomb { inflated: usize },
+    /// Apply nothing; answer `200` with a text body listing the request target and every
+    /// request header value in many encodings (see [`encodings`]), plus response headers
+    /// `x-request-id` (the raw `Authorization` value), `x-echo-hex` and `x-echo-b64`.
+    EchoHeadersEncoded,
     /// A de-duplicating API (Stripe-like), keyed by request header `header`:
     ///
     /// * non-`GET` with the key, first time: apply, store (blake3 of the body, response),
@@ -216,6 +227,25 @@ impl Behavior {
             other => other,
         }
     }
+}
+
+/// How [`Behavior::EchoCompressed`] encodes its body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Encoding {
+    /// gzip, `content-encoding: gzip`.
+    Gzip,
+    /// zlib (RFC 1950), `content-encoding: deflate`.
+    Zlib,
+    /// Raw deflate (RFC 1951), `content-encoding: deflate`, as some servers send it.
+    RawDeflate,
+    /// gzip then zlib, `content-encoding: gzip, deflate`.
+    GzipThenDeflate,
+    /// gzip, but sent as `transfer-encoding: gzip, chunked` (no content-encoding).
+    TransferGzip,
+    /// gzip bytes labelled with another coding (`br`, `zstd`, anything).
+    Labelled(String),
+    /// The plain body labelled `content-encoding: gzip` (a stream that cannot decode).
+    Corrupt,
 }
 
 /// One request as the server parsed it.
@@ -1003,6 +1033,48 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 .unwrap_or_default();
             Some(json_response(200, &body, &extra, method))
         }
+        Behavior::EchoCompressed { encoding } => {
+            let token = head
+                .header("authorization")
+                .map(|a| a.split_once(' ').map_or(a, |(_, t)| t))
+                .or(head.query())
+                .unwrap_or_default();
+            Some(compressed(
+                encoding,
+                format!("secret={token}").as_bytes(),
+                method,
+            ))
+        }
+        Behavior::CompressionBomb { inflated } => {
+            let body = gzip(&vec![0u8; *inflated]);
+            let headers = vec![
+                ("content-type".to_string(), "text/plain".to_string()),
+                ("content-encoding".to_string(), "gzip".to_string()),
+            ];
+            Some(response(200, &headers, &body, method))
+        }
+        Behavior::EchoHeadersEncoded => {
+            let mut body = String::new();
+            for (form, text) in encodings(head.target.as_bytes()) {
+                body.push_str(&format!("target {form}: {text}\n"));
+            }
+            for (name, value) in &head.headers {
+                let token = value.split_once(' ').map_or(value.as_str(), |(_, t)| t);
+                for (what, bytes) in [("value", value.as_str()), ("token", token)] {
+                    for (form, text) in encodings(bytes.as_bytes()) {
+                        body.push_str(&format!("{name} {what} {form}: {text}\n"));
+                    }
+                }
+            }
+            let auth = head.header("authorization").unwrap_or_default();
+            let headers = vec![
+                ("content-type".to_string(), "text/plain".to_string()),
+                ("x-request-id".to_string(), auth.to_string()),
+                ("x-echo-hex".to_string(), hex::encode(auth)),
+                ("x-echo-b64".to_string(), b64(auth.as_bytes())),
+            ];
+            Some(response(200, &headers, body.as_bytes(), method))
+        }
         Behavior::Idempotent {
             header,
             close_after_apply_first,
@@ -1125,4 +1197,142 @@ fn json_response_bytes(status: u16, body: &[u8], extra: &[Header], method: &str)
     let mut headers = vec![("content-type".to_string(), "application/json".to_string())];
     headers.extend_from_slice(extra);
     response(status, &headers, body, method)
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    // Writing to a Vec cannot fail.
+    let _ = e.write_all(data);
+    e.finish().unwrap_or_default()
+}
+
+fn zlib(data: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+    let _ = e.write_all(data);
+    e.finish().unwrap_or_default()
+}
+
+fn raw_deflate(data: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::default());
+    let _ = e.write_all(data);
+    e.finish().unwrap_or_default()
+}
+
+fn b64(data: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(data)
+}
+
+/// The [`Behavior::EchoCompressed`] response for `plain`.
+fn compressed(encoding: &Encoding, plain: &[u8], method: &str) -> Vec<u8> {
+    let (label, body) = match encoding {
+        Encoding::Gzip => ("gzip".to_string(), gzip(plain)),
+        Encoding::Zlib => ("deflate".to_string(), zlib(plain)),
+        Encoding::RawDeflate => ("deflate".to_string(), raw_deflate(plain)),
+        Encoding::GzipThenDeflate => ("gzip, deflate".to_string(), zlib(&gzip(plain))),
+        Encoding::Labelled(label) => (label.clone(), gzip(plain)),
+        Encoding::Corrupt => ("gzip".to_string(), plain.to_vec()),
+        Encoding::TransferGzip => {
+            let body = gzip(plain);
+            let mut out = b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\
+                            transfer-encoding: gzip, chunked\r\nconnection: close\r\n\r\n"
+                .to_vec();
+            out.extend_from_slice(format!("{:x}\r\n", body.len()).as_bytes());
+            out.extend_from_slice(&body);
+            out.extend_from_slice(b"\r\n0\r\n\r\n");
+            return out;
+        }
+    };
+    let headers = vec![
+        ("content-type".to_string(), "text/plain".to_string()),
+        ("content-encoding".to_string(), label),
+    ];
+    response(200, &headers, &body, method)
+}
+
+/// RFC 4648 base32, padded.
+fn base32(data: &[u8]) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+    let mut out = String::new();
+    for chunk in data.chunks(5) {
+        let mut block = [0u8; 5];
+        block[..chunk.len()].copy_from_slice(chunk);
+        let bits = block.iter().fold(0u64, |acc, &b| acc << 8 | u64::from(b));
+        let chars = (chunk.len() * 8).div_ceil(5);
+        for i in 0..8 {
+            if i < chars {
+                out.push(char::from(ALPHABET[((bits >> (35 - 5 * i)) & 31) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// `value` in the encodings an echoing server might use, each labelled: raw, case-changed,
+/// reversed, hex, base64 (standard and URL-safe, alone and after 1 and 2 other bytes),
+/// base32 (after 0 to 4 other bytes, either case), JSON `\u` escapes (and a mix with raw
+/// characters), and percent-encoding (every byte, either case, or some bytes).
+pub fn encodings(value: &[u8]) -> Vec<(String, String)> {
+    use base64::Engine;
+    use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+    let text = String::from_utf8_lossy(value).into_owned();
+    let mut out = vec![
+        ("raw".to_string(), text.clone()),
+        ("upper".to_string(), text.to_uppercase()),
+        ("lower".to_string(), text.to_lowercase()),
+        ("reversed".to_string(), text.chars().rev().collect()),
+        ("hex".to_string(), hex::encode(value)),
+        ("HEX".to_string(), hex::encode_upper(value)),
+    ];
+    for (k, prefix) in ["", "a", "ab"].iter().enumerate() {
+        let shifted = [prefix.as_bytes(), value].concat();
+        out.push((format!("base64+{k}"), STANDARD.encode(&shifted)));
+        out.push((format!("base64url+{k}"), URL_SAFE_NO_PAD.encode(&shifted)));
+    }
+    for (k, prefix) in ["", "a", "ab", "abc", "abcd"].iter().enumerate() {
+        let encoded = base32(&[prefix.as_bytes(), value].concat());
+        out.push((format!("base32+{k}"), encoded.clone()));
+        out.push((format!("base32lower+{k}"), encoded.to_lowercase()));
+    }
+    let json: String = text.encode_utf16().map(|u| format!("\\u{u:04x}")).collect();
+    out.push(("json".to_string(), json.clone()));
+    out.push((
+        "JSON".to_string(),
+        json.to_uppercase().replace("\\U", "\\u"),
+    ));
+    let mixed: String = text
+        .chars()
+        .enumerate()
+        .map(|(i, c)| {
+            if i % 2 == 0 {
+                format!("\\u{:04X}", u32::from(c))
+            } else if c == '/' {
+                "\\/".to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect();
+    out.push(("json-mixed".to_string(), mixed));
+    let every: String = value.iter().map(|b| format!("%{b:02X}")).collect();
+    out.push(("percent".to_string(), every.clone()));
+    out.push(("percent-lower".to_string(), every.to_lowercase()));
+    let some: String = value
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| {
+            if i % 3 == 0 {
+                format!("%{b:02x}")
+            } else {
+                char::from(b).to_string()
+            }
+        })
+        .collect();
+    out.push(("percent-some".to_string(), some));
+    out
 }

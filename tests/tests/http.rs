@@ -10,7 +10,9 @@ use postern_broker::channel::CallContext;
 use postern_broker::channel::http::{HttpOutcome, HttpRequest};
 use postern_broker::contract::{Code, Outcome, Phase, Retry, Stage};
 use postern_broker::retry::{Decision, Verdict};
-use postern_tests::adversary::{Adversary, Behavior, TestCert, TestPki, refused_addr};
+use postern_tests::adversary::{
+    Adversary, Behavior, Encoding, TestCert, TestPki, encodings, refused_addr,
+};
 use postern_tests::fixture::{Broker, open_broker, test_service};
 
 const CANARY: &str = "pstn-canary-7f3a9c1e5b";
@@ -118,12 +120,92 @@ fn assert_error(outcome: &HttpOutcome, phase: Phase, o: Outcome, retry: Retry, c
     assert_eq!(outcome.outcome, o);
 }
 
-/// No file under the data dir and no result holds the secret.
+/// The canary in the forms the scrubber catches: raw, upper-case, reversed, hex in both
+/// cases, the base64 characters its bits fully determine at byte offsets 0 to 2, the
+/// same for base32 at offset 0 (both cases), every byte percent-encoded (both cases) and
+/// every character as a JSON `\u` escape.
+fn canary_forms() -> Vec<(String, String)> {
+    use base64::Engine;
+    let n = CANARY.len();
+    let pure = [
+        "raw",
+        "upper",
+        "reversed",
+        "hex",
+        "HEX",
+        "json",
+        "percent",
+        "percent-lower",
+    ];
+    let mut forms: Vec<(String, String)> = encodings(CANARY.as_bytes())
+        .into_iter()
+        .filter(|(label, _)| pure.contains(&label.as_str()))
+        .collect();
+    for k in 0..3usize {
+        let shifted = [vec![0u8; k], CANARY.as_bytes().to_vec()].concat();
+        let text = base64::engine::general_purpose::STANDARD_NO_PAD.encode(&shifted);
+        let core = &text[(8 * k).div_ceil(6)..(8 * (k + n)) / 6];
+        forms.push((format!("base64 core +{k}"), core.to_string()));
+    }
+    let (_, b32) = encodings(CANARY.as_bytes())
+        .into_iter()
+        .find(|(label, _)| label == "base32+0")
+        .unwrap();
+    let core = &b32[..(8 * n) / 5];
+    forms.push(("base32 core".into(), core.to_string()));
+    forms.push(("base32 core lower".into(), core.to_lowercase()));
+    forms
+}
+
+/// No file under the data dir and nothing the agent sees holds the secret, in any of
+/// [`canary_forms`].
 fn assert_no_canary(f: &Fixture, outcome: &HttpOutcome) {
-    let text = format!("{outcome:?}");
-    assert!(!text.contains(CANARY), "the secret reached a result");
-    let leaked = postern_tests::files_containing(f.dir.path(), CANARY.as_bytes());
-    assert!(leaked.is_empty(), "the secret reached {leaked:?}");
+    let mut seen = format!("{outcome:?}");
+    if let Some(response) = &outcome.response {
+        seen.push_str(&String::from_utf8_lossy(&response.body));
+    }
+    for (label, form) in canary_forms() {
+        assert!(
+            !seen.contains(&form),
+            "the secret reached a result ({label}): {seen}"
+        );
+        let leaked = postern_tests::files_containing(f.dir.path(), form.as_bytes());
+        assert!(leaked.is_empty(), "the secret ({label}) reached {leaked:?}");
+    }
+}
+
+/// The stored result of a settled invocation.
+fn stored(f: &Fixture, out: &HttpOutcome) -> postern_broker::journal::StoredResult {
+    let p = f.broker.journal.projection(&out.invocation_id).unwrap();
+    f.broker
+        .journal
+        .read_result(p.result_id.as_deref().unwrap())
+        .unwrap()
+}
+
+fn response_header<'a>(out: &'a HttpOutcome, name: &str) -> Option<&'a str> {
+    out.response
+        .as_ref()
+        .unwrap()
+        .headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// Every request the server received asked for the identity coding, and only that.
+fn assert_asked_for_identity(server: &Adversary) {
+    let requests = server.requests();
+    assert!(!requests.is_empty());
+    for r in requests {
+        let asked: Vec<&str> = r
+            .headers
+            .iter()
+            .filter(|(n, _)| n == "accept-encoding")
+            .map(|(_, v)| v.as_str())
+            .collect();
+        assert_eq!(asked, ["identity"], "{r:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -889,6 +971,235 @@ async fn no_idempotency_header_is_sent_to_a_target_without_a_contract() {
         idem.remote_contract,
         postern_broker::contract::RemoteContract::None
     );
+}
+
+async fn compressed_echo(encoding: Encoding) -> (Fixture, Adversary, HttpOutcome) {
+    let server = Adversary::start(Behavior::EchoCompressed { encoding })
+        .await
+        .unwrap();
+    let f = fixture(&config(&server.base_url(), ""));
+    let mut request = get(server.url("/v1/echo"));
+    request.headers = vec![("accept".into(), "*/*".into())];
+    let out = run(&f, request).await;
+    (f, server, out)
+}
+
+/// A decoded echo: the decoded, scrubbed body, no coding left, the length corrected, the
+/// coding recorded in the response and the stored meta, the echo counted.
+fn assert_decoded_echo(f: &Fixture, server: &Adversary, out: &HttpOutcome, from: &str) {
+    assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
+    let response = out.response.as_ref().unwrap();
+    assert_eq!(response.body, b"secret=[REDACTED]", "{from}");
+    assert_eq!(response.decoded_from.as_deref(), Some(from));
+    assert_eq!(response.body_withheld, None);
+    assert_eq!(response_header(out, "content-encoding"), None);
+    assert_eq!(
+        response_header(out, "content-length"),
+        Some(response.body.len().to_string().as_str())
+    );
+    let stored = stored(f, out);
+    assert_eq!(stored.meta["decoded_from"], from);
+    assert_eq!(stored.streams[0].1, b"secret=[REDACTED]");
+    let p = f.broker.journal.projection(&out.invocation_id).unwrap();
+    assert!(p.redactions >= 1, "{}", p.redactions);
+    assert!(server.saw(CANARY), "the server did receive the credential");
+    assert_asked_for_identity(server);
+    assert_no_canary(f, out);
+}
+
+// Regression: issue 10
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gzip_echo_of_the_secret_is_decoded_before_scrubbing() {
+    let (f, server, out) = compressed_echo(Encoding::Gzip).await;
+    assert_decoded_echo(&f, &server, &out, "gzip");
+}
+
+// Regression: issue 10
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deflate_echo_in_zlib_or_raw_form_or_stacked_is_decoded_before_scrubbing() {
+    for (encoding, from) in [
+        (Encoding::Zlib, "deflate"),
+        (Encoding::RawDeflate, "deflate"),
+        (Encoding::GzipThenDeflate, "gzip, deflate"),
+        (Encoding::Labelled("x-gzip".into()), "x-gzip"),
+    ] {
+        let (f, server, out) = compressed_echo(encoding).await;
+        assert_decoded_echo(&f, &server, &out, from);
+    }
+}
+
+// Regression: issue 10
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gzip_transfer_coding_is_decoded_before_scrubbing() {
+    let (f, server, out) = compressed_echo(Encoding::TransferGzip).await;
+    assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
+    assert_eq!(out.response.as_ref().unwrap().body, b"secret=[REDACTED]");
+    assert_eq!(
+        out.response.as_ref().unwrap().decoded_from.as_deref(),
+        Some("gzip")
+    );
+    assert_asked_for_identity(&server);
+    assert_no_canary(&f, &out);
+}
+
+// Regression: issue 10
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_encoding_is_a_committed_result_with_the_body_withheld() {
+    use postern_broker::channel::http::BodyWithheld;
+    let cases = [
+        (
+            Encoding::Labelled("br".into()),
+            BodyWithheld::UnsupportedEncoding {
+                coding: "br".into(),
+            },
+        ),
+        (
+            Encoding::Labelled("zstd".into()),
+            BodyWithheld::UnsupportedEncoding {
+                coding: "zstd".into(),
+            },
+        ),
+        (
+            Encoding::Labelled("gzip, x-unknown".into()),
+            BodyWithheld::UnsupportedEncoding {
+                coding: "x-unknown".into(),
+            },
+        ),
+        (
+            Encoding::Corrupt,
+            BodyWithheld::UndecodableBody {
+                coding: "gzip".into(),
+            },
+        ),
+    ];
+    for (encoding, reason) in cases {
+        let (f, server, out) = compressed_echo(encoding).await;
+        assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
+        assert!(out.error.is_none(), "{out:?}");
+        let response = out.response.as_ref().unwrap();
+        assert_eq!(response.status, 200);
+        assert!(response.body.is_empty(), "{response:?}");
+        assert_eq!(response.body_withheld.as_ref(), Some(&reason));
+        assert_eq!(response_header(&out, "content-encoding"), None);
+        let stored = stored(&f, &out);
+        assert!(stored.streams[0].1.is_empty());
+        assert_eq!(
+            serde_json::from_value::<BodyWithheld>(stored.meta["body_withheld"].clone()).unwrap(),
+            reason
+        );
+        assert!(
+            stored.meta["body_withheld"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("withheld")
+        );
+        // A read of the record gives the same withheld response.
+        let rec =
+            postern_broker::invocation::Recorder::resume(&f.broker.journal, &out.invocation_id)
+                .unwrap();
+        let again = f.broker.channel.recorded_outcome(&rec);
+        assert_eq!(again.response.as_ref(), Some(response));
+        assert_asked_for_identity(&server);
+        assert_no_canary(&f, &out);
+    }
+}
+
+// Regression: issue 10
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decompression_bomb_is_not_a_result() {
+    let server = Adversary::start(Behavior::CompressionBomb { inflated: 64 << 20 })
+        .await
+        .unwrap();
+    let f = fixture(&config(&server.base_url(), "max_response_bytes = 1048576"));
+    let out = run(&f, get(server.url("/v1/bomb"))).await;
+    let env = error(&out);
+    assert_eq!(
+        (env.error.phase, env.error.code),
+        (Phase::RemoteExecution, Code::RemoteResultIncomplete),
+        "{env:#?}"
+    );
+    assert!(out.response.is_none());
+    let p = f.broker.journal.projection(&out.invocation_id).unwrap();
+    assert!(p.result_id.is_none(), "nothing stored as a result");
+    assert_no_canary(&f, &out);
+}
+
+// Regression: issue 10
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_set_accept_encoding_is_refused_before_anything_is_sent() {
+    let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let f = fixture(&config(&server.base_url(), ""));
+    for value in ["gzip", "identity", "br;q=1"] {
+        let mut request = get(server.url("/v1/items"));
+        request.headers = vec![("Accept-Encoding".into(), value.into())];
+        let out = run(&f, request).await;
+        assert_error(
+            &out,
+            Phase::Validation,
+            Outcome::NotAttempted,
+            Retry::AfterCorrection,
+            Code::ForbiddenHeader,
+        );
+        assert_eq!(
+            error(&out).evidence.field.as_deref(),
+            Some("headers[0].name")
+        );
+        assert!(!error(&out).evidence.dispatch_started);
+    }
+    assert_eq!(server.connections(), 0);
+}
+
+// Regression: issue 10
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_asks_for_the_identity_coding() {
+    let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let f = fixture(&config(&server.base_url(), ""));
+    let out = run(&f, post(server.url("/v1/payments"), "{}")).await;
+    assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
+    assert_eq!(out.response.as_ref().unwrap().decoded_from, None);
+    assert_asked_for_identity(&server);
+}
+
+// Regression: issue 10
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echoes_of_the_request_headers_in_many_encodings_are_all_scrubbed() {
+    let server = Adversary::start(Behavior::EchoHeadersEncoded)
+        .await
+        .unwrap();
+    for inject in [
+        r#"{ header = "Authorization", format = "Bearer {secret}" }"#,
+        r#"{ basic_user = "svc" }"#,
+        r#"{ query = "api_key" }"#,
+    ] {
+        let text = config(&server.base_url(), "").replace(
+            r#"{ header = "Authorization", format = "Bearer {secret}" }"#,
+            inject,
+        );
+        let f = fixture(&text);
+        let out = run(&f, get(server.url("/v1/echo"))).await;
+        assert_eq!(out.outcome, Outcome::Committed, "{inject}: {out:?}");
+        let response = out.response.as_ref().unwrap();
+        let body = String::from_utf8_lossy(&response.body).into_owned();
+        assert!(body.contains("[REDACTED]"), "{inject}: {body}");
+        for (name, value) in &response.headers {
+            let lower = value.to_lowercase();
+            assert!(
+                !lower.contains("pstn-canary") && !lower.contains(&hex::encode("canary")),
+                "{inject}: header {name}: {value}"
+            );
+        }
+        let p = f.broker.journal.projection(&out.invocation_id).unwrap();
+        assert!(
+            p.redactions >= 20,
+            "{inject}: every echoed form counted: {}",
+            p.redactions
+        );
+        assert!(
+            !format!("{:?}", p.evidence()).contains(CANARY),
+            "{inject}: the secret reached the evidence"
+        );
+        assert_no_canary(&f, &out);
+    }
 }
 
 // ---- hardening: what cannot be sent is refused at validation ---------------------------

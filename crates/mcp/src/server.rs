@@ -521,6 +521,13 @@ fn response_json(response: &HttpResponse) -> Value {
                 Value::String(base64::engine::general_purpose::STANDARD.encode(&response.body))
         }
     }
+    if let Some(from) = &response.decoded_from {
+        out["decoded_from"] = Value::String(from.clone());
+    }
+    if let Some(reason) = &response.body_withheld {
+        out["body_withheld"] = serde_json::to_value(reason).unwrap_or(Value::Null);
+        out["body_withheld"]["message"] = Value::String(reason.message());
+    }
     out
 }
 

@@ -39,11 +39,14 @@ use crate::journal::{Journal, JournalError, NewInvocation, ResultToStore, Settle
 use crate::retry::{Decision, RetryRequest};
 use status::Repeat;
 use transport::{
-    DispatchLayer, GateVerdict, MarkingBody, Probe, RecordingResolver, RecordingVerifier,
+    Decoded, DispatchLayer, GateVerdict, MarkingBody, Probe, RecordingResolver, RecordingVerifier,
 };
 
-/// Headers only the broker may set: credentials, routing and framing (RFC 9112 §6).
+/// Headers only the broker may set: credentials, routing and framing (RFC 9112 §6), and
+/// `accept-encoding`: the broker asks for `identity` and decodes whatever still arrives
+/// encoded itself, because a body it cannot decode is a body it cannot scrub.
 const FORBIDDEN_HEADERS: &[&str] = &[
+    "accept-encoding",
     "authorization",
     "proxy-authorization",
     "host",
@@ -109,6 +112,39 @@ pub struct HttpResponse {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+    /// The content codings the broker undid before scrubbing, as the remote applied
+    /// them (`"gzip"`, `"gzip, deflate"`); `body` is the decoded body and the headers no
+    /// longer carry `content-encoding`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decoded_from: Option<String>,
+    /// Set when the body could not be scrubbed and so is neither returned nor stored
+    /// (`body` is empty). The response is still the remote's complete answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body_withheld: Option<BodyWithheld>,
+}
+
+/// Why a complete response's body is withheld.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+pub enum BodyWithheld {
+    /// The remote used a coding the broker cannot decode (`br`, `zstd`, ...).
+    UnsupportedEncoding { coding: String },
+    /// The body claimed a coding the broker knows but did not decode as one.
+    UndecodableBody { coding: String },
+}
+
+impl BodyWithheld {
+    /// For people and agents.
+    pub fn message(&self) -> String {
+        match self {
+            BodyWithheld::UnsupportedEncoding { coding } => format!(
+                "The response body was encoded as {coding}, which the broker cannot decode and so cannot scrub of the credential; the body is withheld."
+            ),
+            BodyWithheld::UndecodableBody { coding } => format!(
+                "The response body did not decode as the {coding} it declared, so the broker cannot scrub it of the credential; the body is withheld."
+            ),
+        }
+    }
 }
 
 /// What a call produced: a settled response (which may still carry an error code, a
@@ -801,6 +837,8 @@ impl HttpChannel {
         // Build what goes on the wire. Rendered credential forms feed the redactor.
         let mut url = p.action.url();
         let mut headers: Vec<(String, String)> = p.request.headers.clone();
+        // The broker owns the coding: what it cannot decode it cannot scrub.
+        headers.push(("accept-encoding".into(), "identity".into()));
         let secret_text = String::from_utf8_lossy(secret.expose()).into_owned();
         let mut rendered: Vec<Vec<u8>> = Vec::new();
         match &target.inject {
@@ -1125,7 +1163,8 @@ impl HttpChannel {
         ctx: &CallContext,
     ) -> HttpOutcome {
         let status = response.status().as_u16();
-        let request_id = header(&response, "x-request-id");
+        // Recorded in the journal as it arrives: scrubbed like every other header.
+        let request_id = header(&response, "x-request-id").map(|v| redactor.scrub_str(&v).0);
         // On the success path the markers go in with the result, in one transaction; a
         // failure while the body arrives records them first.
         let head = || {
@@ -1189,11 +1228,40 @@ impl HttpChannel {
             }
         }
         let digest = format!("blake3:{}", blake3::hash(&body).to_hex());
+        // Whatever still arrives encoded is decoded (bounded) before it is scrubbed, or
+        // withheld: nothing the broker cannot scrub is returned or stored.
+        let codings = transport::codings(response.headers());
+        let recoded = !codings.is_empty();
+        let (body, decoded_from, body_withheld) = match transport::decode_body(
+            &codings, body, limit,
+        ) {
+            Decoded::Plain(body) => (body, None, None),
+            Decoded::Decoded { body, from } => (body, Some(from), None),
+            Decoded::Withheld(reason) => (Vec::new(), None, Some(reason)),
+            Decoded::TooLarge => {
+                let message = format!(
+                    "The response decoded to more than this target's limit of {limit} bytes; it is not returned as a result."
+                );
+                head();
+                return self.fail(
+                    rec,
+                    Phase::RemoteExecution,
+                    Code::RemoteResultIncomplete,
+                    Retry::Reconcile,
+                    &message,
+                    None,
+                );
+            }
+        };
         let mut redactions = 0u32;
         let mut headers: Vec<(String, String)> = Vec::new();
         for (name, value) in response.headers() {
             let name = name.as_str().to_string();
             if HOP_BY_HOP.contains(&name.as_str()) {
+                continue;
+            }
+            // They described the encoded body; the decoded one gets its own length.
+            if recoded && matches!(name.as_str(), "content-encoding" | "content-length") {
                 continue;
             }
             let (value, n) = redactor.scrub_str(&String::from_utf8_lossy(value.as_bytes()));
@@ -1202,6 +1270,11 @@ impl HttpChannel {
         }
         let (body, n) = redactor.scrub(&body);
         redactions = redactions.saturating_add(n);
+        // The length of what is returned: the decoded body, or one the scrubber changed.
+        if (recoded && body_withheld.is_none()) || n > 0 {
+            headers.retain(|(name, _)| name != "content-length");
+            headers.push(("content-length".into(), body.len().to_string()));
+        }
         let retry_after = header(&response, "retry-after");
         let not_before_ms = retry_after
             .as_deref()
@@ -1231,8 +1304,16 @@ impl HttpChannel {
             not_before_ms,
             ..Default::default()
         };
+        let mut meta = serde_json::json!({ "status": status, "headers": headers });
+        if let Some(from) = &decoded_from {
+            meta["decoded_from"] = serde_json::Value::String(from.clone());
+        }
+        if let Some(reason) = &body_withheld {
+            meta["body_withheld"] = serde_json::to_value(reason).unwrap_or_default();
+            meta["body_withheld"]["message"] = serde_json::Value::String(reason.message());
+        }
         let stored = ResultToStore {
-            meta: serde_json::json!({ "status": status, "headers": headers }),
+            meta,
             streams: vec![("body".to_string(), body.clone())],
         };
         let settle = Settle {
@@ -1257,6 +1338,8 @@ impl HttpChannel {
                     status,
                     headers,
                     body,
+                    decoded_from,
+                    body_withheld,
                 });
                 outcome
             }
@@ -1609,6 +1692,8 @@ pub fn stored_response(stored: &crate::journal::StoredResult) -> Option<HttpResp
         status,
         headers,
         body,
+        decoded_from: stored.meta["decoded_from"].as_str().map(str::to_string),
+        body_withheld: serde_json::from_value(stored.meta["body_withheld"].clone()).ok(),
     })
 }
 

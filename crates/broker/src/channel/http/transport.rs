@@ -374,3 +374,246 @@ impl http_body::Body for MarkingBody {
         http_body::SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
     }
 }
+
+/// The codings a response says its body carries, in the order the remote applied them:
+/// every `content-encoding` value, then every `transfer-encoding` value except the
+/// final `chunked` (hyper undoes that framing; anything else would reach us encoded).
+/// Tokens are lowercased; `identity` is dropped.
+pub fn codings(headers: &reqwest::header::HeaderMap) -> Vec<String> {
+    let tokens = |name: &str| -> Vec<String> {
+        let mut out = Vec::new();
+        for value in headers.get_all(name) {
+            for token in String::from_utf8_lossy(value.as_bytes()).split(',') {
+                let token = token.trim().to_ascii_lowercase();
+                if !token.is_empty() {
+                    out.push(token);
+                }
+            }
+        }
+        out
+    };
+    let mut all = tokens("content-encoding");
+    let mut transfer = tokens("transfer-encoding");
+    if transfer.last().is_some_and(|t| t == "chunked") {
+        transfer.pop();
+    }
+    all.extend(transfer);
+    all.retain(|t| t != "identity");
+    all
+}
+
+/// A received body, made scrubbable.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decoded {
+    /// No coding: the body as received.
+    Plain(Vec<u8>),
+    /// Every coding undone; `from` lists them as the remote applied them.
+    Decoded { body: Vec<u8>, from: String },
+    /// A coding the broker cannot undo, or a body that did not decode: nothing it cannot
+    /// scrub is returned or stored.
+    Withheld(super::BodyWithheld),
+    /// Decoding produced more than the limit (a decompression bomb, or just too big).
+    TooLarge,
+}
+
+/// How a single decoding step failed.
+enum Fault {
+    Corrupt,
+    TooLarge,
+}
+
+/// Undoes `codings` (last applied first) with every intermediate and the final body
+/// bounded by `limit` bytes.
+pub fn decode_body(codings: &[String], body: Vec<u8>, limit: u64) -> Decoded {
+    if codings.is_empty() {
+        return Decoded::Plain(body);
+    }
+    if let Some(unknown) = codings
+        .iter()
+        .find(|c| !matches!(c.as_str(), "gzip" | "x-gzip" | "deflate"))
+    {
+        return Decoded::Withheld(super::BodyWithheld::UnsupportedEncoding {
+            coding: unknown.clone(),
+        });
+    }
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    let mut current = body;
+    for coding in codings.iter().rev() {
+        let step = match coding.as_str() {
+            "deflate" => inflate(&current, limit),
+            _ => gunzip(&current, limit),
+        };
+        current = match step {
+            Ok(next) => next,
+            Err(Fault::TooLarge) => return Decoded::TooLarge,
+            Err(Fault::Corrupt) => {
+                return Decoded::Withheld(super::BodyWithheld::UndecodableBody {
+                    coding: coding.clone(),
+                });
+            }
+        };
+    }
+    Decoded::Decoded {
+        body: current,
+        from: codings.join(", "),
+    }
+}
+
+/// gzip (RFC 1952), one member or several; the trailer's CRC and length are checked, so
+/// a truncated stream is corrupt, not short.
+fn gunzip(input: &[u8], limit: usize) -> Result<Vec<u8>, Fault> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    flate2::read::MultiGzDecoder::new(input)
+        .take(u64::try_from(limit).unwrap_or(u64::MAX).saturating_add(1))
+        .read_to_end(&mut out)
+        .map_err(|_| Fault::Corrupt)?;
+    if out.len() > limit {
+        return Err(Fault::TooLarge);
+    }
+    Ok(out)
+}
+
+/// `deflate` as servers send it: the zlib format RFC 9110 §8.4.1.2 names, or the raw
+/// deflate stream some send instead (told apart by the zlib header check). The stream
+/// must end properly and nothing may follow it.
+fn inflate(input: &[u8], limit: usize) -> Result<Vec<u8>, Fault> {
+    use flate2::{Decompress, FlushDecompress, Status};
+    const STEP: usize = 64 * 1024;
+    let zlib = match input {
+        [cmf, flg, ..] => cmf & 0x0F == 8 && (u16::from(*cmf) << 8 | u16::from(*flg)) % 31 == 0,
+        _ => false,
+    };
+    let mut inflater = Decompress::new(zlib);
+    let mut out: Vec<u8> = Vec::new();
+    loop {
+        let room = limit.saturating_add(1).saturating_sub(out.len());
+        if room == 0 {
+            return Err(Fault::TooLarge);
+        }
+        if out.len() == out.capacity() {
+            out.reserve_exact(room.min(STEP.max(out.len())));
+        }
+        let consumed = usize::try_from(inflater.total_in()).map_err(|_| Fault::Corrupt)?;
+        let produced = out.len();
+        let rest = input.get(consumed..).ok_or(Fault::Corrupt)?;
+        let status = inflater
+            .decompress_vec(rest, &mut out, FlushDecompress::None)
+            .map_err(|_| Fault::Corrupt)?;
+        if out.len() > limit {
+            return Err(Fault::TooLarge);
+        }
+        let used = usize::try_from(inflater.total_in()).map_err(|_| Fault::Corrupt)?;
+        match status {
+            Status::StreamEnd if used == input.len() => return Ok(out),
+            Status::StreamEnd => return Err(Fault::Corrupt),
+            // No progress with room left: the input ended before the stream did.
+            _ if used == consumed && out.len() == produced && out.len() < out.capacity() => {
+                return Err(Fault::Corrupt);
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::channel::http::BodyWithheld;
+    use std::io::Write;
+
+    fn gzip(data: &[u8]) -> Vec<u8> {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(data).unwrap();
+        e.finish().unwrap()
+    }
+
+    fn zlib(data: &[u8]) -> Vec<u8> {
+        let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(data).unwrap();
+        e.finish().unwrap()
+    }
+
+    fn raw_deflate(data: &[u8]) -> Vec<u8> {
+        let mut e = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(data).unwrap();
+        e.finish().unwrap()
+    }
+
+    fn list(codings: &[&str]) -> Vec<String> {
+        codings.iter().map(|c| c.to_string()).collect()
+    }
+
+    // Regression: issue 10
+    #[test]
+    fn gzip_zlib_raw_deflate_and_stacked_codings_decode_in_reverse_order() {
+        let plain = b"secret=pstn-canary".to_vec();
+        let decoded = |codings: &[&str], body: Vec<u8>| decode_body(&list(codings), body, 1 << 20);
+        let ok = |from: &str| Decoded::Decoded {
+            body: plain.clone(),
+            from: from.to_string(),
+        };
+        assert_eq!(decoded(&["gzip"], gzip(&plain)), ok("gzip"));
+        assert_eq!(decoded(&["x-gzip"], gzip(&plain)), ok("x-gzip"));
+        assert_eq!(decoded(&["deflate"], zlib(&plain)), ok("deflate"));
+        assert_eq!(decoded(&["deflate"], raw_deflate(&plain)), ok("deflate"));
+        assert_eq!(
+            decoded(&["gzip", "deflate"], zlib(&gzip(&plain))),
+            ok("gzip, deflate")
+        );
+        assert_eq!(decoded(&[], plain.clone()), Decoded::Plain(plain.clone()));
+    }
+
+    // Regression: issue 10
+    #[test]
+    fn unknown_codings_and_broken_streams_are_withheld_and_bombs_are_too_large() {
+        let plain = b"secret=pstn-canary".to_vec();
+        for coding in ["br", "zstd", "compress", "x-custom"] {
+            assert_eq!(
+                decode_body(&list(&["gzip", coding]), gzip(&plain), 1 << 20),
+                Decoded::Withheld(BodyWithheld::UnsupportedEncoding {
+                    coding: coding.to_string()
+                })
+            );
+        }
+        let mut truncated = gzip(&plain);
+        truncated.truncate(truncated.len() - 6);
+        for (coding, body) in [
+            ("gzip", truncated),
+            ("gzip", plain.clone()),
+            ("deflate", zlib(&plain)[..8].to_vec()),
+            ("deflate", plain.clone()),
+        ] {
+            assert_eq!(
+                decode_body(&list(&[coding]), body, 1 << 20),
+                Decoded::Withheld(BodyWithheld::UndecodableBody {
+                    coding: coding.to_string()
+                }),
+                "{coding}"
+            );
+        }
+        let bomb = vec![0u8; 8 << 20];
+        assert_eq!(
+            decode_body(&list(&["gzip"]), gzip(&bomb), 1 << 20),
+            Decoded::TooLarge
+        );
+        assert_eq!(
+            decode_body(&list(&["deflate"]), zlib(&bomb), 1 << 20),
+            Decoded::TooLarge
+        );
+        // Exactly at the limit is fine.
+        assert!(matches!(
+            decode_body(&list(&["deflate"]), raw_deflate(&bomb), 8 << 20),
+            Decoded::Decoded { .. }
+        ));
+    }
+
+    #[test]
+    fn codings_read_both_headers_and_ignore_identity_and_chunked() {
+        let mut h = reqwest::header::HeaderMap::new();
+        h.append("content-encoding", "GZIP, identity".parse().unwrap());
+        h.append("content-encoding", "deflate".parse().unwrap());
+        h.append("transfer-encoding", "gzip, chunked".parse().unwrap());
+        assert_eq!(codings(&h), list(&["gzip", "deflate", "gzip"]));
+    }
+}
