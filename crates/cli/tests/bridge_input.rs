@@ -486,3 +486,61 @@ fn every_bad_input_is_answered_and_the_session_keeps_serving_with_no_broker() {
     let failures = run_matrix(&socket, cases, "no broker");
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+// Regression: issue 10
+#[test]
+fn deep_nesting_sent_straight_to_the_socket_does_not_take_the_daemon_down() {
+    use std::io::{BufRead, Write};
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let ok = runtime
+        .block_on(Adversary::start(Behavior::ok_json("{\"ok\":true}")))
+        .unwrap();
+    let daemon = start_daemon_with(&target("api", &ok.base_url()), None);
+    // A client that skips the bridge: the daemon's own input guard is all there is.
+    let mut raw = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
+    raw.set_read_timeout(Some(BOUND)).unwrap();
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "raw", "version": "1"}}});
+    writeln!(raw, "{init}").unwrap();
+    writeln!(raw, "{}{}", "[".repeat(100_000), "]".repeat(100_000)).unwrap();
+    writeln!(raw, "{}1{}", "{\"a\":".repeat(100_000), "}".repeat(100_000)).unwrap();
+    writeln!(
+        raw,
+        "{}",
+        json!({"jsonrpc": "2.0", "id": "after", "method": "ping"})
+    )
+    .unwrap();
+    let mut reader = std::io::BufReader::new(raw.try_clone().unwrap());
+    let mut answered = false;
+    for _ in 0..4 {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            break;
+        }
+        let value: Value = serde_json::from_str(&line).unwrap();
+        if value["id"] == "after" {
+            answered = value.get("result").is_some();
+            break;
+        }
+    }
+    assert!(
+        answered,
+        "the same connection still answers after the deep lines"
+    );
+    drop(reader);
+    drop(raw);
+
+    let mut bridge = fresh_bridge(&daemon.socket);
+    assert!(bridge.send(&tool_call(
+        1,
+        json!({"url": ok.url("/v1/after"), "method": "GET"})
+    )));
+    bridge.send(b"\n");
+    let (_, reply) = bridge.recv_until_id(&json!(1), BOUND);
+    let reply = reply.expect("the daemon still serves new sessions");
+    assert_eq!(
+        reply["result"]["structuredContent"]["outcome"], "committed",
+        "{reply}"
+    );
+}

@@ -30,9 +30,15 @@
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
-use rmcp::ServiceExt;
+use rmcp::ErrorData as McpError;
+use rmcp::model::{ClientNotification, ClientRequest, ServerConfig, ServerResult};
+use rmcp::service::{NotificationContext, RequestContext, RoleServer, Service, ServiceExt};
+use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::Notify;
 
 use postern_broker::audit::signing_key_from_vault;
 use postern_broker::channel::http::HttpChannel;
@@ -43,8 +49,9 @@ use postern_broker::config::Config;
 use postern_broker::journal::{Journal, JournalOptions};
 use postern_broker::vault::{Keychain, KeychainBackend, Vault};
 
+use crate::bridge::{Line, LineReader, MAX_DEPTH, MAX_LINE, nesting_exceeds};
 use crate::peer::{identify_agent, own_uid, peer_allowed};
-use crate::server::{Broker, Session};
+use crate::server::{Broker, DELIVERED, Session};
 use crate::{DaemonArgs, KeychainChoice, default_socket};
 
 /// What was found at a path the daemon would not touch.
@@ -436,6 +443,120 @@ pub fn prepare_data_dir(dir: &Path) -> Result<(), DaemonError> {
     std::fs::remove_file(&probe).map_err(not_writable)
 }
 
+/// Delivery acknowledgements on one connection: passed on to the session, and handled.
+#[derive(Default)]
+struct Acks {
+    forwarded: AtomicUsize,
+    handled: AtomicUsize,
+    changed: Notify,
+}
+
+impl Acks {
+    /// Waits (at most `within`) until every acknowledgement passed on has been handled.
+    async fn settled(&self, within: Duration) {
+        let _ = tokio::time::timeout(within, async {
+            loop {
+                let changed = self.changed.notified();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
+                if self.handled.load(Ordering::SeqCst) >= self.forwarded.load(Ordering::SeqCst) {
+                    return;
+                }
+                changed.await;
+            }
+        })
+        .await;
+    }
+}
+
+/// How long a closing connection waits for its last acknowledgements to be recorded.
+const ACK_GRACE: Duration = Duration::from_secs(2);
+
+/// A session that counts the delivery acknowledgements it has handled. The MCP layer
+/// runs each notification in a task of its own, so the last acknowledgement of a
+/// connection can still be waiting to run when the connection's end is seen; without
+/// the count, `connection_closed` would record that result as undelivered.
+struct Counted {
+    session: Session,
+    acks: Arc<Acks>,
+}
+
+impl Service<RoleServer> for Counted {
+    fn handle_request(
+        &self,
+        request: ClientRequest,
+        context: RequestContext<RoleServer>,
+    ) -> impl Future<Output = Result<ServerResult, McpError>> + Send + '_ {
+        Service::handle_request(&self.session, request, context)
+    }
+
+    async fn handle_notification(
+        &self,
+        notification: ClientNotification,
+        context: NotificationContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let ack = matches!(&notification,
+            ClientNotification::CustomNotification(n) if n.method == DELIVERED);
+        let result = Service::handle_notification(&self.session, notification, context).await;
+        if ack {
+            self.acks.handled.fetch_add(1, Ordering::SeqCst);
+            self.acks.changed.notify_waiters();
+        }
+        result
+    }
+
+    fn get_info(&self) -> ServerConfig {
+        Service::get_info(&self.session)
+    }
+
+    fn supported_protocol_versions(
+        &self,
+    ) -> std::borrow::Cow<'static, [rmcp::model::ProtocolVersion]> {
+        Service::supported_protocol_versions(&self.session)
+    }
+}
+
+/// Whether `line` is a delivery acknowledgement the MCP layer will hand to the session.
+fn is_ack(line: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Head {
+        method: Option<String>,
+        id: Option<serde::de::IgnoredAny>,
+    }
+    serde_json::from_slice::<Head>(line)
+        .is_ok_and(|h| h.method.as_deref() == Some(DELIVERED) && h.id.is_none())
+        && serde_json::from_slice::<rmcp::model::ClientJsonRpcMessage>(line).is_ok()
+}
+
+/// Connection → MCP layer, line by line, counting the acknowledgements passed on. Lines
+/// longer than the limit or nested deeper than [`MAX_DEPTH`] are dropped here unparsed:
+/// the MCP layer would drop them too (its own line limit; serde_json's recursion limit),
+/// this only keeps them from being parsed at all. The bridge never sends either kind;
+/// clients that talk to the socket directly might.
+async fn guard_input(
+    read: tokio::net::unix::OwnedReadHalf,
+    mut feed: tokio::io::DuplexStream,
+    acks: Arc<Acks>,
+) {
+    let mut lines = LineReader::new(BufReader::new(read), MAX_LINE);
+    while let Ok(Some(line)) = lines.next().await {
+        let Line::Complete(mut bytes) = line else {
+            continue;
+        };
+        if nesting_exceeds(&bytes, MAX_DEPTH) {
+            continue;
+        }
+        if is_ack(&bytes) {
+            acks.forwarded.fetch_add(1, Ordering::SeqCst);
+        }
+        bytes.push(b'\n');
+        if feed.write_all(&bytes).await.is_err() {
+            return;
+        }
+    }
+    let _ = feed.shutdown().await;
+}
+
 /// Serves one connection: checks the peer's uid, identifies the agent behind the bridge,
 /// and runs an MCP session until the bridge goes away.
 pub async fn serve_connection(broker: Arc<Broker>, stream: UnixStream) {
@@ -455,10 +576,22 @@ pub async fn serve_connection(broker: Arc<Broker>, stream: UnixStream) {
         .connected(&identity, broker.journal.now_ms());
     let session = Session::new(broker.clone(), identity.clone());
     let undelivered = session.clone();
+    let acks = Arc::new(Acks::default());
+    let (read, write) = stream.into_split();
+    let (session_side, feed) = tokio::io::duplex(64 * 1024);
+    let guard = tokio::spawn(guard_input(read, feed, acks.clone()));
+    let counted = Counted {
+        session,
+        acks: acks.clone(),
+    };
     // A bridge that fails the MCP handshake simply ends its connection.
-    if let Ok(running) = session.serve(stream).await {
+    if let Ok(running) = counted.serve((session_side, write)).await {
         let _ = running.waiting().await;
+        // The bridge's last acknowledgements are recorded before anything is called
+        // undelivered.
+        acks.settled(ACK_GRACE).await;
     }
+    guard.abort();
     undelivered.connection_closed();
     broker
         .sessions
@@ -715,5 +848,19 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    #[test]
+    fn only_well_formed_delivery_acknowledgements_are_counted() {
+        assert!(is_ack(
+            br#"{"jsonrpc":"2.0","method":"notifications/postern/delivered","params":{"id":1}}"#
+        ));
+        assert!(!is_ack(
+            br#"{"jsonrpc":"2.0","id":3,"method":"notifications/postern/delivered","params":{}}"#
+        ));
+        assert!(!is_ack(
+            br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#
+        ));
+        assert!(!is_ack(b"not json"));
     }
 }
