@@ -343,9 +343,13 @@ fn run(cli: Cli) -> common::Outcome {
                         .map(PathBuf::from)
                 })
                 .unwrap_or_else(|| postern_mcp::default_socket(&common::default_data_dir()));
-            runtime()?
-                .block_on(postern_mcp::run_bridge(postern_mcp::BridgeArgs { socket }))
-                .map_err(|e| Failure::failed(format!("mcp: {e}")))
+            let runtime = runtime()?;
+            let result =
+                runtime.block_on(postern_mcp::run_bridge(postern_mcp::BridgeArgs { socket }));
+            // A read of stdin may still be blocked in the runtime's blocking pool (the
+            // broker went away first): do not wait for the agent to write again.
+            runtime.shutdown_background();
+            result.map_err(|e| Failure::failed(format!("mcp: {e}")))
         }
         Command::Audit(AuditCmd::Verify {
             data_dir,

@@ -5,29 +5,73 @@
 //! with a `notifications/postern/delivered` notification naming the response id. That is
 //! the confirmation RESULT_DELIVERED waits for.
 //!
-//! With no broker running it still answers, as an MCP server whose every tool call
-//! returns BROKER_UNAVAILABLE (not_attempted) instead of hanging.
+//! # What reaches the broker
+//! The agent may write any bytes. The bridge reads raw bytes per line, never more than
+//! [`MAX_LINE`] of one line, and only well-formed JSON-RPC 2.0 goes on to the broker
+//! (see [`classify`]). Everything else is answered here, as JSON-RPC says: -32700 for a
+//! line that is not JSON (not UTF-8, truncated, trailing bytes, nested deeper than
+//! [`MAX_DEPTH`]), -32600 for JSON that is not a JSON-RPC message (the id echoed when one
+//! is readable), -32602 for an MCP method whose params do not fit it. Notifications and
+//! responses are never answered; a malformed one is dropped with a line on stderr. Blank
+//! lines are framing noise and ignored. The session keeps serving after every one.
+//!
+//! # How a session ends
+//! On stdin EOF the bridge stops reading the agent, keeps relaying the responses it
+//! still owes for requests already forwarded (until each is answered or
+//! [`DRAIN_TIMEOUT`]), acknowledges them, flushes and shuts down its half of the socket,
+//! and only then exits: the last result of a session is recorded as delivered.
+//!
+//! # With no broker
+//! It still answers, as an MCP server whose every tool call returns BROKER_UNAVAILABLE
+//! (not_attempted), behind the same line filter. The message says why: no broker
+//! listening, or this user may not reach the socket.
 
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use rmcp::ErrorData as McpError;
 use rmcp::ServerHandler;
 use rmcp::ServiceExt;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ListToolsResult,
-    PaginatedRequestParams, ServerConfig,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ClientJsonRpcMessage, ClientRequest,
+    InitializeRequestParams, JsonRpcMessage, ListToolsResult, PaginatedRequestParams, RequestId,
+    ServerConfig,
 };
 use rmcp::service::{RequestContext, RoleServer};
-use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use serde_json::{Map, Value, json};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 
 use crate::server::DELIVERED;
 use crate::tools;
 
-/// Longest line relayed (16 MiB); longer input is dropped, not buffered without bound.
-const MAX_LINE: usize = 16 * 1024 * 1024;
+/// Longest line accepted (16 MiB, bytes before the newline). A longer line is discarded
+/// as it streams in, never buffered, and answered with Invalid Request.
+pub const MAX_LINE: usize = 16 * 1024 * 1024;
+
+/// Deepest nesting of arrays and objects accepted in one message, the same as
+/// serde_json's recursion limit. A linear scan checks it before any parser sees the line,
+/// so the answer ("nested too deep") is precise and no parser's recursion is relied on;
+/// serde_json's limit (in force by default, even with its `unbounded_depth` feature,
+/// which only adds an opt-out method nothing here calls) is the second lock.
+pub const MAX_DEPTH: usize = 128;
+
+/// After stdin closes, how long the bridge waits for responses it still owes.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long the last acknowledgements may take to reach the socket.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+
+const PARSE_ERROR: i64 = -32700;
+const INVALID_REQUEST: i64 = -32600;
+const INVALID_PARAMS: i64 = -32602;
+const INTERNAL_ERROR: i64 = -32603;
+
+const UTF8_BOM: &[u8] = b"\xef\xbb\xbf";
 
 #[derive(Debug, thiserror::Error)]
 pub enum BridgeError {
@@ -35,86 +79,728 @@ pub enum BridgeError {
     Io(#[from] std::io::Error),
     #[error("{0}")]
     Mcp(String),
+    #[error(
+        "the Postern broker at {0} closed the connection; requests it had not answered were \
+         answered with an error (their outcome is in the journal: get_invocation or \
+         fetch_result on a new session)"
+    )]
+    BrokerClosed(String),
 }
 
 /// Connects to the broker and relays, or serves the unavailable answer.
 pub async fn run(socket: &Path) -> Result<(), BridgeError> {
     match UnixStream::connect(socket).await {
-        Ok(stream) => relay(stream).await,
-        Err(_) => unavailable(socket).await,
+        Ok(stream) => match relay(stream, tokio::io::stdin(), tokio::io::stdout(), true).await {
+            End::BrokerClosed => Err(BridgeError::BrokerClosed(socket.display().to_string())),
+            End::AgentDone | End::AgentGone => Ok(()),
+        },
+        Err(error) => unavailable(unreachable_message(socket, &error)).await,
     }
 }
 
-async fn relay(stream: UnixStream) -> Result<(), BridgeError> {
-    let (socket_read, mut socket_write) = stream.into_split();
-    // One writer to the socket: agent messages and delivery acknowledgements.
-    let (to_socket, mut outgoing) = mpsc::channel::<String>(256);
+/// What an agent is told when the socket cannot be reached, by cause: nothing listening
+/// (no socket file, or nobody accepting) is "not running"; a refusal by file permissions
+/// (EACCES/EPERM on the socket or a directory above it) is "permission denied", which
+/// means the broker runs as another user or with other permissions.
+pub fn unreachable_message(socket: &Path, error: &std::io::Error) -> String {
+    let socket = socket.display();
+    match error.kind() {
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => format!(
+            "No Postern broker is running at {socket}; nothing was sent. Start it and retry."
+        ),
+        std::io::ErrorKind::PermissionDenied => format!(
+            "Permission denied connecting to the Postern broker socket {socket}: this user may \
+             not reach it (the broker runs as another user, or the socket or its directory \
+             has other permissions); nothing was sent. Run the agent as the broker's user, \
+             or start a broker for this user."
+        ),
+        _ => {
+            format!("Cannot reach the Postern broker socket {socket} ({error}); nothing was sent.")
+        }
+    }
+}
+
+/// One line read from the agent.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Line {
+    /// The bytes before the newline (or before EOF, for a last unterminated line).
+    Complete(Vec<u8>),
+    /// A line longer than the limit; its bytes were discarded as they arrived.
+    TooLong,
+}
+
+/// Reads lines of raw bytes, never holding more than `max` bytes of one line.
+pub(crate) struct LineReader<R> {
+    inner: R,
+    buf: Vec<u8>,
+    max: usize,
+    /// Inside a line already reported too long: drop bytes up to its newline.
+    discarding: bool,
+}
+
+impl<R: AsyncBufRead + Unpin> LineReader<R> {
+    pub(crate) fn new(inner: R, max: usize) -> Self {
+        LineReader {
+            inner,
+            buf: Vec::new(),
+            max,
+            discarding: false,
+        }
+    }
+
+    /// The next line; `None` at EOF. An over-long line is reported once, as soon as it
+    /// passes the limit; the rest of it is skipped.
+    pub(crate) async fn next(&mut self) -> std::io::Result<Option<Line>> {
+        loop {
+            let available = self.inner.fill_buf().await?;
+            if available.is_empty() {
+                self.discarding = false;
+                if self.buf.is_empty() {
+                    return Ok(None);
+                }
+                return Ok(Some(Line::Complete(std::mem::take(&mut self.buf))));
+            }
+            let newline = available.iter().position(|b| *b == b'\n');
+            let content = newline.unwrap_or(available.len());
+            let consumed = newline.map_or(available.len(), |at| at + 1);
+            if self.discarding {
+                self.discarding = newline.is_none();
+                self.inner.consume(consumed);
+                continue;
+            }
+            if self.buf.len().saturating_add(content) > self.max {
+                self.buf = Vec::new();
+                self.discarding = newline.is_none();
+                self.inner.consume(consumed);
+                return Ok(Some(Line::TooLong));
+            }
+            self.buf.extend_from_slice(&available[..content]);
+            self.inner.consume(consumed);
+            if newline.is_some() {
+                return Ok(Some(Line::Complete(std::mem::take(&mut self.buf))));
+            }
+        }
+    }
+}
+
+/// Whether `bytes` nest arrays or objects deeper than `limit` (brackets inside strings
+/// do not count). A linear scan with no recursion, so any input is safe to check.
+pub(crate) fn nesting_exceeds(bytes: &[u8], limit: usize) -> bool {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for &b in bytes {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > limit {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
+}
+
+/// A JSON-RPC error response.
+fn error_reply(id: Option<&RequestId>, code: i64, message: impl Into<String>) -> Value {
+    let id = id
+        .and_then(|id| serde_json::to_value(id).ok())
+        .unwrap_or(Value::Null);
+    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message.into()}})
+}
+
+fn too_long() -> Value {
+    error_reply(
+        None,
+        INVALID_REQUEST,
+        format!(
+            "Invalid Request: the message is longer than the line limit of {MAX_LINE} bytes \
+             (16 MiB); it was discarded"
+        ),
+    )
+}
+
+/// A JSON-RPC id as MCP accepts it (a string, or an integer that fits i64), parsed the way
+/// the broker's MCP layer parses it.
+fn request_id(value: &Value) -> Option<RequestId> {
+    serde_json::from_value(value.clone()).ok()
+}
+
+/// The key an id is tracked under: its canonical JSON (`1.0` and `1` are the same id).
+fn id_key(id: &RequestId) -> String {
+    serde_json::to_string(id).unwrap_or_default()
+}
+
+/// What the bridge does with one line from the agent.
+#[derive(Debug)]
+pub(crate) enum Verdict {
+    /// A blank line: framing noise, ignored.
+    Skip,
+    /// Well-formed JSON-RPC: relayed to the broker as it came (without CR or BOM).
+    Forward { text: String, kind: Kind },
+    /// Answered by the bridge itself.
+    Reply(Value),
+    /// A malformed notification or response: JSON-RPC forbids answering it; logged.
+    Drop(String),
+}
+
+/// The kind of a forwarded message.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Request {
+        id: RequestId,
+        method: String,
+    },
+    /// `cancels`: the request a notifications/cancelled gives up on.
+    Notification {
+        cancels: Option<RequestId>,
+    },
+    Response,
+}
+
+/// Decides what happens to one line from the agent (see the module docs).
+pub(crate) fn classify(line: &[u8]) -> Verdict {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let line = line.strip_prefix(UTF8_BOM).unwrap_or(line);
+    if line.iter().all(|b| matches!(b, b' ' | b'\t' | b'\r')) {
+        return Verdict::Skip;
+    }
+    let text = match std::str::from_utf8(line) {
+        Ok(text) => text,
+        Err(e) => {
+            return Verdict::Reply(error_reply(
+                None,
+                PARSE_ERROR,
+                format!(
+                    "Parse error: the message is not valid UTF-8 (invalid byte at offset {})",
+                    e.valid_up_to()
+                ),
+            ));
+        }
+    };
+    if nesting_exceeds(line, MAX_DEPTH) {
+        return Verdict::Reply(error_reply(
+            None,
+            PARSE_ERROR,
+            format!(
+                "Parse error: the message nests arrays or objects deeper than {MAX_DEPTH} levels"
+            ),
+        ));
+    }
+    let value: Value = match serde_json::from_str(text) {
+        Ok(value) => value,
+        Err(e) => {
+            return Verdict::Reply(error_reply(None, PARSE_ERROR, format!("Parse error: {e}")));
+        }
+    };
+    match value {
+        Value::Object(map) => classify_object(text, &map),
+        Value::Array(items) if items.is_empty() => Verdict::Reply(error_reply(
+            None,
+            INVALID_REQUEST,
+            "Invalid Request: an empty batch",
+        )),
+        Value::Array(items) => classify_batch(&items),
+        other => Verdict::Reply(error_reply(
+            None,
+            INVALID_REQUEST,
+            format!(
+                "Invalid Request: a JSON-RPC message is an object, not {}",
+                json_kind(&other)
+            ),
+        )),
+    }
+}
+
+fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn classify_object(text: &str, map: &Map<String, Value>) -> Verdict {
+    let id_field = map.get("id");
+    let id = id_field.and_then(request_id);
+    let reject = |message: &str| {
+        Verdict::Reply(error_reply(
+            id.as_ref(),
+            INVALID_REQUEST,
+            format!("Invalid Request: {message}"),
+        ))
+    };
+    if map.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return reject("\"jsonrpc\" must be \"2.0\"");
+    }
+    let method = match map.get("method") {
+        Some(Value::String(method)) => method,
+        Some(_) => return reject("\"method\" must be a string"),
+        None => return classify_response(text, map, id_field.is_some(), reject),
+    };
+    if id_field.is_some() && id.is_none() {
+        return Verdict::Reply(error_reply(
+            None,
+            INVALID_REQUEST,
+            "Invalid Request: \"id\" must be a string or an integer that fits in 64 bits",
+        ));
+    }
+    let params_object = map.get("params").is_none_or(Value::is_object);
+    let Some(id) = id.clone() else {
+        // A notification: never answered.
+        if method == DELIVERED {
+            return Verdict::Drop(format!("{DELIVERED}: only the bridge reports delivery"));
+        }
+        if !params_object {
+            return Verdict::Drop(format!("notification {method}: params must be an object"));
+        }
+        return match serde_json::from_str::<ClientJsonRpcMessage>(text) {
+            Ok(_) => Verdict::Forward {
+                text: text.to_string(),
+                kind: Kind::Notification {
+                    cancels: cancelled_request(method, map),
+                },
+            },
+            Err(e) => Verdict::Drop(format!("notification {method}: {e}")),
+        };
+    };
+    if !params_object {
+        return reject("\"params\" must be an object (MCP uses named parameters)");
+    }
+    let invalid_params = |detail: String| {
+        Verdict::Reply(error_reply(
+            Some(&id),
+            INVALID_PARAMS,
+            format!("Invalid params for {method}: {detail}"),
+        ))
+    };
+    match serde_json::from_str::<ClientJsonRpcMessage>(text) {
+        // The broker's MCP layer takes a known method whose params do not fit it for a
+        // custom method and answers "method not found"; say what is wrong instead.
+        Ok(JsonRpcMessage::Request(request))
+            if matches!(request.request, ClientRequest::CustomRequest(_))
+                && STANDARD_REQUESTS.contains(&method.as_str()) =>
+        {
+            invalid_params(params_mismatch(method, map.get("params")))
+        }
+        Ok(_) => Verdict::Forward {
+            text: text.to_string(),
+            kind: Kind::Request {
+                id,
+                method: method.clone(),
+            },
+        },
+        Err(e) => invalid_params(e.to_string()),
+    }
+}
+
+/// An object without a method: a response to a request the broker sent the agent.
+fn classify_response(
+    text: &str,
+    map: &Map<String, Value>,
+    has_id: bool,
+    reject: impl Fn(&str) -> Verdict,
+) -> Verdict {
+    let has_result = map.contains_key("result");
+    let has_error = map.contains_key("error");
+    if !has_id || has_result == has_error {
+        return reject(
+            "a message is a request or notification (a string \"method\") or a response (an \
+             \"id\" with exactly one of \"result\" and \"error\")",
+        );
+    }
+    // Answering a response could start an error storm with a peer that echoes errors.
+    match serde_json::from_str::<ClientJsonRpcMessage>(text) {
+        Ok(_) => Verdict::Forward {
+            text: text.to_string(),
+            kind: Kind::Response,
+        },
+        Err(e) => Verdict::Drop(format!("response: {e}")),
+    }
+}
+
+/// MCP batches are not accepted (MCP 2025-06-18 removed them): each request in one gets
+/// Invalid Request with its id; notifications and responses in it get nothing.
+fn classify_batch(items: &[Value]) -> Verdict {
+    let replies: Vec<Value> = items
+        .iter()
+        .filter(|item| {
+            let Some(map) = item.as_object() else {
+                return true;
+            };
+            let notification =
+                map.get("method").is_some_and(Value::is_string) && !map.contains_key("id");
+            let response = !map.contains_key("method")
+                && (map.contains_key("result") || map.contains_key("error"));
+            !notification && !response
+        })
+        .map(|item| {
+            let id = item.get("id").and_then(request_id);
+            error_reply(
+                id.as_ref(),
+                INVALID_REQUEST,
+                "Invalid Request: MCP does not accept JSON-RPC batches; send each message on \
+                 its own line",
+            )
+        })
+        .collect();
+    if replies.is_empty() {
+        Verdict::Drop("a batch of notifications or responses (MCP does not accept batches)".into())
+    } else {
+        Verdict::Reply(Value::Array(replies))
+    }
+}
+
+/// The request methods an MCP server knows (the broker's MCP layer treats any other
+/// method as custom and answers "method not found" itself).
+const STANDARD_REQUESTS: &[&str] = &[
+    "initialize",
+    "ping",
+    "server/discover",
+    "prompts/get",
+    "prompts/list",
+    "resources/list",
+    "resources/read",
+    "resources/subscribe",
+    "resources/unsubscribe",
+    "resources/templates/list",
+    "subscriptions/listen",
+    "tools/call",
+    "tools/list",
+    "completion/complete",
+    "logging/setLevel",
+];
+
+/// Why `params` do not fit `method`, as precisely as the types say.
+fn params_mismatch(method: &str, params: Option<&Value>) -> String {
+    let params = params.cloned().unwrap_or(Value::Null);
+    let detail = match method {
+        "tools/call" => serde_json::from_value::<CallToolRequestParams>(params).err(),
+        "initialize" => serde_json::from_value::<InitializeRequestParams>(params).err(),
+        _ => None,
+    };
+    detail.map_or_else(
+        || "the params do not have the shape this method takes".to_string(),
+        |e| e.to_string(),
+    )
+}
+
+/// The request a `notifications/cancelled` gives up on.
+fn cancelled_request(method: &str, map: &Map<String, Value>) -> Option<RequestId> {
+    if method != "notifications/cancelled" {
+        return None;
+    }
+    map.get("params")?.get("requestId").and_then(request_id)
+}
+
+/// How a relay ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// The agent closed stdin and everything owed was delivered (or the drain timed out).
+    AgentDone,
+    /// The agent stopped reading: nothing more can be delivered.
+    AgentGone,
+    /// The broker closed the connection while the agent was still talking.
+    BrokerClosed,
+}
+
+/// State the two directions share.
+struct Shared<O> {
+    out: tokio::sync::Mutex<O>,
+    /// Requests forwarded and not yet answered: id key → (id, method).
+    pending: Mutex<HashMap<String, (RequestId, String)>>,
+    answered: Notify,
+    /// The broker has answered a request other than ping: its MCP lifecycle has begun,
+    /// and notifications or responses may go to it (before that its MCP layer ends the
+    /// connection on anything but a request).
+    started: AtomicBool,
+}
+
+impl<O: AsyncWrite + Unpin> Shared<O> {
+    /// Writes one line (with its newline) to the agent and flushes.
+    async fn write(&self, line: &[u8]) -> std::io::Result<()> {
+        let mut out = self.out.lock().await;
+        out.write_all(line).await?;
+        if line.last() != Some(&b'\n') {
+            out.write_all(b"\n").await?;
+        }
+        out.flush().await
+    }
+
+    fn pending_insert(&self, id: RequestId, method: String) {
+        if let Ok(mut pending) = self.pending.lock() {
+            pending.insert(id_key(&id), (id, method));
+        }
+    }
+
+    fn pending_remove(&self, key: &str) -> Option<String> {
+        let removed = self.pending.lock().ok()?.remove(key).map(|(_, m)| m);
+        self.answered.notify_waiters();
+        removed
+    }
+
+    fn take_pending(&self) -> Vec<RequestId> {
+        self.pending
+            .lock()
+            .map(|mut p| p.drain().map(|(_, (id, _))| id).collect())
+            .unwrap_or_default()
+    }
+
+    /// Resolves once no forwarded request is waiting for its response.
+    async fn all_answered(&self) {
+        loop {
+            let notified = self.answered.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.pending.lock().map_or(true, |p| p.is_empty()) {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+enum AgentEnd {
+    Eof,
+    Gone,
+    BrokerGone,
+}
+
+/// Agent → broker: every line filtered, well-formed messages forwarded.
+async fn agent_to_broker<I, O>(
+    input: I,
+    shared: &Shared<O>,
+    to_broker: mpsc::Sender<Vec<u8>>,
+) -> AgentEnd
+where
+    I: AsyncRead + Unpin,
+    O: AsyncWrite + Unpin,
+{
+    let mut lines = LineReader::new(BufReader::new(input), MAX_LINE);
+    loop {
+        let verdict = match lines.next().await {
+            Ok(Some(Line::Complete(bytes))) => classify(&bytes),
+            Ok(Some(Line::TooLong)) => Verdict::Reply(too_long()),
+            // A read error is the end of the agent's input as much as EOF is.
+            Ok(None) | Err(_) => return AgentEnd::Eof,
+        };
+        match verdict {
+            Verdict::Skip => {}
+            Verdict::Reply(reply) => {
+                if shared.write(reply.to_string().as_bytes()).await.is_err() {
+                    return AgentEnd::Gone;
+                }
+            }
+            Verdict::Drop(why) => log_dropped(&why),
+            Verdict::Forward { text, kind } => {
+                match kind {
+                    Kind::Request { id, method } => shared.pending_insert(id, method),
+                    _ if !shared.started.load(Ordering::SeqCst) => {
+                        log_dropped("a notification or response before initialize");
+                        continue;
+                    }
+                    Kind::Notification {
+                        cancels: Some(cancelled),
+                    } => {
+                        // The broker does not answer a cancelled request.
+                        shared.pending_remove(&id_key(&cancelled));
+                    }
+                    Kind::Notification { cancels: None } | Kind::Response => {}
+                }
+                let mut line = text.into_bytes();
+                line.push(b'\n');
+                if to_broker.send(line).await.is_err() {
+                    return AgentEnd::BrokerGone;
+                }
+            }
+        }
+    }
+}
+
+fn log_dropped(why: &str) {
+    let why: String = why.chars().take(300).collect();
+    eprintln!("postern mcp: ignored a message (not answered, per JSON-RPC): {why}");
+}
+
+/// The id, and whether it is a success, of a response line from the broker (requests
+/// and notifications from the broker have a method and are not responses).
+fn response_head(line: &[u8]) -> Option<(Value, bool)> {
+    #[derive(serde::Deserialize)]
+    struct Head {
+        id: Option<Value>,
+        method: Option<serde::de::IgnoredAny>,
+        result: Option<serde::de::IgnoredAny>,
+        error: Option<serde::de::IgnoredAny>,
+    }
+    let head: Head = serde_json::from_slice(line).ok()?;
+    if head.method.is_some() || (head.result.is_none() && head.error.is_none()) {
+        return None;
+    }
+    let id = head.id.filter(|id| !id.is_null())?;
+    Some((id, head.result.is_some()))
+}
+
+enum BrokerEnd {
+    Closed,
+    AgentGone,
+}
+
+/// Broker → agent: every line written and flushed, then acknowledged.
+async fn broker_to_agent<R, O>(
+    read: R,
+    shared: &Shared<O>,
+    acknowledge: Option<mpsc::Sender<Vec<u8>>>,
+) -> BrokerEnd
+where
+    R: AsyncRead + Unpin,
+    O: AsyncWrite + Unpin,
+{
+    let mut reader = BufReader::new(read);
+    loop {
+        let mut line = Vec::new();
+        match reader.read_until(b'\n', &mut line).await {
+            Ok(0) | Err(_) => return BrokerEnd::Closed,
+            Ok(_) => {}
+        }
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let head = response_head(&line);
+        let key = head
+            .as_ref()
+            .and_then(|(id, _)| request_id(id))
+            .map(|id| id_key(&id));
+        if let (Some((_, true)), Some(key)) = (&head, &key) {
+            let method = shared
+                .pending
+                .lock()
+                .ok()
+                .and_then(|p| p.get(key).map(|(_, m)| m.clone()));
+            if method.is_some_and(|m| m != "ping" && m != "server/discover") {
+                shared.started.store(true, Ordering::SeqCst);
+            }
+        }
+        if shared.write(&line).await.is_err() {
+            // The agent is gone: nothing more can be delivered.
+            return BrokerEnd::AgentGone;
+        }
+        if let Some((id, _)) = head {
+            if let Some(ack) = &acknowledge {
+                let ack_line = json!({"jsonrpc": "2.0", "method": DELIVERED, "params": {"id": id}});
+                let mut bytes = ack_line.to_string().into_bytes();
+                bytes.push(b'\n');
+                let _ = ack.send(bytes).await;
+            }
+            if let Some(key) = key {
+                shared.pending_remove(&key);
+            }
+        }
+    }
+}
+
+/// Relays between the agent (`input`, `output`) and `upstream` (the broker's socket, or
+/// the local unavailable server) until the session ends; see the module docs. With
+/// `acknowledge`, every response written to the agent is acknowledged upstream.
+pub async fn relay<U, I, O>(upstream: U, input: I, output: O, acknowledge: bool) -> End
+where
+    U: AsyncRead + AsyncWrite + Send + 'static,
+    I: AsyncRead + Unpin,
+    O: AsyncWrite + Unpin,
+{
+    let (upstream_read, mut upstream_write) = tokio::io::split(upstream);
+    // One writer to the broker: agent messages and delivery acknowledgements.
+    let (to_broker, mut outgoing) = mpsc::channel::<Vec<u8>>(256);
     let writer = tokio::spawn(async move {
         while let Some(line) = outgoing.recv().await {
-            if socket_write.write_all(line.as_bytes()).await.is_err()
-                || socket_write.write_all(b"\n").await.is_err()
-            {
+            if upstream_write.write_all(&line).await.is_err() {
+                return;
+            }
+        }
+        // Every sender is gone: flush what was queued, then say we are done.
+        let _ = upstream_write.flush().await;
+        let _ = upstream_write.shutdown().await;
+    });
+    let shared = Shared {
+        out: tokio::sync::Mutex::new(output),
+        pending: Mutex::new(HashMap::new()),
+        answered: Notify::new(),
+        started: AtomicBool::new(false),
+    };
+    let end = {
+        let from_agent = agent_to_broker(input, &shared, to_broker.clone());
+        let from_broker = broker_to_agent(
+            upstream_read,
+            &shared,
+            acknowledge.then(|| to_broker.clone()),
+        );
+        drop(to_broker);
+        tokio::pin!(from_agent, from_broker);
+        tokio::select! {
+            end = &mut from_agent => match end {
+                AgentEnd::Eof => {
+                    // Keep relaying what is owed for requests already forwarded.
+                    let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {
+                        tokio::select! {
+                            end = &mut from_broker => Some(end),
+                            () = shared.all_answered() => None,
+                        }
+                    })
+                    .await;
+                    match drained {
+                        Ok(Some(BrokerEnd::AgentGone)) => End::AgentGone,
+                        _ => End::AgentDone,
+                    }
+                }
+                AgentEnd::Gone => End::AgentGone,
+                AgentEnd::BrokerGone => End::BrokerClosed,
+            },
+            end = &mut from_broker => match end {
+                BrokerEnd::Closed => End::BrokerClosed,
+                BrokerEnd::AgentGone => End::AgentGone,
+            },
+        }
+        // Leaving this block drops both directions and with them every sender, so the
+        // writer drains its queue (the last acknowledgements) and shuts down.
+    };
+    if end == End::BrokerClosed {
+        for id in shared.take_pending() {
+            let reply = error_reply(
+                Some(&id),
+                INTERNAL_ERROR,
+                "The Postern broker closed the connection before answering; the call may or \
+                 may not have run. Its record is in the journal: use get_invocation or \
+                 fetch_result on a new session.",
+            );
+            if shared.write(reply.to_string().as_bytes()).await.is_err() {
                 break;
             }
         }
-    });
-
-    let agent_to_broker = {
-        let to_socket = to_socket.clone();
-        async move {
-            let mut stdin = BufReader::new(tokio::io::stdin()).lines();
-            while let Ok(Some(line)) = stdin.next_line().await {
-                if line.len() > MAX_LINE {
-                    continue;
-                }
-                if to_socket.send(line).await.is_err() {
-                    break;
-                }
-            }
-        }
-    };
-
-    let broker_to_agent = async move {
-        let mut stdout = tokio::io::stdout();
-        let mut lines = BufReader::new(socket_read).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            if stdout.write_all(line.as_bytes()).await.is_err()
-                || stdout.write_all(b"\n").await.is_err()
-                || stdout.flush().await.is_err()
-            {
-                // The agent is gone: nothing more can be delivered.
-                return;
-            }
-            if let Some(id) = response_id(&line) {
-                let ack = json!({"jsonrpc": "2.0", "method": DELIVERED, "params": {"id": id}});
-                let _ = to_socket.send(ack.to_string()).await;
-            }
-        }
-    };
-
-    tokio::select! {
-        () = agent_to_broker => {}
-        () = broker_to_agent => {}
     }
-    writer.abort();
-    Ok(())
-}
-
-/// The id of a JSON-RPC response (a message with an id and a result or error).
-fn response_id(line: &str) -> Option<Value> {
-    let value: Value = serde_json::from_str(line).ok()?;
-    let is_response = value.get("result").is_some() || value.get("error").is_some();
-    if is_response && value.get("method").is_none() {
-        value.get("id").cloned()
-    } else {
-        None
-    }
+    let _ = tokio::time::timeout(FLUSH_TIMEOUT, writer).await;
+    end
 }
 
 /// Answers every tool call with BROKER_UNAVAILABLE.
 #[derive(Clone)]
 struct Unavailable {
-    socket: String,
+    message: String,
 }
 
 impl ServerHandler for Unavailable {
@@ -141,29 +827,278 @@ impl ServerHandler for Unavailable {
                 None,
             ));
         }
-        let envelope = postern_broker::channel::broker_unavailable(
-            "",
-            format!(
-                "No Postern broker is running at {}; nothing was sent. Start it and retry.",
-                self.socket
-            ),
-        );
+        let envelope = postern_broker::channel::broker_unavailable("", self.message.clone());
         let value = serde_json::to_value(envelope).unwrap_or(Value::Null);
         Ok(CallToolResult::structured_error(value).into())
     }
 }
 
-async fn unavailable(socket: &Path) -> Result<(), BridgeError> {
-    let server = Unavailable {
-        socket: socket.display().to_string(),
-    };
-    let running = server
-        .serve((tokio::io::stdin(), tokio::io::stdout()))
-        .await
-        .map_err(|e| BridgeError::Mcp(e.to_string()))?;
-    running
-        .waiting()
-        .await
-        .map_err(|e| BridgeError::Mcp(e.to_string()))?;
+/// Serves the unavailable answer on stdio, behind the same line filter as the relay.
+async fn unavailable(message: String) -> Result<(), BridgeError> {
+    eprintln!("postern mcp: {message}");
+    let server = Unavailable { message };
+    let (bridge_side, server_side) = tokio::io::duplex(64 * 1024);
+    let service = tokio::spawn(async move {
+        if let Ok(running) = server.serve(server_side).await {
+            let _ = running.waiting().await;
+        }
+    });
+    relay(bridge_side, tokio::io::stdin(), tokio::io::stdout(), false).await;
+    // The relay shut its side down; the server ends on that EOF.
+    let _ = tokio::time::timeout(FLUSH_TIMEOUT, service).await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(verdict: Verdict) -> Value {
+        match verdict {
+            Verdict::Reply(value) => value,
+            other => panic!("expected a reply, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_over_long_line_is_reported_once_and_the_next_line_is_read_whole() {
+        let input: &[u8] = b"short\nxxxxxxxxxxxxxxxxxxxx-long-line\nafter\nxxxxxxxxxxxxxxxx\ntail";
+        let mut lines = LineReader::new(BufReader::with_capacity(4, input), 10);
+        assert_eq!(
+            lines.next().await.unwrap(),
+            Some(Line::Complete(b"short".to_vec()))
+        );
+        assert_eq!(lines.next().await.unwrap(), Some(Line::TooLong));
+        assert_eq!(
+            lines.next().await.unwrap(),
+            Some(Line::Complete(b"after".to_vec()))
+        );
+        assert_eq!(lines.next().await.unwrap(), Some(Line::TooLong));
+        assert_eq!(
+            lines.next().await.unwrap(),
+            Some(Line::Complete(b"tail".to_vec()))
+        );
+        assert_eq!(lines.next().await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn a_line_exactly_at_the_limit_is_accepted_and_a_crlf_is_left_to_the_classifier() {
+        let input: &[u8] = b"0123456789\nabc\r\n";
+        let mut lines = LineReader::new(BufReader::with_capacity(3, input), 10);
+        assert_eq!(
+            lines.next().await.unwrap(),
+            Some(Line::Complete(b"0123456789".to_vec()))
+        );
+        assert_eq!(
+            lines.next().await.unwrap(),
+            Some(Line::Complete(b"abc\r".to_vec()))
+        );
+        assert_eq!(lines.next().await.unwrap(), None);
+    }
+
+    #[test]
+    fn nesting_is_measured_without_recursion_and_ignores_brackets_in_strings() {
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        assert!(nesting_exceeds(deep.as_bytes(), MAX_DEPTH));
+        let at_limit = format!("{}{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
+        assert!(!nesting_exceeds(at_limit.as_bytes(), MAX_DEPTH));
+        let in_string = format!("{{\"a\":\"{}\\\"{}\"}}", "[".repeat(500), "{".repeat(500));
+        assert!(!nesting_exceeds(in_string.as_bytes(), MAX_DEPTH));
+    }
+
+    // Regression: issue 10
+    #[test]
+    fn a_hundred_thousand_deep_message_is_a_parse_error_not_a_stack_overflow() {
+        for deep in [
+            format!("{}{}", "[".repeat(100_000), "]".repeat(100_000)),
+            format!("{}1{}", "{\"a\":".repeat(100_000), "}".repeat(100_000)),
+        ] {
+            let value = reply(classify(deep.as_bytes()));
+            assert_eq!(value["error"]["code"], PARSE_ERROR);
+            assert_eq!(value["id"], Value::Null);
+        }
+    }
+
+    // Regression: issue 10
+    #[test]
+    fn serde_json_and_the_mcp_parser_reject_deep_input_without_overflowing_the_stack() {
+        // The second lock behind the scan: the parsers the bridge and the broker use stop
+        // at serde_json's recursion limit (128) instead of recursing 100k levels.
+        for deep in [
+            format!("{}{}", "[".repeat(100_000), "]".repeat(100_000)),
+            format!(
+                "{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{}1{}}}",
+                "{\"a\":".repeat(100_000),
+                "}".repeat(100_000)
+            ),
+        ] {
+            let e = serde_json::from_str::<Value>(&deep).unwrap_err();
+            assert!(e.to_string().contains("recursion limit exceeded"), "{e}");
+            let e = serde_json::from_str::<ClientJsonRpcMessage>(&deep).unwrap_err();
+            assert!(e.to_string().contains("recursion limit exceeded"), "{e}");
+        }
+    }
+
+    // Regression: issue 10
+    #[test]
+    fn malformed_lines_are_answered_with_json_rpc_errors() {
+        let parse = reply(classify(b"{\"a\":\"\xff\"}"));
+        assert_eq!(parse["error"]["code"], PARSE_ERROR);
+        assert!(
+            parse["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("UTF-8")
+        );
+        let truncated = reply(classify(b"{\"jsonrpc\":"));
+        assert_eq!(truncated["error"]["code"], PARSE_ERROR);
+        let scalar = reply(classify(b"42"));
+        assert_eq!(scalar["error"]["code"], INVALID_REQUEST);
+        let no_method = reply(classify(br#"{"jsonrpc":"2.0","id":"x","method":7}"#));
+        assert_eq!(no_method["error"]["code"], INVALID_REQUEST);
+        assert_eq!(no_method["id"], "x", "a readable id is echoed");
+        let huge_id = reply(classify(br#"{"jsonrpc":"2.0","id":1e300,"method":"ping"}"#));
+        assert_eq!(huge_id["id"], Value::Null);
+        let bad_params = reply(classify(
+            br#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":5}}"#,
+        ));
+        assert_eq!(bad_params["error"]["code"], INVALID_PARAMS);
+        assert_eq!(bad_params["id"], 3);
+        let too_long = too_long();
+        assert!(
+            too_long["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("16 MiB")
+        );
+    }
+
+    #[test]
+    fn well_formed_messages_are_forwarded_as_they_came() {
+        match classify(b"{\"jsonrpc\":\"2.0\",\"id\":1.0,\"method\":\"ping\"}\r") {
+            Verdict::Forward { text, kind } => {
+                assert_eq!(text, "{\"jsonrpc\":\"2.0\",\"id\":1.0,\"method\":\"ping\"}");
+                let Kind::Request { id, method } = kind else {
+                    panic!("a request")
+                };
+                assert_eq!(id_key(&id), "1", "1.0 and 1 are one id");
+                assert_eq!(method, "ping");
+            }
+            other => panic!("forwarded, got {other:?}"),
+        }
+        match classify(
+            br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":4}}"#,
+        ) {
+            Verdict::Forward {
+                kind: Kind::Notification { cancels: Some(id) },
+                ..
+            } => assert_eq!(id_key(&id), "4"),
+            other => panic!("a cancellation, got {other:?}"),
+        }
+        assert!(matches!(classify(b"  \t"), Verdict::Skip));
+        assert!(matches!(
+            classify(br#"{"jsonrpc":"2.0","method":"notifications/postern/delivered","params":{"id":1}}"#),
+            Verdict::Drop(_)
+        ));
+    }
+
+    #[test]
+    fn permission_denied_is_not_reported_as_no_broker_running() {
+        let socket = Path::new("/srv/postern/run/postern.sock");
+        let denied = unreachable_message(socket, &std::io::Error::from_raw_os_error(libc::EACCES));
+        assert!(denied.contains("Permission denied") && denied.contains("another user"));
+        assert!(denied.contains("/srv/postern/run/postern.sock"));
+        let eperm = unreachable_message(socket, &std::io::Error::from_raw_os_error(libc::EPERM));
+        assert!(eperm.contains("Permission denied"));
+        for errno in [libc::ENOENT, libc::ECONNREFUSED] {
+            let absent = unreachable_message(socket, &std::io::Error::from_raw_os_error(errno));
+            assert!(
+                absent.starts_with("No Postern broker is running"),
+                "{absent}"
+            );
+        }
+    }
+
+    /// A fake broker on one end of a pipe: answers each request line with a result for
+    /// its id after `delay`, and records every line it receives.
+    async fn fake_broker(stream: tokio::io::DuplexStream, delay: Duration) -> Vec<Value> {
+        let (read, mut write) = tokio::io::split(stream);
+        let mut lines = BufReader::new(read).lines();
+        let mut seen = Vec::new();
+        while let Ok(Some(line)) = lines.next_line().await {
+            let value: Value = serde_json::from_str(&line).unwrap();
+            if let (Some(id), Some(_)) = (value.get("id"), value.get("method")) {
+                tokio::time::sleep(delay).await;
+                let answer = json!({"jsonrpc": "2.0", "id": id, "result": {}});
+                write
+                    .write_all(format!("{answer}\n").as_bytes())
+                    .await
+                    .unwrap();
+            }
+            seen.push(value);
+        }
+        seen
+    }
+
+    // Regression: issue 10
+    #[tokio::test]
+    async fn on_stdin_eof_owed_responses_are_relayed_and_acknowledged_before_the_socket_closes() {
+        let (bridge_side, broker_side) = tokio::io::duplex(4096);
+        let broker = tokio::spawn(fake_broker(broker_side, Duration::from_millis(200)));
+        let (agent_out, bridge_in) = tokio::io::duplex(4096);
+        let (bridge_out, agent_in) = tokio::io::duplex(4096);
+        let mut agent_out = agent_out;
+        agent_out
+            .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/list\"}\n")
+            .await
+            .unwrap();
+        // The agent closes stdin at once, while the request is still with the broker.
+        drop(agent_out);
+        let end = relay(bridge_side, bridge_in, bridge_out, true).await;
+        assert_eq!(end, End::AgentDone);
+        let mut to_agent = String::new();
+        let mut agent_in = agent_in;
+        tokio::io::AsyncReadExt::read_to_string(&mut agent_in, &mut to_agent)
+            .await
+            .unwrap();
+        assert!(
+            to_agent.contains("\"id\":1"),
+            "the owed response was relayed: {to_agent}"
+        );
+        // The broker saw the request, then the acknowledgement, then EOF (it returned).
+        let seen = broker.await.unwrap();
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert_eq!(seen[1]["method"], DELIVERED);
+        assert_eq!(seen[1]["params"]["id"], 1);
+    }
+
+    #[tokio::test]
+    async fn when_the_broker_closes_owed_requests_get_an_error_not_silence() {
+        let (bridge_side, broker_side) = tokio::io::duplex(4096);
+        let (agent_out, bridge_in) = tokio::io::duplex(4096);
+        let (bridge_out, agent_in) = tokio::io::duplex(4096);
+        let mut agent_out = agent_out;
+        agent_out
+            .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":\"q\",\"method\":\"tools/list\"}\n")
+            .await
+            .unwrap();
+        let broker = tokio::spawn(async move {
+            let (read, _write) = tokio::io::split(broker_side);
+            let mut lines = BufReader::new(read).lines();
+            // Reads the request, then goes away without answering.
+            let _ = lines.next_line().await;
+        });
+        let end = relay(bridge_side, bridge_in, bridge_out, true).await;
+        broker.await.unwrap();
+        assert_eq!(end, End::BrokerClosed);
+        drop(agent_out);
+        let mut to_agent = String::new();
+        let mut agent_in = agent_in;
+        tokio::io::AsyncReadExt::read_to_string(&mut agent_in, &mut to_agent)
+            .await
+            .unwrap();
+        let answer: Value = serde_json::from_str(to_agent.trim()).unwrap();
+        assert_eq!(answer["id"], "q");
+        assert_eq!(answer["error"]["code"], INTERNAL_ERROR);
+    }
 }

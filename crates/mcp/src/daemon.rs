@@ -1,13 +1,44 @@
 //! The headless broker: opens the journal (audit key from the keychain), recovers what a
 //! crash interrupted, and serves MCP sessions on a local socket that only its own user
 //! can reach.
+//!
+//! # Paths it is given
+//! The daemon changes nothing it did not make. A missing data dir or socket directory is
+//! created with mode 0700 (each missing level, none above); an existing directory keeps
+//! its mode. At the socket path it replaces only a stale socket of its own (a socket file
+//! owned by this uid that nobody answers on); a regular file, directory, symlink (never
+//! followed), other file type or another user's socket is an error naming the path and
+//! what is there. The socket itself gets 0600.
+//!
+//! An existing directory the socket goes into must not be writable by others: one that is
+//! group- or world-writable without the sticky bit, or owned by another user than this
+//! one or root, is refused, not warned about. Whoever can write that directory can
+//! replace the socket with a listener of their own and receive every request, with its
+//! arguments, that agents meant for the broker; a warning in a daemon's log would go
+//! unread while agents talk to the impostor. (/tmp, 1777, is fine: the sticky bit stops
+//! others from replacing a file they do not own.) When the socket's directory is created,
+//! it is ours and 0700; the existing directory it is created in must not be
+//! world-writable (without the sticky bit) or another user's, since whoever can write
+//! there can rename our directory away and put theirs in its place. Group-writable is
+//! accepted there: it is how homes look under a user-private-group umask (002), and the
+//! default data dir is created under ~/.local/share.
+//!
+//! The journal lives in the data dir, so the data dir must take new files and an existing
+//! journal must be writable; that is checked before anything else is created (no keychain
+//! entry, no journal file, no socket directory), and said as what it is.
 
-use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
-use rmcp::ServiceExt;
+use rmcp::ErrorData as McpError;
+use rmcp::model::{ClientNotification, ClientRequest, ServerConfig, ServerResult};
+use rmcp::service::{NotificationContext, RequestContext, RoleServer, Service, ServiceExt};
+use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::Notify;
 
 use postern_broker::audit::signing_key_from_vault;
 use postern_broker::channel::http::HttpChannel;
@@ -18,9 +49,56 @@ use postern_broker::config::Config;
 use postern_broker::journal::{Journal, JournalOptions};
 use postern_broker::vault::{Keychain, KeychainBackend, Vault};
 
+use crate::bridge::{Line, LineReader, MAX_DEPTH, MAX_LINE, nesting_exceeds};
 use crate::peer::{identify_agent, own_uid, peer_allowed};
-use crate::server::{Broker, Session};
+use crate::server::{Broker, DELIVERED, Session};
 use crate::{DaemonArgs, KeychainChoice, default_socket};
+
+/// What was found at a path the daemon would not touch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    RegularFile,
+    Directory,
+    Symlink,
+    Fifo,
+    Device,
+    Socket,
+    Other,
+}
+
+impl Found {
+    fn of(file_type: &std::fs::FileType) -> Found {
+        if file_type.is_symlink() {
+            Found::Symlink
+        } else if file_type.is_file() {
+            Found::RegularFile
+        } else if file_type.is_dir() {
+            Found::Directory
+        } else if file_type.is_socket() {
+            Found::Socket
+        } else if file_type.is_fifo() {
+            Found::Fifo
+        } else if file_type.is_block_device() || file_type.is_char_device() {
+            Found::Device
+        } else {
+            Found::Other
+        }
+    }
+}
+
+impl std::fmt::Display for Found {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Found::RegularFile => "a regular file",
+            Found::Directory => "a directory",
+            Found::Symlink => "a symbolic link (not followed)",
+            Found::Fifo => "a named pipe",
+            Found::Device => "a device file",
+            Found::Socket => "a socket",
+            Found::Other => "a file of an unknown type",
+        })
+    }
+}
 
 /// Why the daemon could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +118,47 @@ pub enum DaemonError {
     },
     #[error("another broker is already listening on {0}")]
     AlreadyRunning(String),
+    #[error(
+        "{path} is {found}, not a socket; refusing to replace it (the daemon replaces only a \
+         stale socket of its own). Remove it yourself or choose another --socket"
+    )]
+    SocketPathOccupied { path: String, found: Found },
+    #[error(
+        "{path} is a socket owned by uid {owner}, not by this user (uid {me}); refusing to \
+         replace it"
+    )]
+    SocketOwnedByOther { path: String, owner: u32, me: u32 },
+    #[error(
+        "the socket directory {path} {problem}: another user could replace the broker's \
+         socket there. Choose a directory only this user (or root) can write, such as the \
+         default DATA_DIR/run"
+    )]
+    UnsafeSocketDir { path: String, problem: String },
+    #[error("the socket directory {path} is {found}, not a directory")]
+    SocketDirNotDirectory { path: String, found: Found },
+    #[error("cannot create the socket directory {path}: {source}")]
+    SocketDir {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error(
+        "the data directory {path} is not writable ({source}): the journal ({journal}) needs \
+         write access. Give this user write access to it, or choose another with --data-dir"
+    )]
+    DataDirNotWritable {
+        path: String,
+        journal: String,
+        source: std::io::Error,
+    },
+    #[error("cannot create the data directory {path}: {source}")]
+    DataDir {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("the data directory {path} is {found}, not a directory")]
+    DataDirNotDirectory { path: String, found: Found },
+    #[error("cannot tell which user this process runs as (/proc/self/status is unreadable)")]
+    NoUid,
 }
 
 fn keychain(args: &DaemonArgs) -> Result<Keychain, postern_broker::vault::VaultError> {
@@ -48,15 +167,6 @@ fn keychain(args: &DaemonArgs) -> Result<Keychain, postern_broker::vault::VaultE
         KeychainChoice::Keyutils => KeychainBackend::Keyutils,
     };
     Keychain::new(backend, args.service.clone())
-}
-
-fn private_dir(path: &Path) -> Result<(), DaemonError> {
-    let err = |source| DaemonError::Socket {
-        path: path.display().to_string(),
-        source,
-    };
-    std::fs::create_dir_all(path).map_err(err)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700)).map_err(err)
 }
 
 /// Opens the broker the headless daemon serves (no approval console attached).
@@ -69,7 +179,7 @@ pub fn open_broker_with(
     args: &DaemonArgs,
     approver: Option<Arc<dyn postern_broker::channel::Approver>>,
 ) -> Result<Arc<Broker>, DaemonError> {
-    private_dir(&args.data_dir)?;
+    prepare_data_dir(&args.data_dir)?;
     let db = args.data_dir.join("journal.db");
     let clock = Arc::new(SystemClock);
     let signing_key = signing_key_from_vault(&Vault::new(keychain(args)?), &db, clock.now_ms())?;
@@ -108,16 +218,167 @@ pub fn open_broker_with(
     }))
 }
 
-/// Binds the socket in a directory only this user can enter, mode 0600.
+/// Directories along `path` that do not exist yet, outermost first, and the nearest one
+/// that does. Nothing is followed at a missing level: a dangling symlink is not missing.
+fn missing_levels(path: &Path) -> std::io::Result<(Vec<PathBuf>, PathBuf)> {
+    let mut missing = Vec::new();
+    let mut level = path.to_path_buf();
+    loop {
+        match std::fs::symlink_metadata(&level) {
+            Ok(_) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                missing.push(level.clone());
+                match level.parent() {
+                    Some(parent) if !parent.as_os_str().is_empty() => level = parent.to_path_buf(),
+                    _ => {
+                        level = PathBuf::from(".");
+                        break;
+                    }
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    missing.reverse();
+    Ok((missing, level))
+}
+
+/// Creates each of `levels` (outermost first) with mode 0700. Only these, which this
+/// process made, get their mode set.
+fn create_private_levels(levels: &[PathBuf]) -> std::io::Result<()> {
+    for level in levels {
+        std::fs::DirBuilder::new().mode(0o700).create(level)?;
+        // The umask may have taken bits away; the directory is ours to set.
+        std::fs::set_permissions(level, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
+/// Refuses a directory others could write into (see the module docs for why).
+/// `group_may_write`: accept a group-writable directory (see the module docs for when).
+fn check_dir_safe(
+    dir: &Path,
+    meta: &std::fs::Metadata,
+    me: u32,
+    group_may_write: bool,
+) -> Result<(), DaemonError> {
+    let mode = meta.permissions().mode();
+    let writable = if group_may_write { 0o002 } else { 0o022 };
+    let problem = if meta.uid() != me && meta.uid() != 0 {
+        Some(format!(
+            "is owned by uid {}, not by this user (uid {me}) or root",
+            meta.uid()
+        ))
+    } else if mode & writable != 0 && mode & 0o1000 == 0 {
+        Some(format!(
+            "is writable by {} without the sticky bit (mode {:04o})",
+            if mode & 0o002 != 0 {
+                "others"
+            } else {
+                "its group"
+            },
+            mode & 0o7777
+        ))
+    } else {
+        None
+    };
+    match problem {
+        Some(problem) => Err(DaemonError::UnsafeSocketDir {
+            path: dir.display().to_string(),
+            problem,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Where the socket will go, checked without changing anything.
+struct SocketPlan {
+    /// Directories to create, outermost first.
+    create: Vec<PathBuf>,
+    /// A socket of ours is at the path (stale unless something answers on it).
+    own_socket: bool,
+}
+
+fn inspect_socket_path(socket: &Path, me: u32) -> Result<SocketPlan, DaemonError> {
+    let dir = socket
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let dir_err = |path: &Path| {
+        let path = path.display().to_string();
+        move |source| DaemonError::SocketDir { path, source }
+    };
+    let (create, existing) = missing_levels(dir).map_err(dir_err(dir))?;
+    // The directory the socket goes in, or the one the new ones are made in: a symlink
+    // to a directory is fine here (the checks apply to where it leads).
+    let meta = std::fs::metadata(&existing).map_err(dir_err(&existing))?;
+    if !meta.is_dir() {
+        let found = std::fs::symlink_metadata(&existing)
+            .map(|m| Found::of(&m.file_type()))
+            .unwrap_or(Found::Other);
+        return Err(DaemonError::SocketDirNotDirectory {
+            path: existing.display().to_string(),
+            found: if found == Found::Symlink {
+                Found::Other
+            } else {
+                found
+            },
+        });
+    }
+    check_dir_safe(&existing, &meta, me, !create.is_empty())?;
+    if !create.is_empty() {
+        return Ok(SocketPlan {
+            create,
+            own_socket: false,
+        });
+    }
+    let path = socket.display().to_string();
+    match std::fs::symlink_metadata(socket) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(SocketPlan {
+            create,
+            own_socket: false,
+        }),
+        Err(source) => Err(DaemonError::Socket { path, source }),
+        Ok(meta) => match Found::of(&meta.file_type()) {
+            Found::Socket if meta.uid() == me => Ok(SocketPlan {
+                create,
+                own_socket: true,
+            }),
+            Found::Socket => Err(DaemonError::SocketOwnedByOther {
+                path,
+                owner: meta.uid(),
+                me,
+            }),
+            found => Err(DaemonError::SocketPathOccupied { path, found }),
+        },
+    }
+}
+
+/// Checks the socket path as [`bind`] will use it, changing nothing: the daemon calls it
+/// before it creates anything else.
+pub fn check_socket_path(socket: &Path) -> Result<(), DaemonError> {
+    let me = own_uid().ok_or(DaemonError::NoUid)?;
+    inspect_socket_path(socket, me).map(|_| ())
+}
+
+/// Binds the socket, mode 0600, creating missing directories 0700 and replacing only a
+/// stale socket of our own (see the module docs).
 pub async fn bind(socket: &Path) -> Result<UnixListener, DaemonError> {
+    let me = own_uid().ok_or(DaemonError::NoUid)?;
+    let plan = inspect_socket_path(socket, me)?;
     let err = |source| DaemonError::Socket {
         path: socket.display().to_string(),
         source,
     };
-    if let Some(dir) = socket.parent() {
-        private_dir(dir)?;
-    }
-    if socket.exists() {
+    create_private_levels(&plan.create).map_err(|source| DaemonError::SocketDir {
+        path: socket
+            .parent()
+            .unwrap_or(Path::new("."))
+            .display()
+            .to_string(),
+        source,
+    })?;
+    if plan.own_socket {
         // A live broker answers; a stale socket from a crash does not.
         if UnixStream::connect(socket).await.is_ok() {
             return Err(DaemonError::AlreadyRunning(socket.display().to_string()));
@@ -127,6 +388,173 @@ pub async fn bind(socket: &Path) -> Result<UnixListener, DaemonError> {
     let listener = UnixListener::bind(socket).map_err(err)?;
     std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
     Ok(listener)
+}
+
+/// Makes sure the data dir exists (missing levels created 0700, an existing one left as
+/// it is) and that the journal in it can be written, before anything is created in it.
+pub fn prepare_data_dir(dir: &Path) -> Result<(), DaemonError> {
+    let path = dir.display().to_string();
+    match std::fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => {}
+        Ok(meta) => {
+            return Err(DaemonError::DataDirNotDirectory {
+                path,
+                found: Found::of(&meta.file_type()),
+            });
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let (create, _) = missing_levels(dir).map_err(|source| DaemonError::DataDir {
+                path: path.clone(),
+                source,
+            })?;
+            create_private_levels(&create).map_err(|source| DaemonError::DataDir {
+                path: path.clone(),
+                source,
+            })?;
+        }
+        Err(source) => return Err(DaemonError::DataDir { path, source }),
+    }
+    let journal = dir.join("journal.db");
+    let not_writable = |source| DaemonError::DataDirNotWritable {
+        path: path.clone(),
+        journal: journal.display().to_string(),
+        source,
+    };
+    if std::fs::symlink_metadata(&journal).is_ok() {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&journal)
+            .map_err(not_writable)?;
+    }
+    // SQLite makes journal.db-wal and -shm beside the journal: the directory itself
+    // must take new files. A probe file says so, and is removed at once.
+    let probe = dir.join(format!(".postern-write-check-{}", std::process::id()));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+    {
+        Ok(_) => {}
+        // Left by an earlier process with this pid: removing it proves write access too.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(source) => return Err(not_writable(source)),
+    }
+    std::fs::remove_file(&probe).map_err(not_writable)
+}
+
+/// Delivery acknowledgements on one connection: passed on to the session, and handled.
+#[derive(Default)]
+struct Acks {
+    forwarded: AtomicUsize,
+    handled: AtomicUsize,
+    changed: Notify,
+}
+
+impl Acks {
+    /// Waits (at most `within`) until every acknowledgement passed on has been handled.
+    async fn settled(&self, within: Duration) {
+        let _ = tokio::time::timeout(within, async {
+            loop {
+                let changed = self.changed.notified();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
+                if self.handled.load(Ordering::SeqCst) >= self.forwarded.load(Ordering::SeqCst) {
+                    return;
+                }
+                changed.await;
+            }
+        })
+        .await;
+    }
+}
+
+/// How long a closing connection waits for its last acknowledgements to be recorded.
+const ACK_GRACE: Duration = Duration::from_secs(2);
+
+/// A session that counts the delivery acknowledgements it has handled. The MCP layer
+/// runs each notification in a task of its own, so the last acknowledgement of a
+/// connection can still be waiting to run when the connection's end is seen; without
+/// the count, `connection_closed` would record that result as undelivered.
+struct Counted {
+    session: Session,
+    acks: Arc<Acks>,
+}
+
+impl Service<RoleServer> for Counted {
+    fn handle_request(
+        &self,
+        request: ClientRequest,
+        context: RequestContext<RoleServer>,
+    ) -> impl Future<Output = Result<ServerResult, McpError>> + Send + '_ {
+        Service::handle_request(&self.session, request, context)
+    }
+
+    async fn handle_notification(
+        &self,
+        notification: ClientNotification,
+        context: NotificationContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let ack = matches!(&notification,
+            ClientNotification::CustomNotification(n) if n.method == DELIVERED);
+        let result = Service::handle_notification(&self.session, notification, context).await;
+        if ack {
+            self.acks.handled.fetch_add(1, Ordering::SeqCst);
+            self.acks.changed.notify_waiters();
+        }
+        result
+    }
+
+    fn get_info(&self) -> ServerConfig {
+        Service::get_info(&self.session)
+    }
+
+    fn supported_protocol_versions(
+        &self,
+    ) -> std::borrow::Cow<'static, [rmcp::model::ProtocolVersion]> {
+        Service::supported_protocol_versions(&self.session)
+    }
+}
+
+/// Whether `line` is a delivery acknowledgement the MCP layer will hand to the session.
+fn is_ack(line: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Head {
+        method: Option<String>,
+        id: Option<serde::de::IgnoredAny>,
+    }
+    serde_json::from_slice::<Head>(line)
+        .is_ok_and(|h| h.method.as_deref() == Some(DELIVERED) && h.id.is_none())
+        && serde_json::from_slice::<rmcp::model::ClientJsonRpcMessage>(line).is_ok()
+}
+
+/// Connection → MCP layer, line by line, counting the acknowledgements passed on. Lines
+/// longer than the limit or nested deeper than [`MAX_DEPTH`] are dropped here unparsed:
+/// the MCP layer would drop them too (its own line limit; serde_json's recursion limit),
+/// this only keeps them from being parsed at all. The bridge never sends either kind;
+/// clients that talk to the socket directly might.
+async fn guard_input(
+    read: tokio::net::unix::OwnedReadHalf,
+    mut feed: tokio::io::DuplexStream,
+    acks: Arc<Acks>,
+) {
+    let mut lines = LineReader::new(BufReader::new(read), MAX_LINE);
+    while let Ok(Some(line)) = lines.next().await {
+        let Line::Complete(mut bytes) = line else {
+            continue;
+        };
+        if nesting_exceeds(&bytes, MAX_DEPTH) {
+            continue;
+        }
+        if is_ack(&bytes) {
+            acks.forwarded.fetch_add(1, Ordering::SeqCst);
+        }
+        bytes.push(b'\n');
+        if feed.write_all(&bytes).await.is_err() {
+            return;
+        }
+    }
+    let _ = feed.shutdown().await;
 }
 
 /// Serves one connection: checks the peer's uid, identifies the agent behind the bridge,
@@ -148,10 +576,22 @@ pub async fn serve_connection(broker: Arc<Broker>, stream: UnixStream) {
         .connected(&identity, broker.journal.now_ms());
     let session = Session::new(broker.clone(), identity.clone());
     let undelivered = session.clone();
+    let acks = Arc::new(Acks::default());
+    let (read, write) = stream.into_split();
+    let (session_side, feed) = tokio::io::duplex(64 * 1024);
+    let guard = tokio::spawn(guard_input(read, feed, acks.clone()));
+    let counted = Counted {
+        session,
+        acks: acks.clone(),
+    };
     // A bridge that fails the MCP handshake simply ends its connection.
-    if let Ok(running) = session.serve(stream).await {
+    if let Ok(running) = counted.serve((session_side, write)).await {
         let _ = running.waiting().await;
+        // The bridge's last acknowledgements are recorded before anything is called
+        // undelivered.
+        acks.settled(ACK_GRACE).await;
     }
+    guard.abort();
     undelivered.connection_closed();
     broker
         .sessions
@@ -180,14 +620,25 @@ pub async fn serve(
     }
 }
 
+/// The file identity (device, inode) at `path`, without following a symlink.
+fn file_identity(path: &Path) -> Option<(u64, u64)> {
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
+}
+
 /// Runs until SIGINT/SIGTERM.
 pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
-    let broker = open_broker(&args)?;
     let socket = args
         .socket
         .clone()
         .unwrap_or_else(|| default_socket(&args.data_dir));
+    // Nothing is created (data dir, keychain entry, journal) before the socket path is
+    // known to be usable.
+    check_socket_path(&socket)?;
+    let broker = open_broker(&args)?;
     let listener = bind(&socket).await?;
+    let bound = file_identity(&socket);
     eprintln!("postern: broker listening on {}", socket.display());
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|source| DaemonError::Socket {
@@ -201,8 +652,215 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         }
     };
     serve(broker.clone(), listener, stop).await;
-    let _ = std::fs::remove_file(&socket);
+    // Remove the socket only if it is still the one this daemon bound.
+    if bound.is_some() && file_identity(&socket) == bound {
+        let _ = std::fs::remove_file(&socket);
+    }
     // Clean shutdown signs a final audit checkpoint.
     broker.journal.clone().close()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+    }
+
+    fn running_as_root() -> bool {
+        own_uid() == Some(0)
+    }
+
+    // Regression: issue 10
+    #[tokio::test]
+    async fn a_regular_file_at_the_socket_path_is_refused_and_left_as_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("postern.sock");
+        std::fs::write(&path, "keep").unwrap();
+        let err = bind(&path).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                DaemonError::SocketPathOccupied {
+                    found: Found::RegularFile,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains(&path.display().to_string()));
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "keep");
+    }
+
+    // Regression: issue 10
+    #[tokio::test]
+    async fn a_symlink_to_a_stale_socket_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real.sock");
+        drop(std::os::unix::net::UnixListener::bind(&real).unwrap());
+        let link = dir.path().join("postern.sock");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let err = bind(&link).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                DaemonError::SocketPathOccupied {
+                    found: Found::Symlink,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(
+            std::fs::symlink_metadata(&link)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        assert!(
+            std::fs::symlink_metadata(&real)
+                .unwrap()
+                .file_type()
+                .is_socket()
+        );
+    }
+
+    // Regression: issue 10
+    #[tokio::test]
+    async fn existing_directories_keep_their_mode_and_the_socket_is_owner_only() {
+        for shared in [0o755, 0o1777, 0o711] {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(shared)).unwrap();
+            let path = dir.path().join("postern.sock");
+            let _listener = bind(&path).await.unwrap();
+            assert_eq!(mode(dir.path()), shared);
+            assert_eq!(mode(&path) & 0o777, 0o600);
+        }
+    }
+
+    // Regression: issue 10
+    #[tokio::test]
+    async fn a_directory_others_can_write_without_the_sticky_bit_is_refused() {
+        for open in [0o777, 0o770] {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(open)).unwrap();
+            let err = bind(&dir.path().join("postern.sock")).await.unwrap_err();
+            assert!(matches!(err, DaemonError::UnsafeSocketDir { .. }), "{err}");
+            assert!(!dir.path().join("postern.sock").exists(), "nothing created");
+            assert_eq!(mode(dir.path()), open);
+        }
+        // Creating the socket's directory inside a world-writable one is refused too.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = bind(&dir.path().join("a").join("postern.sock"))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, DaemonError::UnsafeSocketDir { .. }), "{err}");
+        assert!(!dir.path().join("a").exists(), "nothing created");
+    }
+
+    #[tokio::test]
+    async fn a_private_socket_directory_may_be_created_in_a_group_writable_home() {
+        // A user-private-group umask (002) leaves ~/.local/share 0775.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o775)).unwrap();
+        let path = dir.path().join("postern").join("run").join("postern.sock");
+        let _listener = bind(&path).await.unwrap();
+        assert_eq!(mode(dir.path()), 0o775);
+        assert_eq!(mode(&dir.path().join("postern").join("run")), 0o700);
+    }
+
+    // Regression: issue 10
+    #[tokio::test]
+    async fn missing_directories_are_created_0700_and_only_they() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = dir.path().join("a").join("b").join("postern.sock");
+        let _listener = bind(&path).await.unwrap();
+        assert_eq!(mode(dir.path()), 0o755);
+        assert_eq!(mode(&dir.path().join("a")), 0o700);
+        assert_eq!(mode(&dir.path().join("a").join("b")), 0o700);
+    }
+
+    #[tokio::test]
+    async fn a_stale_own_socket_is_replaced_and_a_live_one_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("postern.sock");
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        let live = bind(&path).await.unwrap();
+        let err = bind(&path).await.unwrap_err();
+        assert!(matches!(err, DaemonError::AlreadyRunning(_)), "{err}");
+        drop(live);
+    }
+
+    // Regression: issue 10
+    #[tokio::test]
+    async fn another_users_socket_is_refused() {
+        if !running_as_root() {
+            eprintln!("skipped: not root, cannot give a socket to another uid");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("postern.sock");
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+        let err = bind(&path).await.unwrap_err();
+        assert!(
+            matches!(err, DaemonError::SocketOwnedByOther { owner: 65534, .. }),
+            "{err}"
+        );
+        assert!(std::fs::symlink_metadata(&path).is_ok());
+    }
+
+    // Regression: issue 10
+    #[test]
+    fn the_data_dir_is_created_private_and_an_existing_one_keeps_its_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let fresh = dir.path().join("x").join("data");
+        prepare_data_dir(&fresh).unwrap();
+        assert_eq!(mode(&fresh), 0o700);
+        assert_eq!(mode(&dir.path().join("x")), 0o700);
+        std::fs::set_permissions(&fresh, std::fs::Permissions::from_mode(0o750)).unwrap();
+        prepare_data_dir(&fresh).unwrap();
+        assert_eq!(mode(&fresh), 0o750);
+        assert_eq!(
+            std::fs::read_dir(&fresh).unwrap().count(),
+            0,
+            "no probe left behind"
+        );
+    }
+
+    #[test]
+    fn a_file_where_the_data_dir_should_be_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("data");
+        std::fs::write(&file, "").unwrap();
+        let err = prepare_data_dir(&file).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                DaemonError::DataDirNotDirectory {
+                    found: Found::RegularFile,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn only_well_formed_delivery_acknowledgements_are_counted() {
+        assert!(is_ack(
+            br#"{"jsonrpc":"2.0","method":"notifications/postern/delivered","params":{"id":1}}"#
+        ));
+        assert!(!is_ack(
+            br#"{"jsonrpc":"2.0","id":3,"method":"notifications/postern/delivered","params":{}}"#
+        ));
+        assert!(!is_ack(
+            br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#
+        ));
+        assert!(!is_ack(b"not json"));
+    }
 }

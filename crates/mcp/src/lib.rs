@@ -4,8 +4,10 @@
 //! # Layout
 //! - [`tools`]: tool names, descriptions and exact input schemas.
 //! - [`server`]: one session's MCP server over the broker; delivery acknowledgements.
-//! - [`daemon`]: the headless broker: socket (0700 dir, 0600 socket, peer uid checked).
-//! - [`bridge`]: stdio ↔ socket relay; BROKER_UNAVAILABLE when no broker runs.
+//! - [`daemon`]: the headless broker: socket (0600, in a directory others cannot write;
+//!   only its own stale socket replaced), peer uid checked, input lines guarded.
+//! - [`bridge`]: stdio ↔ socket relay that answers malformed input itself and delivers
+//!   what it owes before exiting; BROKER_UNAVAILABLE when no broker runs or may be reached.
 //! - [`peer`]: peer credentials and the agent process behind a bridge.
 
 pub mod bridge;

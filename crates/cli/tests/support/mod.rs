@@ -1,0 +1,316 @@
+//! Shared pieces of the bridge and daemon tests: a real `postern daemon` over a temp data
+//! dir (its keychain entries in a test-only service), and a raw `postern mcp` driven
+//! byte by byte, its stdout read on a thread so a test can wait with a bound.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use postern_broker::channel::Credentials;
+use postern_broker::vault::{CredentialKind, Keychain, KeychainBackend, Secret, Vault};
+use postern_tests::fixture::test_service;
+
+pub const POSTERN: &str = env!("CARGO_BIN_EXE_postern");
+pub const SECRET: &str = "pstn-bridge-canary-7d2e";
+
+/// A running `postern daemon`, killed (by PID) on drop, its keychain entries removed.
+pub struct Daemon {
+    child: Child,
+    pub dir: tempfile::TempDir,
+    pub socket: PathBuf,
+    service: String,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(self.dir.path().with_extension("toml"));
+        let db = self.dir.path().join("journal.db");
+        if let Ok(keychain) = Keychain::new(KeychainBackend::SecretService, &self.service)
+            && let Ok(credentials) = Credentials::open(Vault::new(keychain), &db)
+        {
+            for id in ["api-key", "postern-audit-signing"] {
+                let _ = credentials.remove(id);
+            }
+        }
+    }
+}
+
+impl Daemon {
+    pub fn journal(&self) -> rusqlite::Connection {
+        rusqlite::Connection::open_with_flags(
+            self.dir.path().join("journal.db"),
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+        )
+        .unwrap()
+    }
+}
+
+/// One HTTP target `api` at `base/v1`, no approval.
+pub fn config(base: &str) -> String {
+    target("api", base)
+}
+
+/// An HTTP target `name` at `base/v1` (credential `api-key`), no approval.
+pub fn target(name: &str, base: &str) -> String {
+    format!(
+        r#"
+[[http]]
+name = "{name}"
+base_url = "{base}/v1"
+methods = ["GET", "POST"]
+credential = "api-key"
+inject = {{ header = "Authorization", format = "Bearer {{secret}}" }}
+approval = "none"
+idempotent_methods = ["GET"]
+timeout_ms = 5000
+"#
+    )
+}
+
+/// A daemon for target `api` at `base`, on the default socket in its data dir.
+pub fn start_daemon(base: &str) -> Daemon {
+    start_daemon_at(base, None)
+}
+
+/// A daemon for target `api` at `base`; `socket` overrides the default socket path.
+pub fn start_daemon_at(base: &str, socket: Option<&Path>) -> Daemon {
+    start_daemon_with(&config(base), socket)
+}
+
+/// A daemon over `config_text` (token `api-key` stored); `socket` overrides the default.
+pub fn start_daemon_with(config_text: &str, socket: Option<&Path>) -> Daemon {
+    start_daemon_in(tempfile::tempdir().unwrap(), config_text, socket)
+}
+
+/// A daemon whose data dir is `dir` (prepared by the caller), over `config_text`.
+pub fn start_daemon_in(dir: tempfile::TempDir, config_text: &str, socket: Option<&Path>) -> Daemon {
+    let service = test_service();
+    let db = dir.path().join("journal.db");
+    let keychain = Keychain::new(KeychainBackend::SecretService, &service).unwrap();
+    let credentials = Credentials::open(Vault::new(keychain), &db).unwrap();
+    credentials
+        .set(
+            "api-key",
+            CredentialKind::Token,
+            &Secret::from(SECRET.to_string()),
+            1,
+        )
+        .unwrap();
+    drop(credentials);
+    // The config lives beside the data dir, so the data dir holds only what the
+    // daemon itself makes.
+    let config_path = dir.path().with_extension("toml");
+    std::fs::write(&config_path, config_text).unwrap();
+    let socket = socket.map_or_else(
+        || dir.path().join("run").join("postern.sock"),
+        Path::to_path_buf,
+    );
+    let mut child = Command::new(POSTERN)
+        .args(["daemon", "--data-dir"])
+        .arg(dir.path())
+        .arg("--config")
+        .arg(&config_path)
+        .arg("--socket")
+        .arg(&socket)
+        .args(["--keychain-service", &service])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(10) {
+        if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
+            return Daemon {
+                child,
+                dir,
+                socket,
+                service,
+            };
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            let mut stderr = String::new();
+            let _ = std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr);
+            panic!("the daemon exited ({status}): {stderr}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("the daemon did not start listening within 10 s");
+}
+
+/// `postern daemon` with `args`, expected to refuse to start: its exit status and stderr.
+pub fn daemon_refusal(args: &[&std::ffi::OsStr]) -> (ExitStatus, String) {
+    let mut child = Command::new(POSTERN)
+        .arg("daemon")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut stderr = String::new();
+            let _ = std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr);
+            return (status, stderr);
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the daemon neither refused nor exited within 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A raw `postern mcp` process: bytes in, lines out.
+pub struct Bridge {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::Receiver<Vec<u8>>,
+    stderr: mpsc::Receiver<String>,
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Bridge {
+    pub fn spawn(socket: &Path) -> Bridge {
+        Bridge::spawn_with(Command::new(POSTERN), socket)
+    }
+
+    /// Spawns `command` (the postern binary, perhaps configured to run as another user)
+    /// as `command mcp --socket SOCKET`.
+    pub fn spawn_with(mut command: Command, socket: &Path) -> Bridge {
+        let mut child = command
+            .arg("mcp")
+            .arg("--socket")
+            .arg(socket)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut reader = BufReader::new(stdout);
+            loop {
+                let mut line = Vec::new();
+                match reader.read_until(b'\n', &mut line) {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {
+                        if tx.send(line).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        let stderr_pipe = child.stderr.take().unwrap();
+        let (tx, stderr) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = std::io::Read::read_to_string(&mut BufReader::new(stderr_pipe), &mut text);
+            let _ = tx.send(text);
+        });
+        let stdin = child.stdin.take();
+        Bridge {
+            child,
+            stdin,
+            lines,
+            stderr,
+        }
+    }
+
+    /// Writes `bytes` as they are; false if the bridge no longer reads its stdin.
+    pub fn send(&mut self, bytes: &[u8]) -> bool {
+        match self.stdin.as_mut() {
+            Some(stdin) => stdin.write_all(bytes).and_then(|()| stdin.flush()).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Writes one JSON message and a newline.
+    pub fn send_json(&mut self, message: &Value) -> bool {
+        self.send(format!("{message}\n").as_bytes())
+    }
+
+    /// The next line the bridge writes, parsed, within `within`. A line that is not JSON
+    /// comes back as a JSON string holding its lossy text.
+    pub fn recv(&self, within: Duration) -> Option<Value> {
+        let line = self.lines.recv_timeout(within).ok()?;
+        Some(
+            serde_json::from_slice(&line)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&line).into_owned())),
+        )
+    }
+
+    /// Lines until the response with `id`, within `within` in all: (the others, the response).
+    pub fn recv_until_id(&self, id: &Value, within: Duration) -> (Vec<Value>, Option<Value>) {
+        let deadline = Instant::now() + within;
+        let mut others = Vec::new();
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.recv(left) {
+                Some(message) if message.get("id") == Some(id) => return (others, Some(message)),
+                Some(message) => others.push(message),
+                None => break,
+            }
+        }
+        (others, None)
+    }
+
+    /// The MCP handshake: initialize, its response, the initialized notification.
+    pub fn initialize(&mut self) -> Value {
+        assert!(self.send_json(&json!({
+            "jsonrpc": "2.0", "id": "init", "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                       "clientInfo": {"name": "bad-input", "version": "1"}}
+        })));
+        let (_, response) = self.recv_until_id(&json!("init"), Duration::from_secs(10));
+        let response = response.expect("the bridge answers initialize");
+        assert!(self.send_json(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"})));
+        response
+    }
+
+    /// Closes the bridge's stdin (the agent is done).
+    pub fn close_stdin(&mut self) {
+        self.stdin = None;
+    }
+
+    /// Whether the process is still running.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Waits up to `within` for the process to exit.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    }
+
+    /// Everything the bridge wrote to stderr (once it has exited), waiting up to `within`.
+    pub fn stderr(&self, within: Duration) -> String {
+        self.stderr.recv_timeout(within).unwrap_or_default()
+    }
+}
