@@ -204,7 +204,11 @@ pub fn open_broker_with(
     // What a crash interrupted is closed with what its evidence proves.
     journal.recover_interrupted()?;
     let credentials = Arc::new(Credentials::open(Vault::new(keychain(args)?), &db)?);
-    let config = ConfigHandle::new(Config::load(&args.config)?);
+    let loaded = Config::load(&args.config)?;
+    for warning in loaded.warnings() {
+        eprintln!("postern: warning: {warning}");
+    }
+    let config = ConfigHandle::new(loaded);
     let channel = HttpChannel::new(journal.clone(), credentials.clone(), config.clone());
     let ssh = SshChannel::new(journal.clone(), credentials.clone(), config.clone());
     Ok(Arc::new(Broker {

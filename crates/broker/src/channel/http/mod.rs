@@ -554,7 +554,11 @@ impl HttpChannel {
                 return Err(invalid(
                     Code::ForbiddenHeader,
                     format!("headers[{i}].name"),
-                    format!("The header {lower} is set by the broker, not the caller."),
+                    if lower == "accept-encoding" {
+                        "The header accept-encoding is set by the broker, not the caller: it asks for identity and decodes gzip and deflate itself, so what it returns can be scrubbed.".to_string()
+                    } else {
+                        format!("The header {lower} is set by the broker, not the caller.")
+                    },
                 ));
             }
             // What the HTTP stack accepts, checked here so that nothing the caller sent
