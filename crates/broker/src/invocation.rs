@@ -41,8 +41,8 @@ pub struct Recorder {
     /// The agent session the invocation belongs to (for what is remembered of it when
     /// nothing could be recorded).
     session: Option<String>,
-    /// Whether bytes of this invocation may have reached a transport: set when a
-    /// DISPATCH_STARTED was recorded by this process, or found in the record on resume.
+    /// Whether bytes of this invocation may have reached a transport: set when this
+    /// process tried to record DISPATCH_STARTED, or found one in the record on resume.
     /// When the journal fails so badly that the record cannot be read back, this is what
     /// tells "nothing was sent" from "the remote may have acted".
     may_have_dispatched: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -328,6 +328,11 @@ impl Recorder {
         connection_id: Option<String>,
         peer_identity: Option<String>,
     ) -> Result<Appended, StepError> {
+        // Set before the append, not after: an append that fails may still have reached
+        // the file, and a record that may say DISPATCH_STARTED must never be answered
+        // with not_attempted.
+        self.may_have_dispatched
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         match self.journal.dispatch_started(
             &self.id,
             self.generation,
@@ -335,12 +340,7 @@ impl Recorder {
             connection_id,
             peer_identity,
         ) {
-            Ok(a) => {
-                // From here the caller hands bytes to the transport.
-                self.may_have_dispatched
-                    .store(true, std::sync::atomic::Ordering::SeqCst);
-                Ok(a)
-            }
+            Ok(a) => Ok(a),
             Err(JournalError::FingerprintChanged(failed)) => Err(self.stopped(&failed)),
             Err(JournalError::LeaseLost { .. }) => {
                 // Another holder owns the invocation now. Record nothing on its record

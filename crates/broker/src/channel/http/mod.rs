@@ -1175,6 +1175,18 @@ impl HttpChannel {
             self.mark_request(rec, probe);
             let _ = rec.response_started(Some(status), request_id.clone());
         };
+        // What arrived is not a result: recorded as incomplete, never returned.
+        let incomplete = |message: String| {
+            head();
+            self.fail(
+                rec,
+                Phase::RemoteExecution,
+                Code::RemoteResultIncomplete,
+                Retry::Reconcile,
+                &message,
+                None,
+            )
+        };
         let limit = target.max_response_bytes;
         let mut body: Vec<u8> = Vec::new();
         let deadline = tokio::time::sleep(p.timeout);
@@ -1199,15 +1211,7 @@ impl HttpChannel {
                         let message = format!(
                             "The response exceeded this target's limit of {limit} bytes; it is not returned as a result."
                         );
-                        head();
-                        return self.fail(
-                            rec,
-                            Phase::RemoteExecution,
-                            Code::RemoteResultIncomplete,
-                            Retry::Reconcile,
-                            &message,
-                            None,
-                        );
+                        return incomplete(message);
                     }
                     body.extend_from_slice(&bytes);
                 }
@@ -1219,15 +1223,7 @@ impl HttpChannel {
                         "The response broke off after {} body bytes; a partial body is not a result.",
                         body.len()
                     );
-                    head();
-                    return self.fail(
-                        rec,
-                        Phase::RemoteExecution,
-                        Code::RemoteResultIncomplete,
-                        Retry::Reconcile,
-                        &message,
-                        None,
-                    );
+                    return incomplete(message);
                 }
             }
         }
@@ -1246,15 +1242,7 @@ impl HttpChannel {
                 let message = format!(
                     "The response decoded to more than this target's limit of {limit} bytes; it is not returned as a result."
                 );
-                head();
-                return self.fail(
-                    rec,
-                    Phase::RemoteExecution,
-                    Code::RemoteResultIncomplete,
-                    Retry::Reconcile,
-                    &message,
-                    None,
-                );
+                return incomplete(message);
             }
         };
         let mut redactions = 0u32;
