@@ -8,7 +8,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use postern_broker::channel::CallContext;
+use postern_broker::invocation::CallContext;
 use postern_broker::channel::http::HttpRequest;
 use postern_broker::contract::Outcome;
 use postern_broker::vault::KeychainBackend;

@@ -211,7 +211,8 @@ pub mod fixture {
     use std::sync::Arc;
 
     use postern_broker::channel::http::HttpChannel;
-    use postern_broker::channel::{ConfigHandle, Credentials};
+    use postern_broker::config::ConfigHandle;
+use postern_broker::vault::Credentials;
     use postern_broker::config::Config;
     use postern_broker::journal::Journal;
     use postern_broker::vault::{CredentialKind, Keychain, KeychainBackend, Secret, Vault};

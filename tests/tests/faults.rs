@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use postern_broker::audit::{AuditError, verify_file};
-use postern_broker::channel::CallContext;
+use postern_broker::invocation::CallContext;
 use postern_broker::channel::http::{HttpOutcome, HttpRequest};
 use postern_broker::contract::{Code, Outcome, Phase, Retry};
 use postern_broker::journal::JournalError;
@@ -224,7 +224,7 @@ async fn a_full_disk_refuses_new_requests_as_not_attempted_and_recovers_when_spa
     slow.release();
     let settled = in_flight.await.unwrap();
     assert_eq!(settled.outcome, Outcome::Committed, "{settled:?}");
-    assert_eq!(settled.response.as_ref().unwrap().status, 200);
+    assert_eq!(settled.result.as_ref().unwrap().status, 200);
 
     // Space comes back: the journal takes its reserve again and serves.
     std::fs::remove_file(&filler).unwrap();

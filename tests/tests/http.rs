@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use postern_broker::channel::CallContext;
+use postern_broker::invocation::CallContext;
 use postern_broker::channel::http::{HttpOutcome, HttpRequest};
 use postern_broker::contract::{Code, Outcome, Phase, Retry, Stage};
 use postern_broker::retry::{Decision, Verdict};
@@ -161,7 +161,7 @@ fn canary_forms() -> Vec<(String, String)> {
 /// [`canary_forms`].
 fn assert_no_canary(f: &Fixture, outcome: &HttpOutcome) {
     let mut seen = format!("{outcome:?}");
-    if let Some(response) = &outcome.response {
+    if let Some(response) = &outcome.result {
         seen.push_str(&String::from_utf8_lossy(&response.body));
     }
     for (label, form) in canary_forms() {
@@ -184,7 +184,7 @@ fn stored(f: &Fixture, out: &HttpOutcome) -> postern_broker::journal::StoredResu
 }
 
 fn response_header<'a>(out: &'a HttpOutcome, name: &str) -> Option<&'a str> {
-    out.response
+    out.result
         .as_ref()
         .unwrap()
         .headers
@@ -268,7 +268,7 @@ async fn tls_case(cert: TestCert) -> (Fixture, Adversary, HttpOutcome) {
 async fn a_trusted_certificate_completes_and_binds_the_peer_identity() {
     let (f, server, out) = tls_case(TestCert::Valid).await;
     assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
-    assert_eq!(out.response.as_ref().unwrap().status, 200);
+    assert_eq!(out.result.as_ref().unwrap().status, 200);
     let p = f.broker.journal.projection(&out.invocation_id).unwrap();
     assert!(
         p.evidence()
@@ -423,7 +423,7 @@ async fn applied_then_closed_with_a_contract_retries_with_the_same_key_and_appli
         Decision::RetrySameKey
     );
     assert_eq!(retried.outcome, Outcome::Committed, "{retried:?}");
-    assert_eq!(retried.response.as_ref().unwrap().status, 201);
+    assert_eq!(retried.result.as_ref().unwrap().status, 201);
     assert_eq!(server.effects(), 1, "the server de-duplicated the retry");
     let keys: Vec<String> = server
         .requests()
@@ -476,7 +476,7 @@ async fn apply_then_500_is_committed_and_never_replayed_for_a_post() {
         Retry::Reconcile,
         Code::RemoteServerError,
     );
-    assert_eq!(out.response.as_ref().unwrap().status, 500);
+    assert_eq!(out.result.as_ref().unwrap().status, 500);
     let retried = f
         .broker
         .channel
@@ -487,7 +487,7 @@ async fn apply_then_500_is_committed_and_never_replayed_for_a_post() {
         Decision::ReturnRecordedResult
     );
     assert_eq!(
-        retried.response.unwrap().status,
+        retried.result.unwrap().status,
         500,
         "the recorded result, read back"
     );
@@ -557,7 +557,7 @@ async fn a_redirect_to_another_origin_is_a_result_and_the_credential_never_cross
         let f = fixture(&config(&server.base_url(), follow));
         let out = run(&f, post(server.url("/v1/payments"), "{}")).await;
         assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
-        assert_eq!(out.response.as_ref().unwrap().status, 307);
+        assert_eq!(out.result.as_ref().unwrap().status, 307);
         let p = f.broker.journal.projection(&out.invocation_id).unwrap();
         assert_eq!(
             p.evidence().redirect_location.as_deref(),
@@ -607,7 +607,7 @@ async fn a_short_body_is_incomplete_and_never_returned_as_a_result() {
         Retry::Reconcile,
         Code::RemoteResultIncomplete,
     );
-    assert!(out.response.is_none());
+    assert!(out.result.is_none());
     let ev = &error(&out).evidence;
     assert!(ev.response_headers_received && !ev.response_complete);
 }
@@ -624,7 +624,7 @@ async fn broken_chunked_encoding_is_incomplete() {
         Retry::Reconcile,
         Code::RemoteResultIncomplete,
     );
-    assert!(out.response.is_none());
+    assert!(out.result.is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -704,7 +704,7 @@ async fn an_echoed_credential_is_redacted_from_the_result_and_counted() {
     let f = fixture(&config(&server.base_url(), ""));
     let out = run(&f, get(server.url("/v1/echo"))).await;
     assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
-    let response = out.response.clone().unwrap();
+    let response = out.result.clone().unwrap();
     let body = String::from_utf8_lossy(&response.body);
     assert!(body.contains("[REDACTED]"), "{body}");
     assert!(server.saw(CANARY), "the server did receive the credential");
@@ -877,7 +877,7 @@ async fn basic_and_query_injection_reach_the_server_and_are_redacted_from_echoes
         let f = fixture(&text);
         let out = run(&f, get(server.url("/v1/echo"))).await;
         assert_eq!(out.outcome, Outcome::Committed, "{inject}: {out:?}");
-        let body = String::from_utf8_lossy(&out.response.as_ref().unwrap().body).into_owned();
+        let body = String::from_utf8_lossy(&out.result.as_ref().unwrap().body).into_owned();
         assert!(body.contains("[REDACTED]"), "{inject}: {body}");
         assert_no_canary(&f, &out);
     }
@@ -937,7 +937,7 @@ async fn an_opted_in_same_target_redirect_is_a_new_linked_exchange() {
     let f = fixture(&config(&server.base_url(), "follow_redirects = true"));
     let out = run(&f, get(server.url("/v1/start"))).await;
     assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
-    assert_eq!(out.response.as_ref().unwrap().status, 200);
+    assert_eq!(out.result.as_ref().unwrap().status, 200);
     let seen = server.requests();
     assert_eq!(seen.len(), 2);
     assert_eq!(seen[1].path(), "/v1/final");
@@ -988,7 +988,7 @@ async fn compressed_echo(encoding: Encoding) -> (Fixture, Adversary, HttpOutcome
 /// coding recorded in the response and the stored meta, the echo counted.
 fn assert_decoded_echo(f: &Fixture, server: &Adversary, out: &HttpOutcome, from: &str) {
     assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
-    let response = out.response.as_ref().unwrap();
+    let response = out.result.as_ref().unwrap();
     assert_eq!(response.body, b"secret=[REDACTED]", "{from}");
     assert_eq!(response.decoded_from.as_deref(), Some(from));
     assert_eq!(response.body_withheld, None);
@@ -1033,9 +1033,9 @@ async fn a_deflate_echo_in_zlib_or_raw_form_or_stacked_is_decoded_before_scrubbi
 async fn a_gzip_transfer_coding_is_decoded_before_scrubbing() {
     let (f, server, out) = compressed_echo(Encoding::TransferGzip).await;
     assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
-    assert_eq!(out.response.as_ref().unwrap().body, b"secret=[REDACTED]");
+    assert_eq!(out.result.as_ref().unwrap().body, b"secret=[REDACTED]");
     assert_eq!(
-        out.response.as_ref().unwrap().decoded_from.as_deref(),
+        out.result.as_ref().unwrap().decoded_from.as_deref(),
         Some("gzip")
     );
     assert_asked_for_identity(&server);
@@ -1076,7 +1076,7 @@ async fn an_undecodable_encoding_is_a_committed_result_with_the_body_withheld() 
         let (f, server, out) = compressed_echo(encoding).await;
         assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
         assert!(out.error.is_none(), "{out:?}");
-        let response = out.response.as_ref().unwrap();
+        let response = out.result.as_ref().unwrap();
         assert_eq!(response.status, 200);
         assert!(response.body.is_empty(), "{response:?}");
         assert_eq!(response.body_withheld.as_ref(), Some(&reason));
@@ -1098,7 +1098,7 @@ async fn an_undecodable_encoding_is_a_committed_result_with_the_body_withheld() 
             postern_broker::invocation::Recorder::resume(&f.broker.journal, &out.invocation_id)
                 .unwrap();
         let again = f.broker.channel.recorded_outcome(&rec);
-        assert_eq!(again.response.as_ref(), Some(response));
+        assert_eq!(again.result.as_ref(), Some(response));
         assert_asked_for_identity(&server);
         assert_no_canary(&f, &out);
     }
@@ -1118,7 +1118,7 @@ async fn a_decompression_bomb_is_not_a_result() {
         (Phase::RemoteExecution, Code::RemoteResultIncomplete),
         "{env:#?}"
     );
-    assert!(out.response.is_none());
+    assert!(out.result.is_none());
     let p = f.broker.journal.projection(&out.invocation_id).unwrap();
     assert!(p.result_id.is_none(), "nothing stored as a result");
     assert_no_canary(&f, &out);
@@ -1156,7 +1156,7 @@ async fn every_request_asks_for_the_identity_coding() {
     let f = fixture(&config(&server.base_url(), ""));
     let out = run(&f, post(server.url("/v1/payments"), "{}")).await;
     assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
-    assert_eq!(out.response.as_ref().unwrap().decoded_from, None);
+    assert_eq!(out.result.as_ref().unwrap().decoded_from, None);
     assert_asked_for_identity(&server);
 }
 
@@ -1178,7 +1178,7 @@ async fn echoes_of_the_request_headers_in_many_encodings_are_all_scrubbed() {
         let f = fixture(&text);
         let out = run(&f, get(server.url("/v1/echo"))).await;
         assert_eq!(out.outcome, Outcome::Committed, "{inject}: {out:?}");
-        let response = out.response.as_ref().unwrap();
+        let response = out.result.as_ref().unwrap();
         let body = String::from_utf8_lossy(&response.body).into_owned();
         assert!(body.contains("[REDACTED]"), "{inject}: {body}");
         for (name, value) in &response.headers {
@@ -1435,7 +1435,7 @@ async fn requests_the_http_stack_cannot_build_are_refused_at_validation_and_send
     // The API answers an unknown GET with 404: a response, so the request went out.
     let out = run(&f, get(url)).await;
     assert_eq!(
-        out.response.as_ref().map(|r| r.status),
+        out.result.as_ref().map(|r| r.status),
         Some(404),
         "{out:?}"
     );

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use postern_broker::channel::CallContext;
+use postern_broker::invocation::CallContext;
 use postern_broker::channel::ssh::{SshChannel, SshOutcome, SshRequest};
 use postern_broker::contract::{Code, Outcome, Phase, Stage};
 use postern_broker::vault::{CredentialKind, Secret};

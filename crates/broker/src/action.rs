@@ -60,7 +60,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use url::Url;
 
-use crate::config::{HttpTarget, SshTarget, TargetVersion};
+use crate::config::{HttpTarget, SshTarget, Target, TargetVersion};
 use crate::contract::Code;
 
 /// Key-derivation context of the invocation fingerprint; bump with the format version.
@@ -293,6 +293,18 @@ impl ConfigSnapshot {
             credential_version: credential_version.into(),
             injection_mode: target.inject.mode(),
             idempotency_key,
+        }
+    }
+
+    /// The snapshot of `target` as configured now. An SSH target carries no key.
+    pub fn of(
+        target: Target<'_>,
+        credential_version: impl Into<String>,
+        idempotency_key: Option<String>,
+    ) -> Self {
+        match target {
+            Target::Http(t) => Self::for_http(t, credential_version, idempotency_key),
+            Target::Ssh(t) => Self::for_ssh(t, credential_version),
         }
     }
 

@@ -17,7 +17,88 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use crate::channel::{ApprovalAnswer, ApprovalRequest, Approver};
+use crate::action::ConfigSnapshot;
+
+/// A request for a person's approval, bound to one fingerprint.
+#[derive(Debug, Clone)]
+pub struct ApprovalRequest {
+    pub invocation_id: String,
+    pub session: Option<String>,
+    pub target: String,
+    pub summary: String,
+    pub fingerprint: String,
+    pub credential_id: String,
+    pub credential_version: String,
+    pub injection_mode: String,
+    pub idempotency_key: Option<String>,
+    /// `session` or `per_call` (an [`ApprovalMode`](crate::config::ApprovalMode) name),
+    /// or `host_key` for an SSH first connection.
+    pub mode: &'static str,
+    /// What the card shows of the action itself.
+    pub detail: ApprovalDetail,
+}
+
+impl ApprovalRequest {
+    /// A card for `invocation_id` of agent `session`, binding `fingerprint` under
+    /// `snapshot` (target, credential and idempotency key as bound). The caller sets the
+    /// mode.
+    pub fn bound(
+        invocation_id: &str,
+        session: Option<String>,
+        summary: String,
+        fingerprint: String,
+        snapshot: &ConfigSnapshot,
+        detail: ApprovalDetail,
+    ) -> Self {
+        ApprovalRequest {
+            invocation_id: invocation_id.to_string(),
+            session,
+            target: snapshot.target_id.clone(),
+            summary,
+            fingerprint,
+            credential_id: snapshot.credential_id.clone(),
+            credential_version: snapshot.credential_version.clone(),
+            injection_mode: snapshot.injection_mode.clone(),
+            idempotency_key: snapshot.idempotency_key.clone(),
+            mode: "",
+            detail,
+        }
+    }
+}
+
+/// The action behind an approval card, as the fingerprint binds it. Agent-written text
+/// (commands, bodies) is escaped so it cannot hide or reorder what a person reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ApprovalDetail {
+    /// HTTP: the method.
+    pub method: Option<String>,
+    /// HTTP: the normalized URL.
+    pub url: Option<String>,
+    /// HTTP: the request body, previewed.
+    pub body: Option<crate::display::BodyPreview>,
+    /// SSH: `user@host:port`.
+    pub ssh_destination: Option<String>,
+    /// SSH: the command, escaped.
+    pub command: Option<String>,
+    /// SSH first connection: the host key fingerprint that approving pins.
+    pub host_key: Option<String>,
+}
+
+/// A person's answer. An approval names the fingerprint it approves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApprovalAnswer {
+    Approved { fingerprint: String, by: String },
+    Denied { by: String },
+    TimedOut,
+}
+
+/// Whoever can approve (the desktop console). Headless brokers have none.
+pub trait Approver: Send + Sync {
+    fn approve(
+        &self,
+        request: ApprovalRequest,
+    ) -> Pin<Box<dyn Future<Output = ApprovalAnswer> + Send + '_>>;
+}
 
 /// A request waiting for a person.
 #[derive(Debug, Clone)]

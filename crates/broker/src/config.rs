@@ -49,6 +49,7 @@ use url::Url;
 
 use crate::action::{Canonical, NormalizedHttp, is_token, normalize_path};
 use crate::contract::Code;
+use crate::vault::CredentialId;
 
 const VERSION_CONTEXT: &str = "postern 2026 target-config v1";
 const VERSION_FORMAT: u8 = 1;
@@ -69,23 +70,6 @@ pub struct Config {
     pub ssh: Vec<SshTarget>,
     /// The file this configuration came from.
     pub source: PathBuf,
-}
-
-/// A keychain entry id. Not secret itself, but never the secret.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct CredentialId(pub String);
-
-impl CredentialId {
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for CredentialId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
 }
 
 /// How the secret is attached to an HTTP request.
@@ -737,6 +721,77 @@ impl Config {
     pub fn ssh_target(&self, name: &str) -> Option<&SshTarget> {
         self.ssh.iter().find(|t| t.name == name)
     }
+
+    /// A target of either kind by name (names are unique across kinds).
+    pub fn target(&self, name: &str) -> Option<Target<'_>> {
+        self.http_target(name)
+            .map(Target::Http)
+            .or_else(|| self.ssh_target(name).map(Target::Ssh))
+    }
+}
+
+/// A configured target of either kind: what the invocation pipeline reads of it.
+#[derive(Debug, Clone, Copy)]
+pub enum Target<'a> {
+    Http(&'a HttpTarget),
+    Ssh(&'a SshTarget),
+}
+
+impl Target<'_> {
+    pub fn name(&self) -> &str {
+        match self {
+            Target::Http(t) => &t.name,
+            Target::Ssh(t) => &t.name,
+        }
+    }
+
+    pub fn credential(&self) -> &CredentialId {
+        match self {
+            Target::Http(t) => &t.credential,
+            Target::Ssh(t) => &t.credential,
+        }
+    }
+
+    pub fn approval(&self) -> ApprovalMode {
+        match self {
+            Target::Http(t) => t.approval,
+            Target::Ssh(t) => t.approval,
+        }
+    }
+
+    pub fn version(&self) -> TargetVersion {
+        match self {
+            Target::Http(t) => t.version(),
+            Target::Ssh(t) => t.version(),
+        }
+    }
+}
+
+/// The configuration in force. A reload swaps the whole snapshot; an invocation binds
+/// the version it validated against and re-checks it right before dispatch.
+#[derive(Clone)]
+pub struct ConfigHandle(std::sync::Arc<std::sync::RwLock<std::sync::Arc<Config>>>);
+
+impl ConfigHandle {
+    pub fn new(config: Config) -> Self {
+        use std::sync::{Arc, RwLock};
+        ConfigHandle(Arc::new(RwLock::new(Arc::new(config))))
+    }
+
+    pub fn current(&self) -> std::sync::Arc<Config> {
+        match self.0.read() {
+            Ok(g) => g.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    pub fn replace(&self, config: Config) {
+        let config = std::sync::Arc::new(config);
+        match self.0.write() {
+            Ok(mut g) => *g = config,
+            Err(poisoned) => *poisoned.into_inner() = config,
+        }
+    }
 }
 
 /// `/v1` matches `/v1` and `/v1/x` but not `/v10`; `/` matches every path.
@@ -784,11 +839,9 @@ fn check_credential(ctx: &Ctx<'_>, credential: String) -> Result<CredentialId, C
     if credential.is_empty() {
         return Err(ctx.err("credential", Problem::Empty));
     }
-    // The id is a keychain lookup key; the message never echoes it (seed 000).
-    if !plain_text(&credential) || credential.len() > 128 {
-        return Err(ctx.err("credential", Problem::InvalidCharacters));
-    }
-    Ok(CredentialId(credential))
+    // The id is a keychain lookup key; the message never echoes it (an id is not a
+    // secret, but a confused caller may have put one there).
+    CredentialId::new(credential).map_err(|_| ctx.err("credential", Problem::InvalidCharacters))
 }
 
 fn check_range(ctx: &Ctx<'_>, field: &str, v: u64, min: u64, max: u64) -> Result<(), ConfigError> {

@@ -998,6 +998,135 @@ impl Vault {
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// The store the broker holds
+// ---------------------------------------------------------------------------------------
+
+/// Keychain access for the injection step: the vault plus a connection for its
+/// metadata. Calls block (D-Bus, SQLite); channels run them on the blocking pool.
+pub struct Credentials {
+    vault: Vault,
+    conn: Mutex<Connection>,
+}
+
+impl Credentials {
+    /// Opens credential metadata in the journal database at `db`.
+    pub fn open(
+        vault: Vault,
+        db: &std::path::Path,
+    ) -> Result<Credentials, crate::journal::JournalError> {
+        let conn = crate::journal::schema::open_and_migrate(db)?;
+        // Credential metadata writes (last-used times) need no fsync of their own: a
+        // lost last-used time after a power cut is harmless, and an fsync here would sit
+        // on every injection's hot path. WAL commits are ordered, so the journal's next
+        // fsync makes a rotation durable too.
+        conn.execute_batch("PRAGMA synchronous = NORMAL")
+            .map_err(|e| crate::journal::JournalError::Storage(e.to_string()))?;
+        Ok(Credentials {
+            vault,
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn with_conn<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, VaultError>,
+    ) -> Result<T, VaultError> {
+        let conn = self.conn.lock().map_err(|_| VaultError::Locked {
+            backend: self.vault.keychain().backend(),
+            reason: "credential metadata connection poisoned".into(),
+        })?;
+        f(&conn)
+    }
+
+    /// The non-secret metadata (current version tag) of a credential.
+    pub fn meta(&self, id: &str) -> Result<CredentialMeta, VaultError> {
+        let id = CredentialId::new(id)?;
+        self.with_conn(|conn| {
+            meta::get(conn, &id)?.ok_or_else(|| VaultError::Missing {
+                credential: id.as_str().to_string(),
+            })
+        })
+    }
+
+    /// Reads the secret for injection. The only path by which secret bytes leave the
+    /// keychain.
+    pub fn read_for_injection(
+        &self,
+        id: &str,
+        now_ms: i64,
+    ) -> Result<(CredentialMeta, Secret), VaultError> {
+        let id = CredentialId::new(id)?;
+        self.with_conn(|conn| self.vault.read_for_injection(conn, &id, now_ms))
+    }
+
+    /// Stores (or rotates) a secret. Operator side only.
+    pub fn set(
+        &self,
+        id: &str,
+        kind: CredentialKind,
+        secret: &Secret,
+        now_ms: i64,
+    ) -> Result<CredentialMeta, VaultError> {
+        let id = CredentialId::new(id)?;
+        self.with_conn(|conn| self.vault.set(conn, &id, kind, secret, now_ms))
+    }
+
+    /// Every credential's metadata (never a value). Operator side only.
+    pub fn list(&self) -> Result<Vec<CredentialMeta>, VaultError> {
+        self.with_conn(|conn| self.vault.list(conn))
+    }
+
+    /// Removes a credential and its keychain entry. Operator side only.
+    pub fn remove(&self, id: &str) -> Result<(), VaultError> {
+        let id = CredentialId::new(id)?;
+        self.with_conn(|conn| self.vault.remove(conn, &id))
+    }
+}
+
+/// Reads the credential an invocation bound, off the async threads. A credential
+/// rotated since binding is refused: it is a changed bound value, so a new invocation.
+pub async fn read_bound_credential(
+    credentials: &std::sync::Arc<Credentials>,
+    snapshot: &crate::action::ConfigSnapshot,
+    now_ms: i64,
+) -> Result<(CredentialMeta, Secret), crate::invocation::Failure> {
+    let credentials = credentials.clone();
+    let credential_id = snapshot.credential_id.clone();
+    let read =
+        tokio::task::spawn_blocking(move || credentials.read_for_injection(&credential_id, now_ms))
+            .await;
+    let (meta, secret) = match read {
+        Ok(Ok(pair)) => pair,
+        Ok(Err(e)) => {
+            return Err(crate::invocation::Failure {
+                phase: crate::contract::Phase::CredentialInjection,
+                code: e.code(),
+                retry: e.code().spec().retry,
+                message: e.to_string(),
+            });
+        }
+        Err(_) => {
+            return Err(crate::invocation::Failure {
+                phase: crate::contract::Phase::CredentialInjection,
+                code: crate::contract::Code::VaultLocked,
+                retry: crate::contract::Retry::AfterCorrection,
+                message: "The keychain read did not finish.".into(),
+            });
+        }
+    };
+    if meta.version.as_str() != snapshot.credential_version {
+        return Err(crate::invocation::Failure {
+            phase: crate::contract::Phase::Validation,
+            code: crate::contract::Code::FingerprintMismatch,
+            retry: crate::contract::Retry::AfterCorrection,
+            message: "The credential was rotated after this request was bound; nothing was sent."
+                .into(),
+        });
+    }
+    Ok((meta, secret))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,7 +12,7 @@ use rmcp::model::CallToolRequestParams;
 use rmcp::transport::TokioChildProcess;
 use serde_json::{Value, json};
 
-use postern_broker::channel::Credentials;
+use postern_broker::vault::Credentials;
 use postern_broker::vault::{CredentialKind, Keychain, KeychainBackend, Secret, Vault};
 use postern_tests::adversary::{Adversary, Behavior};
 use postern_tests::fixture::test_service;

@@ -43,7 +43,8 @@ use tokio::sync::Notify;
 use postern_broker::audit::signing_key_from_vault;
 use postern_broker::channel::http::HttpChannel;
 use postern_broker::channel::ssh::SshChannel;
-use postern_broker::channel::{ConfigHandle, Credentials};
+use postern_broker::config::ConfigHandle;
+use postern_broker::vault::Credentials;
 use postern_broker::clock::{Clock, SystemClock};
 use postern_broker::config::Config;
 use postern_broker::journal::{Journal, JournalOptions};
@@ -177,7 +178,7 @@ pub fn open_broker(args: &DaemonArgs) -> Result<Arc<Broker>, DaemonError> {
 /// Opens the broker with an approval console attached (the desktop app).
 pub fn open_broker_with(
     args: &DaemonArgs,
-    approver: Option<Arc<dyn postern_broker::channel::Approver>>,
+    approver: Option<Arc<dyn postern_broker::approvals::Approver>>,
 ) -> Result<Arc<Broker>, DaemonError> {
     prepare_data_dir(&args.data_dir)?;
     let db = args.data_dir.join("journal.db");

@@ -18,11 +18,11 @@ use rmcp::model::{
 use rmcp::service::{NotificationContext, RequestContext, RoleServer};
 use serde_json::{Value, json};
 
-use postern_broker::channel::http::{
-    HttpChannel, HttpOutcome, HttpRequest, HttpResponse, stored_response,
-};
+use postern_broker::channel::http::{HttpChannel, HttpOutcome, HttpRequest, HttpResponse};
 use postern_broker::channel::ssh::{SshChannel, SshOutcome, SshRequest, SshResult};
-use postern_broker::channel::{Approver, CallContext, ConfigHandle};
+use postern_broker::approvals::Approver;
+use postern_broker::config::ConfigHandle;
+use postern_broker::invocation::CallContext;
 use postern_broker::invocation::Recorder;
 use postern_broker::journal::Journal;
 use postern_broker::journal::events::Channel;
@@ -125,7 +125,7 @@ pub struct Broker {
     pub sessions: Sessions,
     /// The vault with its metadata: operator side only (the console's credentials
     /// screen); no tool reaches it.
-    pub credentials: Arc<postern_broker::channel::Credentials>,
+    pub credentials: Arc<postern_broker::vault::Credentials>,
 }
 
 /// One bridge connection, for one agent session. Clones share state.
@@ -306,38 +306,11 @@ impl Session {
             Ok(p) => p,
             Err(answer) => return Ok(answer),
         };
+        // A read of the record and its stored result, never a re-run.
         if p.channel == Some(Channel::Ssh) {
-            let mut outcome = SshOutcome {
-                invocation_id: p.invocation_id.clone(),
-                outcome: p.outcome,
-                result: None,
-                error: p.envelope(self.broker.journal.now_ms()),
-            };
-            if let Some(result_id) = &p.result_id {
-                let stored = self
-                    .broker
-                    .journal
-                    .read_result(result_id)
-                    .map_err(|e| McpError::internal_error(e.to_string(), None))?;
-                outcome.result = stored_ssh_result(&stored);
-            }
-            return Ok(ssh_result_of(&outcome));
+            return Ok(ssh_result_of(&self.broker.ssh.recorded_projection(&p)));
         }
-        let mut outcome = HttpOutcome {
-            invocation_id: p.invocation_id.clone(),
-            outcome: p.outcome,
-            response: None,
-            error: p.envelope(self.broker.journal.now_ms()),
-            manifest: None,
-        };
-        if let Some(result_id) = &p.result_id {
-            let stored = self
-                .broker
-                .journal
-                .read_result(result_id)
-                .map_err(|e| McpError::internal_error(e.to_string(), None))?;
-            outcome.response = stored_response(&stored);
-        }
+        let outcome = self.broker.channel.recorded_projection(&p);
         Ok(result_of(&outcome))
     }
 
@@ -380,12 +353,7 @@ impl Session {
         if p.channel == Some(Channel::Ssh) {
             // A shell command is never assumed safe to repeat; the record and its retry
             // advice are what the caller gets.
-            let outcome = SshOutcome {
-                invocation_id: p.invocation_id.clone(),
-                outcome: p.outcome,
-                result: None,
-                error: p.envelope(self.broker.journal.now_ms()),
-            };
+            let outcome = SshOutcome::of_projection(&p, self.broker.journal.now_ms());
             return Ok(ssh_result_of(&outcome));
         }
         let ctx = CallContext {
@@ -484,29 +452,6 @@ pub fn ssh_result_of(outcome: &SshOutcome) -> CallToolResult {
     }
 }
 
-/// An SSH result read back from the store.
-fn stored_ssh_result(stored: &postern_broker::journal::StoredResult) -> Option<SshResult> {
-    let stream = |name: &str| {
-        stored
-            .streams
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, b)| b.clone())
-            .unwrap_or_default()
-    };
-    Some(SshResult {
-        exit_status: stored.meta["exit_status"]
-            .as_u64()
-            .and_then(|s| u32::try_from(s).ok()),
-        exit_signal: serde_json::from_value(stored.meta["exit_signal"].clone()).ok(),
-        stdout: stream("stdout"),
-        stderr: stream("stderr"),
-        stdout_complete: stored.meta["stdout_complete"].as_bool()?,
-        stderr_complete: stored.meta["stderr_complete"].as_bool()?,
-        host_key_fingerprint: stored.meta["host_key_fingerprint"].as_str()?.to_string(),
-    })
-}
-
 fn response_json(response: &HttpResponse) -> Value {
     let headers: serde_json::Map<String, Value> = response
         .headers
@@ -538,7 +483,7 @@ pub fn result_of(outcome: &HttpOutcome) -> CallToolResult {
         Some(envelope) => serde_json::to_value(envelope).unwrap_or(Value::Null),
         None => json!({ "invocation_id": outcome.invocation_id, "outcome": outcome.outcome }),
     };
-    if let Some(response) = &outcome.response {
+    if let Some(response) = &outcome.result {
         if outcome.error.is_some() {
             value["response"] = response_json(response);
         } else if let (Value::Object(map), Value::Object(extra)) =

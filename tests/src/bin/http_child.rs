@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use postern_broker::channel::CallContext;
+use postern_broker::invocation::CallContext;
 use postern_broker::channel::http::HttpRequest;
 
 fn main() -> ExitCode {

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use postern_broker::channel::CallContext;
+use postern_broker::invocation::CallContext;
 use postern_broker::channel::ssh::{SshChannel, SshRequest};
 
 fn main() -> ExitCode {

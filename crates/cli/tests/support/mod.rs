@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use postern_broker::channel::Credentials;
+use postern_broker::vault::Credentials;
 use postern_broker::vault::{CredentialKind, Keychain, KeychainBackend, Secret, Vault};
 use postern_tests::fixture::test_service;
 

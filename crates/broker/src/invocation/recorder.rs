@@ -1,5 +1,7 @@
-//! The lifecycle API the channels drive: one method per durable transition, in the order
-//! of DESIGN.md's "One action, end to end".
+//! One invocation's record: one method per durable transition, in the order an action
+//! goes through them (accepted, validated, approved, authorized, attempt started,
+//! dispatched, settled, delivered). The [`pipeline`](super::pipeline) calls them; a
+//! channel never appends an event itself.
 //!
 //! The recorder, not the channel, decides what a failure proves: [`Recorder::fail`]
 //! reads the projection and records `unknown` once the current attempt has dispatched,
@@ -48,15 +50,49 @@ pub struct Recorder {
     may_have_dispatched: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
-/// What was observed of a complete exchange, recorded with its result.
+/// What the journal's markers record of a complete exchange, committed with its result:
+/// how far the request got onto the wire and how the remote began answering. Each
+/// channel says it in its own words through a constructor.
 #[derive(Debug, Clone, Default)]
 pub struct Exchange {
-    pub headers_sent: bool,
-    pub body_complete: bool,
-    pub http_status: Option<u16>,
-    pub remote_request_id: Option<String>,
+    request_started: bool,
+    request_complete: bool,
+    status: Option<u16>,
+    remote_request_id: Option<String>,
     /// Digest of the complete response as received (before redaction).
-    pub digest: String,
+    digest: String,
+}
+
+impl Exchange {
+    /// HTTP: whether the headers and the whole body were written, and the status line
+    /// and request id the remote answered with.
+    pub fn http(
+        headers_sent: bool,
+        body_complete: bool,
+        status: u16,
+        remote_request_id: Option<String>,
+        digest: String,
+    ) -> Self {
+        Exchange {
+            request_started: headers_sent,
+            request_complete: body_complete,
+            status: Some(status),
+            remote_request_id,
+            digest,
+        }
+    }
+
+    /// SSH: the exec request went out; `stdin_complete` when all of stdin and its EOF
+    /// were written. An exec answer has no status line or request id.
+    pub fn exec(stdin_complete: bool, digest: String) -> Self {
+        Exchange {
+            request_started: true,
+            request_complete: stdin_complete,
+            status: None,
+            remote_request_id: None,
+            digest,
+        }
+    }
 }
 
 /// What a retry decision produced.
@@ -434,14 +470,14 @@ impl Recorder {
         settle: Settle,
     ) -> Result<Appended, JournalError> {
         let mut preceding = Vec::new();
-        if exchange.headers_sent || exchange.body_complete {
+        if exchange.request_started || exchange.request_complete {
             preceding.push(EventBody::RequestSent {
-                headers_sent: exchange.headers_sent,
-                body_complete: exchange.body_complete,
+                headers_sent: exchange.request_started,
+                body_complete: exchange.request_complete,
             });
         }
         preceding.push(EventBody::RemoteResponseStarted {
-            http_status: exchange.http_status,
+            http_status: exchange.status,
             remote_request_id: exchange.remote_request_id,
         });
         preceding.push(EventBody::RemoteResponseComplete {
