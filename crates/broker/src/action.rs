@@ -1,10 +1,9 @@
 //! Normalized actions, the configuration snapshot bound to an invocation, and the
 //! invocation fingerprint.
 //!
-//! Seed 000 ("Validation and injection fail before dispatch") requires the broker to bind
-//! the normalized request, the target configuration, the credential version, the injection
-//! mode and the idempotency key to an invocation *before* authorization, and to approve
-//! and re-verify exactly that binding right before dispatch. [`Fingerprint`] is that
+//! Validation and injection fail before dispatch: the broker binds the normalized request, the target configuration, the credential version, the injection
+//! mode and the idempotency key to an invocation *before* authorization, approves and
+//! re-verifies exactly that binding right before dispatch. [`Fingerprint`] is that
 //! binding. Equivalent requests (RFC 3986 §6.2.2) must fingerprint equally, and any change
 //! that could alter what the remote sees must change the fingerprint.
 //!
@@ -67,8 +66,8 @@ use crate::contract::Code;
 const FINGERPRINT_CONTEXT: &str = "postern 2026 invocation-fingerprint v1";
 const FINGERPRINT_FORMAT: u8 = 1;
 
-/// A request that could not be normalized. `field` is a path the caller can fix
-/// (seed 000: "plus a field path that the caller can fix").
+/// A request that could not be normalized. `field` is a path to the part of the request
+/// the caller can fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{code}: field `{field}`: {message}")]
 pub struct ActionError {
@@ -267,7 +266,7 @@ pub enum NormalizedAction {
 }
 
 /// The configuration an invocation was validated against, bound before authorization so
-/// a reload during approval cannot change what gets dispatched (seed 000).
+/// a reload during approval cannot change what gets dispatched.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConfigSnapshot {
     pub target_id: String,

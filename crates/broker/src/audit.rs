@@ -14,7 +14,7 @@
 //!
 //! Writing lives in the journal writer; this module holds the hashing and the verifier,
 //! which only reads. A hash chain proves recorded events were not altered; it cannot
-//! prove every event was recorded (seed 000).
+//! prove every event was recorded.
 
 use std::path::{Path, PathBuf};
 

@@ -9,8 +9,8 @@
 //!
 //! Each target has a [`TargetVersion`]: a digest of its *normalized* configuration, bound
 //! into every invocation's [`ConfigSnapshot`](crate::action::ConfigSnapshot) so that a
-//! reload which changes a target is detected before dispatch (seed 000, "Validation and
-//! injection fail before dispatch"). Key order, whitespace and comments do not affect it.
+//! reload which changes a target is detected before dispatch, and the request is refused
+//! unsent. Key order, whitespace and comments do not affect it.
 //!
 //! # Target version encoding, format version 1
 //!
@@ -125,8 +125,8 @@ impl ApprovalMode {
     }
 }
 
-/// The API's documented idempotency-key contract (seed 000, "Idempotency is a remote
-/// contract"). Without it, a key proves nothing and is never sent.
+/// The API's documented idempotency-key contract: a key is a promise only the remote can
+/// make. Without it, a key proves nothing and is never sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IdempotencyContract {
     /// Stored lowercase.

@@ -1,5 +1,5 @@
-//! The public error and evidence contract (seed 000, "A cause is not an outcome" and
-//! "The error envelope should carry evidence").
+//! The public error and evidence contract: a cause (the code) is not an outcome, and
+//! every error envelope carries the evidence that supports its outcome.
 //!
 //! `Phase`, `Outcome`, `Retry` and `Code` are closed enums: callers branch on them and
 //! never parse `message`. Evidence fields may be added; none is renamed or repurposed.
@@ -244,8 +244,8 @@ pub struct AttemptEvidence {
     pub code: Code,
 }
 
-/// The four idempotency facts stored before dispatch (seed 000, "Idempotency is a remote
-/// contract").
+/// The four idempotency facts stored before dispatch: the key, its scope, the request
+/// fingerprint it was bound to, and whether the remote has a contract for it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdempotencyEvidence {
     pub key: String,

@@ -1,5 +1,5 @@
-//! The retry decision (seed 000, "Retry code should be boring and testable") and the
-//! retry manifest (seed 003): what a caller may do with a recorded invocation, and a
+//! The retry decision (a pure function of recorded facts, so it is boring and testable)
+//! and the retry manifest: what a caller may do with a recorded invocation, and a
 //! digest that binds the evidence the decision used.
 //!
 //! `decide` consumes the disposition already derived from evidence. It never upgrades an
@@ -32,7 +32,7 @@ pub enum Decision {
     IdempotencyMismatch,
 }
 
-/// Seed 003's verdict: why a retry is or is not safe.
+/// The manifest's verdict: why a retry is or is not safe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
@@ -43,9 +43,9 @@ pub enum Verdict {
     /// The remote's configured de-duplication contract covers a same-key retry.
     IdempotencyKeySafe,
     /// The records prove the operation was not applied: never dispatched, or refused by
-    /// a complete authoritative response. (Seed 003 has no name for this case because
-    /// it only considers unobserved failures; a careful broker must still say why a
-    /// retry of a never-sent request is safe.)
+    /// a complete authoritative response. (The other verdicts are about failures whose
+    /// effect was not observed; a broker must still say why a retry of a never-sent
+    /// request is safe.)
     NotApplied,
     /// No safe basis: do not repeat.
     Unsafe,
@@ -155,8 +155,9 @@ pub fn disposition_for_unknown(
     Retry::Reconcile
 }
 
-/// Seed 000's `decide(record, operation)`, with the budget and key-retention checks of
-/// "Idempotency is a remote contract".
+/// `decide(record, operation)`: repeat only on a recorded safe basis (never dispatched,
+/// idempotent by configuration, or the same key under a configured de-duplication
+/// contract that has not expired), within the retry budget.
 pub fn decide(record: &RecordFacts, request: &RetryRequest, now_ms: i64) -> Decision {
     if record.retry == Retry::FetchResult {
         return Decision::Fetch;
@@ -197,7 +198,7 @@ pub fn decide(record: &RecordFacts, request: &RetryRequest, now_ms: i64) -> Deci
     }
 }
 
-/// Seed 003's manifest: the verdict, a directive for people, and a digest binding the
+/// The retry manifest: the verdict, a directive for people, and a digest binding the
 /// evidence used (the retry safety proof). Appended to the journal before any retry.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RetryManifest {

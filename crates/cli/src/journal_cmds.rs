@@ -145,7 +145,7 @@ pub fn stats(data_dir: &Path, json: bool) -> common::Outcome {
         return Ok(());
     }
     println!("invocations: {}", stats.invocations);
-    // Phase and outcome are separate axes (seed 000); each table sums to the total.
+    // Phase and outcome are separate axes; each table sums to the total.
     let count = |map: &std::collections::BTreeMap<String, u64>, key: &str| {
         map.get(key).copied().unwrap_or(0).to_string()
     };

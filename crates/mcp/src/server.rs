@@ -426,7 +426,7 @@ fn ssh_json(result: &SshResult) -> Value {
     })
 }
 
-/// An `ssh_exec` result (DESIGN.md): `{invocation_id, outcome, exit_status, exit_signal,
+/// An `ssh_exec` result: `{invocation_id, outcome, exit_status, exit_signal,
 /// stdout, stderr, stdout_complete, stderr_complete, host_key_fingerprint}`, or the
 /// envelope when the record carries a code.
 pub fn ssh_result_of(outcome: &SshOutcome) -> CallToolResult {

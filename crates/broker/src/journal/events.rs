@@ -1,4 +1,6 @@
-//! The journal's event vocabulary: the nine transitions of seed 000 plus connection
+//! The journal's event vocabulary: the nine lifecycle transitions (accepted, validated,
+//! credential authorized, dispatch started, request sent, response started, response
+//! complete, result committed, result delivered) plus connection
 //! attempts, approvals, attempt leases, retry manifests, reconciliation and imported
 //! evidence. Bodies are stored as canonical JSON (serde field order, no maps with
 //! unordered keys) and that exact text is what the audit chain hashes.
@@ -163,7 +165,8 @@ pub enum EventBody {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         field: Option<String>,
     },
-    /// Seed 003's retry manifest: appended before any retry happens.
+    /// The retry manifest: verdict, decision and evidence digest, appended before any
+    /// retry happens.
     RetryManifest {
         for_generation: u32,
         verdict: Verdict,
@@ -231,8 +234,8 @@ impl EventBody {
     }
 
     /// Whether the call that appends this event must not return before it is on disk.
-    /// Seed 000: DISPATCH_STARTED before the first byte, RESULT_COMMITTED before anything
-    /// is returned. Settling records (failures, reconciliations, manifests) are durable
+    /// DISPATCH_STARTED is on disk before the first byte is sent, RESULT_COMMITTED before
+    /// anything is returned. Settling records (failures, reconciliations, manifests) are durable
     /// too, since a retry decision may be taken on them after a crash.
     pub fn must_be_durable(&self) -> bool {
         matches!(

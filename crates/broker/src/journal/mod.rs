@@ -546,8 +546,8 @@ impl Journal {
     /// Queues an append without waiting for its commit. The single writer applies jobs
     /// in order, so a later waited append sees it; if it is refused, every later event
     /// that depends on it is refused too and the error surfaces there. Only for markers
-    /// whose loss in a crash the contract tolerates (seed 000: markers "help
-    /// diagnosis"); a durable transition always waits.
+    /// whose loss in a crash the contract tolerates (markers help diagnosis and prove
+    /// nothing); a durable transition always waits.
     pub fn append_pipelined(
         &self,
         invocation_id: &str,

@@ -2,8 +2,8 @@
 //!
 //! The fold refuses impossible transitions rather than papering over them, so the same
 //! code guards appends (the writer refuses an event the projection rejects) and reads (a
-//! tampered or corrupt record surfaces as an error, not a plausible status). The rules
-//! are seed 000's: after DISPATCH_STARTED the outcome is `unknown` until authoritative
+//! tampered or corrupt record surfaces as an error, not a plausible status). The rules:
+//! after DISPATCH_STARTED the outcome is `unknown` until authoritative
 //! evidence settles it and never `not_attempted`; `unknown` may become `rejected` or
 //! `committed`; `committed` never changes.
 
@@ -24,7 +24,8 @@ pub struct ProjectionError {
     pub reason: &'static str,
 }
 
-/// Markers of the current attempt (seed 000, "Dispatch changes the burden of proof").
+/// Markers of the current attempt: after dispatch they say how far the exchange got,
+/// which is diagnosis; only a complete result or a reconciliation settles it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AttemptMarkers {
     pub generation: u32,

@@ -70,7 +70,7 @@ impl Filter {
 }
 
 /// Counts over every invocation in the journal. Phase and outcome are counted
-/// separately (seed 000: "Metrics should count phase and outcome separately"): a phase
+/// separately: a phase
 /// says where the broker stopped, an outcome what is known about the remote side, and
 /// neither can be derived from the other.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]

@@ -1,4 +1,5 @@
-//! The settled-result store (seed 000, "Result delivery must not repeat execution").
+//! The settled-result store: a result is kept so that delivering it again never means
+//! executing again.
 //!
 //! A result is stored in the same transaction as its RESULT_COMMITTED event, split into
 //! sequenced chunks per stream (`body`, or `stdout`/`stderr`), with a digest over all of

@@ -10,7 +10,7 @@ use url::Url;
 const ED25519_KEY: &str =
     "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAABAgMEBQYHCAkKCwwNDg8QERITFBUWFxgZGhscHR4f";
 
-/// The DESIGN.md example, with a real (syntactically valid) host key.
+/// The documented example configuration, with a real (syntactically valid) host key.
 fn design_example() -> String {
     format!(
         r#"

@@ -1,6 +1,6 @@
 //! The projection's transition rules, applied directly to `EventBody` values (no journal):
-//! seed 000's "Dispatch changes the burden of proof" and "The error envelope should carry
-//! evidence". Unit tests for each rule, then property tests over random event sequences.
+//! once dispatched, the burden of proof changes (no more `not_attempted`), and the error
+//! envelope carries the evidence for its outcome. Unit tests for each rule, then property tests over random event sequences.
 
 use postern_broker::contract::{
     Code, ConfidenceSource, IdempotencyEvidence, Outcome, Phase, RemoteContract, Retry, Stage,
@@ -564,7 +564,7 @@ fn a_failure_before_dispatch_must_claim_not_attempted() {
     assert_eq!(log.p.outcome, Outcome::NotAttempted);
 }
 
-/// Seed 000: "A cancellation after dispatch is not a preflight failure". A failure after
+/// A cancellation after dispatch is not a preflight failure. A failure after
 /// dispatch names a post-dispatch phase; a record claiming `phase=validation` (or
 /// credential_injection, connection_setup) with `outcome=unknown` is contradictory: every
 /// code of those phases proves not_attempted. `Recorder::fail` always writes
@@ -668,7 +668,7 @@ fn a_second_attempt_failing_in_connection_setup_keeps_the_earlier_dispatch() {
     assert_eq!(facts.attempts_used, 1);
 }
 
-/// Seed 000: automatic retry is opt-in only for `backoff` or `same_idempotency_key`, and
+/// Automatic retry is opt-in only for `backoff` or `same_idempotency_key`, and
 /// an `unknown` outcome of a non-idempotent operation must never advertise `backoff`.
 /// Attempt 2's connection-setup failure proves only that attempt 2 sent nothing; its
 /// `backoff` must not replace the disposition the invocation's unknown outcome derives

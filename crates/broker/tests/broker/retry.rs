@@ -1,6 +1,6 @@
 //! `decide()`, `disposition_for_unknown()` and the retry manifest, driven by hand-built
-//! `RecordFacts` (no journal): seed 000's "Retry code should be boring and testable" and
-//! seed 003's manifest.
+//! `RecordFacts` (no journal): retry code is a pure function of the record, so every
+//! case is tested here, with the manifest that binds its evidence.
 
 use postern_broker::contract::{Code, Outcome, RemoteContract, Retry};
 use postern_broker::retry::{

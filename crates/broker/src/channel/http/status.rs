@@ -1,5 +1,5 @@
-//! From a complete HTTP response to outcome, code and retry (seed 000, "A complete
-//! remote result settles execution"). The table in `docs/errors.md` is generated from
+//! From a complete HTTP response to outcome, code and retry. Only a complete final
+//! response settles an exchange; a status alone never makes a repeat safe. The table in `docs/errors.md` is generated from
 //! [`MAPPING_EXAMPLES`] through [`classify`], so the documentation is the code.
 //!
 //! Status alone does not make repeating safe. Whether a new attempt may follow depends
