@@ -14,9 +14,9 @@ use tauri::test::{INVOKE_KEY, MockRuntime, mock_builder, mock_context, noop_asse
 use tauri::webview::InvokeRequest;
 use tauri::{App, WebviewWindow, WebviewWindowBuilder};
 
-use postern_broker::invocation::CallContext;
 use postern_broker::channel::http::{HttpOutcome, HttpRequest};
 use postern_broker::contract::{Code, Outcome, Retry};
+use postern_broker::invocation::CallContext;
 use postern_desktop::app::{Args, start, with_console};
 use postern_desktop::console::Console;
 use postern_tests::adversary::{Adversary, Behavior};

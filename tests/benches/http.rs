@@ -8,9 +8,9 @@ use std::io::Write;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use postern_broker::invocation::CallContext;
 use postern_broker::channel::http::HttpRequest;
 use postern_broker::contract::Outcome;
+use postern_broker::invocation::CallContext;
 use postern_broker::vault::KeychainBackend;
 use postern_tests::adversary::{Adversary, Behavior};
 use postern_tests::fixture::{open_broker_with, test_service};

@@ -8,9 +8,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use postern_broker::invocation::CallContext;
 use postern_broker::channel::ssh::{SshChannel, SshRequest};
 use postern_broker::contract::Outcome;
+use postern_broker::invocation::CallContext;
 use postern_broker::vault::{CredentialKind, Secret};
 use postern_tests::fixture::{open_broker, test_service};
 use postern_tests::ssh_fixture::Sshd;

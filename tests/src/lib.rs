@@ -211,10 +211,10 @@ pub mod fixture {
     use std::sync::Arc;
 
     use postern_broker::channel::http::HttpChannel;
-    use postern_broker::config::ConfigHandle;
-use postern_broker::vault::Credentials;
     use postern_broker::config::Config;
+    use postern_broker::config::ConfigHandle;
     use postern_broker::journal::Journal;
+    use postern_broker::vault::Credentials;
     use postern_broker::vault::{CredentialKind, Keychain, KeychainBackend, Secret, Vault};
 
     pub type BoxError = Box<dyn Error + Send + Sync>;

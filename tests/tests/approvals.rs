@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use postern_broker::approvals::Approvals;
-use postern_broker::invocation::CallContext;
 use postern_broker::channel::http::{HttpOutcome, HttpRequest};
 use postern_broker::clock::SystemClock;
 use postern_broker::contract::{Code, Outcome, Phase, Retry};
+use postern_broker::invocation::CallContext;
 use postern_tests::adversary::{Adversary, Behavior};
 use postern_tests::fixture::{Broker, open_broker, test_service};
 

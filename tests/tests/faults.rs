@@ -10,9 +10,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use postern_broker::audit::{AuditError, verify_file};
-use postern_broker::invocation::CallContext;
 use postern_broker::channel::http::{HttpOutcome, HttpRequest};
 use postern_broker::contract::{Code, Outcome, Phase, Retry};
+use postern_broker::invocation::CallContext;
 use postern_broker::journal::JournalError;
 use postern_broker::journal::space::{RESERVE_BYTES, reserve_path};
 use postern_tests::adversary::{Adversary, Behavior};

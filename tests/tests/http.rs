@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use postern_broker::invocation::CallContext;
 use postern_broker::channel::http::{HttpOutcome, HttpRequest};
 use postern_broker::contract::{Code, Outcome, Phase, Retry, Stage};
+use postern_broker::invocation::CallContext;
 use postern_broker::retry::{Decision, Verdict};
 use postern_tests::adversary::{
     Adversary, Behavior, Encoding, TestCert, TestPki, encodings, refused_addr,
@@ -1434,11 +1434,7 @@ async fn requests_the_http_stack_cannot_build_are_refused_at_validation_and_send
     );
     // The API answers an unknown GET with 404: a response, so the request went out.
     let out = run(&f, get(url)).await;
-    assert_eq!(
-        out.result.as_ref().map(|r| r.status),
-        Some(404),
-        "{out:?}"
-    );
+    assert_eq!(out.result.as_ref().map(|r| r.status), Some(404), "{out:?}");
     assert_eq!(server.requests().len(), 2);
 }
 

@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use postern_broker::invocation::CallContext;
 use postern_broker::channel::ssh::{SshChannel, SshOutcome, SshRequest};
 use postern_broker::contract::{Code, Outcome, Phase, Stage};
+use postern_broker::invocation::CallContext;
 use postern_broker::vault::{CredentialKind, Secret};
 use postern_tests::fixture::{Broker, open_broker, test_service};
 use postern_tests::ssh_fixture::{KeyPair, Sshd, keygen};

@@ -51,7 +51,8 @@
 //! ```
 //!
 //! Strings are UTF-8. The digest is shown as `blake3:` followed by 64 lowercase hex
-//! digits. Known-answer vectors live in `tests/vectors/fingerprint_v1.json`.
+//! digits. Known-answer vectors live in `tests/vectors/fingerprint_v1.json`; those for
+//! the target version (`crate::config`) and the audit chain (`crate::audit`) beside it.
 
 use std::fmt;
 use std::str::FromStr;

@@ -6,7 +6,8 @@
 //! in the journal but not yet in the audit log. Each row's hash is
 //! `H_k(prev_hash ‖ seq ‖ len‖invocation_id ‖ len‖kind ‖ len‖body ‖ recorded_at_ms)` with
 //! a key derived from a fixed context string (domain separation), so no other blake3 use
-//! in the product can produce a colliding chain value.
+//! in the product can produce a colliding chain value. Known-answer vectors:
+//! `tests/vectors/audit_chain_v1.json`.
 //!
 //! Checkpoints (every N events and at clean shutdown) sign `(seq, head, count)`. The
 //! latest one is also written to a witness file beside the database, so removing the

@@ -36,6 +36,8 @@
 //!       0x64 credential, 0x65 OPT host_key (`<algo> <base64>`), 0x66 approval,
 //!       0x67 timeout_ms u64, 0x68 max_output_bytes u64
 //! ```
+//!
+//! Known-answer vectors: `tests/vectors/target_version_v1.json`.
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -827,7 +827,8 @@ impl ServerHandler for Unavailable {
                 None,
             ));
         }
-        let envelope = postern_broker::invocation::pipeline::broker_unavailable("", self.message.clone());
+        let envelope =
+            postern_broker::invocation::pipeline::broker_unavailable("", self.message.clone());
         let value = serde_json::to_value(envelope).unwrap_or(Value::Null);
         Ok(CallToolResult::structured_error(value).into())
     }

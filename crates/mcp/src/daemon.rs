@@ -43,11 +43,11 @@ use tokio::sync::Notify;
 use postern_broker::audit::signing_key_from_vault;
 use postern_broker::channel::http::HttpChannel;
 use postern_broker::channel::ssh::SshChannel;
-use postern_broker::config::ConfigHandle;
-use postern_broker::vault::Credentials;
 use postern_broker::clock::{Clock, SystemClock};
 use postern_broker::config::Config;
+use postern_broker::config::ConfigHandle;
 use postern_broker::journal::{Journal, JournalOptions};
+use postern_broker::vault::Credentials;
 use postern_broker::vault::{Keychain, KeychainBackend, Vault};
 
 use crate::bridge::{Line, LineReader, MAX_DEPTH, MAX_LINE, nesting_exceeds};

@@ -18,9 +18,9 @@ use rmcp::model::{
 use rmcp::service::{NotificationContext, RequestContext, RoleServer};
 use serde_json::{Value, json};
 
+use postern_broker::approvals::Approver;
 use postern_broker::channel::http::{HttpChannel, HttpOutcome, HttpRequest, HttpResponse};
 use postern_broker::channel::ssh::{SshChannel, SshOutcome, SshRequest, SshResult};
-use postern_broker::approvals::Approver;
 use postern_broker::config::ConfigHandle;
 use postern_broker::invocation::CallContext;
 use postern_broker::invocation::Recorder;

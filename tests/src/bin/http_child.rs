@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use postern_broker::invocation::CallContext;
 use postern_broker::channel::http::HttpRequest;
+use postern_broker::invocation::CallContext;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

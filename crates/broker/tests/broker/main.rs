@@ -13,3 +13,4 @@ mod retry;
 mod ssh_keys;
 mod support;
 mod vault;
+mod vectors;
