@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use postern_broker::approvals::{Approvals, Pending};
 use postern_broker::audit;
 use postern_broker::channel::ssh_keys::{KeyImportError, import_private_key};
-use postern_broker::config::{ApprovalMode, Config};
+use postern_broker::config::Config;
 use postern_broker::contract::{ConfidenceSource, Outcome};
 use postern_broker::display::escape_text;
 use postern_broker::invocation::Recorder;
@@ -700,7 +700,7 @@ impl Console {
                 channel: "http".into(),
                 location: t.base_url.to_string(),
                 credential: t.credential.as_str().to_string(),
-                approval: approval_str(t.approval).into(),
+                approval: t.approval.as_str().into(),
                 version: t.version().to_string(),
                 toml: text_of(&t.name),
             })
@@ -710,7 +710,7 @@ impl Console {
             channel: "ssh".into(),
             location: format!("{}@{}:{}", t.user, t.host, t.port),
             credential: t.credential.as_str().to_string(),
-            approval: approval_str(t.approval).into(),
+            approval: t.approval.as_str().into(),
             version: t.version().to_string(),
             toml: text_of(&t.name),
         }));
@@ -830,14 +830,6 @@ fn reserved(id: &str) -> Result<(), CommandError> {
 
 fn count(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
-}
-
-fn approval_str(mode: ApprovalMode) -> &'static str {
-    match mode {
-        ApprovalMode::None => "none",
-        ApprovalMode::Session => "session",
-        ApprovalMode::PerCall => "per_call",
-    }
 }
 
 fn settled_str(s: Settled) -> &'static str {

@@ -410,7 +410,7 @@ impl Session {
                     "base_url": t.base_url.as_str(),
                     "methods": t.methods,
                     "idempotent_methods": t.idempotent_methods,
-                    "approval": approval_name(t.approval),
+                    "approval": t.approval.as_str(),
                     "idempotency_contract": t.idempotency.is_some(),
                 })
             })
@@ -423,19 +423,11 @@ impl Session {
                 "host": t.host,
                 "port": t.port,
                 "user": t.user,
-                "approval": approval_name(t.approval),
+                "approval": t.approval.as_str(),
                 "host_key_pinned": t.host_key.is_some(),
             })
         }));
         CallToolResult::structured(json!({ "targets": targets }))
-    }
-}
-
-fn approval_name(mode: postern_broker::config::ApprovalMode) -> &'static str {
-    match mode {
-        postern_broker::config::ApprovalMode::None => "none",
-        postern_broker::config::ApprovalMode::Session => "session",
-        postern_broker::config::ApprovalMode::PerCall => "per_call",
     }
 }
 
