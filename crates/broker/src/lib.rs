@@ -28,6 +28,7 @@ pub mod config;
 pub mod config_edit;
 pub mod contract;
 pub mod display;
+pub mod evidence;
 pub mod invocation;
 pub mod journal;
 pub mod retry;

@@ -5,7 +5,9 @@
 mod action;
 mod audit;
 mod config;
+mod config_history;
 mod contract;
+mod evidence;
 mod journal;
 mod projection;
 mod query;
