@@ -11,17 +11,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use rusqlite::{Connection, OpenFlags};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use postern_broker::approvals::{Approvals, Pending};
 use postern_broker::audit;
 use postern_broker::channel::ssh_keys::{KeyImportError, import_private_key};
-use postern_broker::config::Config;
-use postern_broker::contract::{ConfidenceSource, Outcome};
+use postern_broker::config_edit::{self, TargetEditError};
+use postern_broker::contract::Outcome;
 use postern_broker::display::escape_text;
-use postern_broker::invocation::Recorder;
+use postern_broker::evidence::{self, AttestError};
 use postern_broker::journal::JournalError;
-use postern_broker::journal::events::{Channel, Event, EventBody, Settlement as Settled};
+use postern_broker::journal::events::{Channel, Event};
 use postern_broker::journal::projection::Projection;
 use postern_broker::journal::query::{self, Filter, InvocationRow};
 use postern_broker::vault::{CredentialKind, Secret};
@@ -121,11 +121,7 @@ impl Console {
 
     /// The newest journal sequence (0 for an empty journal).
     pub fn last_seq(&self) -> Result<u64, CommandError> {
-        self.read(|conn| {
-            let seq: Option<i64> =
-                conn.query_row("SELECT max(seq) FROM events", [], |r| r.get(0))?;
-            Ok(u64::try_from(seq.unwrap_or(0)).unwrap_or(0))
-        })
+        self.read(query::last_seq)
     }
 
     // ----- overview -------------------------------------------------------------------
@@ -377,38 +373,25 @@ impl Console {
                 .as_deref()
                 .and_then(|t| config.http_target(t))
                 .is_some_and(|t| t.reconcile.is_some());
-        let settlement = events.iter().rev().find_map(|e| match &e.body {
-            EventBody::Reconciled {
-                source,
-                settlement,
-                by,
-                note,
-                ..
-            } => Some(Settlement {
-                source: source.as_str().to_string(),
-                settlement: settled_str(*settlement).to_string(),
-                by: by.clone(),
-                note: note.clone(),
-                at_ms: e.recorded_at_ms,
-            }),
-            _ => None,
+        let settlement = evidence::latest_reconciliation(&events).map(|r| Settlement {
+            source: r.source.as_str().to_string(),
+            settlement: evidence::settlement_name(r.settlement).to_string(),
+            by: r.by,
+            note: r.note,
+            at_ms: r.at_ms,
         });
-        let manifest_verdict = events.iter().rev().find_map(|e| match &e.body {
-            EventBody::RetryManifest { verdict, .. } => serde_json::to_value(verdict)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string)),
-            _ => None,
-        });
-        let (proves, does_not_prove) = what_the_record_proves(&p, &events);
-        let mut envelope = postern_mcp::server::invocation_status(&p, now);
+        let manifest_verdict =
+            evidence::latest_retry_verdict(&events).map(|v| v.as_str().to_string());
+        let proof = evidence::what_the_record_proves(&p, &events);
+        let mut envelope = evidence::invocation_status(&p, now);
         envelope["message"] = json!(p.message);
         Ok(InvocationDetail {
-            unsettled: p.outcome == Outcome::Unknown && p.terminal && settlement.is_none(),
+            unsettled: evidence::is_unsettled(&p),
             row: activity_row(row),
             events: events.iter().map(timeline_event).collect(),
             envelope,
-            proves,
-            does_not_prove,
+            proves: proof.proves_sentences(),
+            does_not_prove: proof.does_not_prove_sentences(),
             manifest_verdict,
             can_query,
             settlement,
@@ -417,33 +400,10 @@ impl Console {
 
     // ----- reconciliation -------------------------------------------------------------
 
-    /// The newest [`RECONCILE_LIST`] unknown outcomes that nothing has settled: the
-    /// attempt is closed (not still running) and no reconciliation was recorded (one
-    /// would have folded the outcome to its settlement).
+    /// The unknown outcomes that nothing has settled, among the newest
+    /// [`RECONCILE_LIST`] unknown ones.
     fn unsettled_rows(&self) -> Result<Vec<InvocationRow>, CommandError> {
-        let unknown = self.read(|conn| {
-            query::list(
-                conn,
-                &Filter {
-                    outcome: Some(Outcome::Unknown),
-                    limit: Some(RECONCILE_LIST),
-                    ..Filter::default()
-                },
-                self.now(),
-            )
-        })?;
-        let mut unsettled = Vec::with_capacity(unknown.len());
-        for row in unknown {
-            let p = self
-                .broker
-                .journal
-                .projection(&row.id)
-                .map_err(|e| journal_error(&e))?;
-            if p.terminal && p.reconciled.is_none() {
-                unsettled.push(row);
-            }
-        }
-        Ok(unsettled)
+        self.read(|conn| query::unsettled(conn, RECONCILE_LIST, self.now()))
     }
 
     /// Every unknown outcome not yet settled, newest first.
@@ -494,53 +454,29 @@ impl Console {
     /// Records an operator's attestation. The original attempt is never rewritten: a
     /// RECONCILED event (`operator_attested`, who, note) is appended.
     pub fn attest(&self, attestation: &Attestation) -> Result<InvocationDetail, CommandError> {
-        let settlement = match attestation.settlement.as_str() {
-            "committed" => Settled::Committed,
-            "not_applied" => Settled::NotApplied,
-            _ => {
-                return Err(CommandError::field(
-                    "INVALID_INPUT",
-                    "settlement",
-                    "The settlement is `committed` or `not_applied`.",
-                ));
-            }
-        };
-        let note = attestation.note.trim();
-        if note.is_empty() {
-            return Err(CommandError::field(
-                "INVALID_INPUT",
-                "note",
-                "Say what you checked: an attestation needs a note.",
-            ));
-        }
-        if note.chars().count() > 2000 {
-            return Err(CommandError::field(
-                "INVALID_INPUT",
-                "note",
-                "The note is longer than 2000 characters.",
-            ));
-        }
-        let before = self.detail(&attestation.invocation_id)?;
-        if !before.unsettled {
-            return Err(CommandError::new(
-                "NOT_UNKNOWN",
-                "This invocation's outcome is not an unsettled unknown; nothing was recorded.",
-            ));
-        }
-        let rec = Recorder::resume(&self.broker.journal, &attestation.invocation_id)
-            .map_err(|e| journal_error(&e))?;
-        rec.reconcile(
-            ConfidenceSource::OperatorAttested,
-            settlement,
-            &self.operator,
-            note,
-            None,
+        evidence::attest(
+            &self.broker.journal,
+            &evidence::Attestation {
+                invocation_id: &attestation.invocation_id,
+                settlement: &attestation.settlement,
+                note: &attestation.note,
+                by: &self.operator,
+            },
         )
         .map_err(|e| {
-            CommandError::new(
-                "JOURNAL_REFUSED",
-                format!("The attestation was not recorded: {e}"),
-            )
+            let code = match &e {
+                AttestError::UnknownSettlement
+                | AttestError::EmptyNote
+                | AttestError::NoteTooLong => "INVALID_INPUT",
+                AttestError::UnknownInvocation(_) => "UNKNOWN_INVOCATION",
+                AttestError::NotUnsettled => "NOT_UNKNOWN",
+                AttestError::Unreadable(_) => "JOURNAL_UNREADABLE",
+                AttestError::Refused(_) => "JOURNAL_REFUSED",
+            };
+            match e.field() {
+                Some(field) => CommandError::field(code, field, e.to_string()),
+                None => CommandError::new(code, e.to_string()),
+            }
         })?;
         self.detail(&attestation.invocation_id)
     }
@@ -730,22 +666,22 @@ impl Console {
             .edit
             .lock()
             .map_err(|_| CommandError::new("INTERNAL", "the editor lock was poisoned"))?;
-        let previous = std::fs::read(&self.paths.config)
-            .map_err(|e| CommandError::new("CONFIG_UNREADABLE", e.to_string()))?;
-        let config: Config =
-            postern_broker::config_edit::replace_target(&self.paths.config, &edit.name, &edit.toml)
-                .map_err(|e| CommandError::field("CONFIG_INVALID", "toml", e.to_string()))?;
-        // The previous file, kept for the record; failing to keep it does not undo the
-        // edit, but is said.
-        let history = self.paths.data_dir.join("config-history");
-        let kept = std::fs::create_dir_all(&history).and_then(|()| {
-            std::fs::write(
-                history.join(format!("{}-before-{}.toml", self.now(), edit.name)),
-                &previous,
-            )
-        });
-        self.broker.config.replace(config);
-        if let Err(e) = kept {
+        let edited = config_edit::edit_target(
+            &self.paths.config,
+            &self.paths.data_dir,
+            &edit.name,
+            &edit.toml,
+            self.now(),
+        )
+        .map_err(|e| match e {
+            TargetEditError::Unreadable(e) => CommandError::new("CONFIG_UNREADABLE", e.to_string()),
+            TargetEditError::Invalid(e) => {
+                CommandError::field("CONFIG_INVALID", "toml", e.to_string())
+            }
+        })?;
+        self.broker.config.replace(edited.config);
+        // Failing to keep the previous file does not undo the edit, but is said.
+        if let Err(e) = edited.kept {
             eprintln!("postern-console: the previous config was not kept: {e}");
         }
         self.targets()?
@@ -832,13 +768,6 @@ fn count(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
-fn settled_str(s: Settled) -> &'static str {
-    match s {
-        Settled::Committed => "committed",
-        Settled::NotApplied => "not_applied",
-    }
-}
-
 fn to_filter(f: &ActivityFilter) -> Result<Filter, CommandError> {
     fn parse<T: Copy>(
         field: &str,
@@ -922,118 +851,14 @@ fn csv_line(r: &ActivityRow) -> String {
     .join(",")
 }
 
-fn step_of(body: &EventBody) -> &'static str {
-    match body {
-        EventBody::ActionAccepted { .. } => "accepted",
-        EventBody::PreflightValidated { .. } => "validated",
-        EventBody::ApprovalRequested { .. }
-        | EventBody::ApprovalGranted { .. }
-        | EventBody::ApprovalDenied { .. } => "approval",
-        EventBody::CredentialAuthorized { .. } => "authorized",
-        EventBody::AttemptStarted { .. } | EventBody::ConnectionAttempt { .. } => "connecting",
-        EventBody::DispatchStarted { .. } | EventBody::RequestSent { .. } => "dispatched",
-        EventBody::RemoteResponseStarted { .. } | EventBody::RemoteResponseComplete { .. } => {
-            "response"
-        }
-        EventBody::ResultCommitted { .. } => "committed",
-        EventBody::ResultDelivered | EventBody::DeliveryFailed { .. } => "delivered",
-        EventBody::Failed { .. } => "failed",
-        EventBody::RetryManifest { .. } => "retry",
-        EventBody::Reconciled { .. } => "reconciled",
-        EventBody::ImportedEvidence { .. } => "imported",
-    }
-}
-
-/// `key=value` pairs of an event's facts (the journal holds no secrets).
-fn describe(body: &EventBody) -> String {
-    let Ok(Value::Object(map)) = serde_json::to_value(body) else {
-        return String::new();
-    };
-    map.into_iter()
-        .filter(|(k, v)| k != "kind" && !v.is_null())
-        .map(|(k, v)| match v {
-            Value::String(s) => format!("{k}={}", escape_text(&s)),
-            other => format!("{k}={other}"),
-        })
-        .collect::<Vec<_>>()
-        .join("  ")
-}
-
 fn timeline_event(e: &Event) -> TimelineEvent {
     TimelineEvent {
         seq: e.seq,
         at_ms: e.recorded_at_ms,
         kind: e.body.kind().to_string(),
-        step: step_of(&e.body).to_string(),
-        detail: describe(&e.body),
+        step: evidence::step_of(&e.body).as_str().to_string(),
+        detail: evidence::describe(&e.body),
     }
-}
-
-/// What the durable record of `p` proves and what it does not, in sentences an operator
-/// can act on.
-fn what_the_record_proves(p: &Projection, events: &[Event]) -> (Vec<String>, Vec<String>) {
-    let mut proves = Vec::new();
-    let mut not = Vec::new();
-    let dispatch = events.iter().find_map(|e| match &e.body {
-        EventBody::DispatchStarted {
-            peer_identity,
-            connection_id,
-            ..
-        } => Some((e.seq, peer_identity.clone(), connection_id.clone())),
-        _ => None,
-    });
-    match &dispatch {
-        None => proves.push(
-            "Nothing was sent: the record has no DISPATCH_STARTED, so the remote never saw \
-             this request."
-                .into(),
-        ),
-        Some((seq, peer, _)) => {
-            proves.push(format!(
-                "Dispatch started (seq {seq}): from then on the remote may have received the \
-                 request."
-            ));
-            if let Some(peer) = peer {
-                proves.push(format!("The connection was to the verified peer {peer}."));
-            }
-        }
-    }
-    let m = p.last_dispatched.as_ref().unwrap_or(&p.attempt);
-    if p.ever_dispatched {
-        if m.request_complete {
-            proves.push("The whole request was written to the connection.".into());
-        } else {
-            not.push("That the whole request left this machine.".into());
-        }
-        if m.response_headers_received {
-            proves.push(match m.http_status {
-                Some(status) => format!("The remote began answering (HTTP {status})."),
-                None => "The remote began answering.".into(),
-            });
-        } else {
-            not.push("That the remote received or processed the request.".into());
-        }
-        if !m.response_complete && p.outcome == Outcome::Unknown {
-            not.push("A complete response: none was received.".into());
-        }
-    }
-    if let Some(key) = p
-        .operation
-        .as_ref()
-        .and_then(|o| o.idempotency.as_ref())
-        .map(|i| i.key.clone())
-    {
-        proves.push(format!(
-            "It carried idempotency key {key}; the remote can be asked about that key."
-        ));
-    }
-    if p.dispatches > 1 {
-        proves.push(format!("It was dispatched {} times.", p.dispatches));
-    }
-    if p.outcome == Outcome::Unknown {
-        not.push("Whether the remote applied the operation.".into());
-    }
-    (proves, not)
 }
 
 fn process_card(p: &ProcessInfo) -> ProcessCard {

@@ -23,6 +23,7 @@ use postern_broker::channel::http::{
 };
 use postern_broker::channel::ssh::{SshChannel, SshOutcome, SshRequest, SshResult};
 use postern_broker::channel::{Approver, CallContext, ConfigHandle};
+use postern_broker::evidence;
 use postern_broker::invocation::Recorder;
 use postern_broker::journal::Journal;
 use postern_broker::journal::events::Channel;
@@ -95,22 +96,6 @@ impl Sessions {
             .map(|m| m.values().cloned().collect())
             .unwrap_or_default()
     }
-}
-
-/// An invocation's status as `get_invocation` reports it (and the console shows it):
-/// phase, outcome, retry now, code, delivery and the evidence, without the events.
-pub fn invocation_status(p: &Projection, now_ms: i64) -> Value {
-    json!({
-        "invocation_id": p.invocation_id,
-        "target": p.target,
-        "summary": p.summary,
-        "phase": p.phase,
-        "outcome": p.outcome,
-        "retry": p.retry(now_ms),
-        "code": p.effective_code(),
-        "delivered": p.delivered,
-        "evidence": p.evidence(),
-    })
 }
 
 /// What every session shares: the broker.
@@ -363,7 +348,7 @@ impl Session {
                 })
             })
             .collect();
-        let mut status = invocation_status(&p, now);
+        let mut status = evidence::invocation_status(&p, now);
         status["events"] = Value::Array(events);
         Ok(CallToolResult::structured(status))
     }
