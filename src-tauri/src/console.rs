@@ -61,7 +61,7 @@ pub struct Console {
 
 fn journal_error(e: &JournalError) -> CommandError {
     CommandError::new(
-        "JOURNAL_UNREADABLE",
+        ErrorCode::JournalUnreadable,
         format!("The journal could not be read: {e}"),
     )
 }
@@ -100,10 +100,9 @@ impl Console {
         &self,
         f: impl FnOnce(&Connection) -> Result<T, JournalError>,
     ) -> Result<T, CommandError> {
-        let mut guard = self
-            .reader
-            .lock()
-            .map_err(|_| CommandError::new("INTERNAL", "the journal reader was poisoned"))?;
+        let mut guard = self.reader.lock().map_err(|_| {
+            CommandError::new(ErrorCode::Internal, "the journal reader was poisoned")
+        })?;
         if guard.is_none() {
             let conn = Connection::open_with_flags(
                 self.broker.journal.path(),
@@ -115,7 +114,7 @@ impl Console {
         }
         match guard.as_ref() {
             Some(conn) => f(conn).map_err(|e| journal_error(&e)),
-            None => Err(CommandError::new("INTERNAL", "no journal reader")),
+            None => Err(CommandError::new(ErrorCode::Internal, "no journal reader")),
         }
     }
 
@@ -166,7 +165,7 @@ impl Console {
     ) -> Result<(), CommandError> {
         let not_pending = |_| {
             CommandError::new(
-                "NOT_PENDING",
+                ErrorCode::NotPending,
                 format!(
                     "{invocation_id} is no longer waiting for an answer (answered, timed out \
                      or cancelled by the agent)"
@@ -177,7 +176,7 @@ impl Console {
             Decision::Approve => {
                 if fingerprint.trim().is_empty() {
                     return Err(CommandError::field(
-                        "INVALID_INPUT",
+                        ErrorCode::InvalidInput,
                         "fingerprint",
                         "An approval must name the fingerprint it approves.",
                     ));
@@ -282,7 +281,7 @@ impl Console {
     ) -> Result<ExportResult, CommandError> {
         use std::io::Write;
         let io = |e: std::io::Error| {
-            CommandError::new("EXPORT_FAILED", format!("{}: {e}", dir.display()))
+            CommandError::new(ErrorCode::ExportFailed, format!("{}: {e}", dir.display()))
         };
         std::fs::create_dir_all(dir).map_err(io)?;
         let extension = match format {
@@ -312,8 +311,9 @@ impl Console {
                 for row in &page.rows {
                     match format {
                         ExportFormat::Jsonl => {
-                            let line = serde_json::to_string(row)
-                                .map_err(|e| CommandError::new("EXPORT_FAILED", e.to_string()))?;
+                            let line = serde_json::to_string(row).map_err(|e| {
+                                CommandError::new(ErrorCode::ExportFailed, e.to_string())
+                            })?;
                             writeln!(out, "{line}").map_err(io)?;
                         }
                         ExportFormat::Csv => writeln!(out, "{}", csv_line(row)).map_err(io)?,
@@ -351,7 +351,7 @@ impl Console {
         let row = self.read(|conn| query::row_by_id(conn, invocation_id, self.now()))?;
         let Some(row) = row else {
             return Err(CommandError::field(
-                "UNKNOWN_INVOCATION",
+                ErrorCode::UnknownInvocation,
                 "invocation_id",
                 format!("No invocation {invocation_id} in this journal."),
             ));
@@ -423,14 +423,14 @@ impl Console {
         let before = self.detail(invocation_id)?;
         if !before.unsettled {
             return Err(CommandError::new(
-                "NOT_UNKNOWN",
+                ErrorCode::NotUnknown,
                 "This invocation's outcome is not an unsettled unknown; there is nothing to \
                  reconcile.",
             ));
         }
         if !before.can_query {
             return Err(CommandError::new(
-                "NO_RECONCILE_QUERY",
+                ErrorCode::NoReconcileQuery,
                 "This target has no [http.reconcile] query configured; check the remote \
                  system and attest what you find.",
             ));
@@ -446,7 +446,7 @@ impl Console {
                 .error
                 .map(|e| e.error.message)
                 .unwrap_or_else(|| "the query's answer did not settle the outcome".into());
-            return Err(CommandError::new("RECONCILE_INCONCLUSIVE", why));
+            return Err(CommandError::new(ErrorCode::ReconcileInconclusive, why));
         }
         Ok(after)
     }
@@ -467,11 +467,11 @@ impl Console {
             let code = match &e {
                 AttestError::UnknownSettlement
                 | AttestError::EmptyNote
-                | AttestError::NoteTooLong => "INVALID_INPUT",
-                AttestError::UnknownInvocation(_) => "UNKNOWN_INVOCATION",
-                AttestError::NotUnsettled => "NOT_UNKNOWN",
-                AttestError::Unreadable(_) => "JOURNAL_UNREADABLE",
-                AttestError::Refused(_) => "JOURNAL_REFUSED",
+                | AttestError::NoteTooLong => ErrorCode::InvalidInput,
+                AttestError::UnknownInvocation(_) => ErrorCode::UnknownInvocation,
+                AttestError::NotUnsettled => ErrorCode::NotUnknown,
+                AttestError::Unreadable(_) => ErrorCode::JournalUnreadable,
+                AttestError::Refused(_) => ErrorCode::JournalRefused,
             };
             match e.field() {
                 Some(field) => CommandError::field(code, field, e.to_string()),
@@ -490,7 +490,7 @@ impl Console {
             .broker
             .credentials
             .list()
-            .map_err(|e| CommandError::new(e.code().as_str(), e.to_string()))?
+            .map_err(|e| CommandError::new(e.code(), e.to_string()))?
             .into_iter()
             .filter(|m| m.id.as_str() != audit::AUDIT_KEY_ID)
             .collect())
@@ -543,7 +543,7 @@ impl Console {
         reserved(&id)?;
         let kind: CredentialKind = kind.parse().map_err(|_| {
             CommandError::field(
-                "INVALID_INPUT",
+                ErrorCode::InvalidInput,
                 "kind",
                 format!(
                     "Unknown credential kind; use one of: {}.",
@@ -557,7 +557,7 @@ impl Console {
         })?;
         if secret.is_empty() {
             return Err(CommandError::field(
-                "INVALID_INPUT",
+                ErrorCode::InvalidInput,
                 "secret",
                 "The secret is empty; nothing was stored.",
             ));
@@ -565,7 +565,7 @@ impl Console {
         let secret = if kind == CredentialKind::SshKey {
             let text = std::str::from_utf8(secret.expose()).map_err(|_| {
                 CommandError::field(
-                    "INVALID_INPUT",
+                    ErrorCode::InvalidInput,
                     "secret",
                     "The SSH private key is not text.",
                 )
@@ -578,7 +578,7 @@ impl Console {
                 Ok(key) => key.private_openssh,
                 Err(KeyImportError::PassphraseRequired) => {
                     return Err(CommandError::field(
-                        "INVALID_INPUT",
+                        ErrorCode::InvalidInput,
                         "passphrase",
                         "This SSH key is encrypted: enter its passphrase (used once to decrypt, \
                          never stored).",
@@ -586,7 +586,7 @@ impl Console {
                 }
                 Err(e) => {
                     return Err(CommandError::field(
-                        "INVALID_INPUT",
+                        ErrorCode::InvalidInput,
                         "secret",
                         format!("{e}; nothing was stored."),
                     ));
@@ -599,12 +599,14 @@ impl Console {
             .broker
             .credentials
             .set(&id, kind, &secret, self.now())
-            .map_err(|e| CommandError::field(e.code().as_str(), "id", e.to_string()))?;
+            .map_err(|e| CommandError::field(e.code(), "id", e.to_string()))?;
         drop(secret);
         self.credentials()?
             .into_iter()
             .find(|c| c.id == stored.id.as_str())
-            .ok_or_else(|| CommandError::new("INTERNAL", "the stored credential is not listed"))
+            .ok_or_else(|| {
+                CommandError::new(ErrorCode::Internal, "the stored credential is not listed")
+            })
     }
 
     pub fn remove_credential(&self, id: &str) -> Result<(), CommandError> {
@@ -612,7 +614,7 @@ impl Console {
         self.broker
             .credentials
             .remove(id)
-            .map_err(|e| CommandError::field(e.code().as_str(), "id", e.to_string()))
+            .map_err(|e| CommandError::field(e.code(), "id", e.to_string()))
     }
 
     // ----- targets --------------------------------------------------------------------
@@ -620,7 +622,7 @@ impl Console {
     pub fn targets(&self) -> Result<TargetList, CommandError> {
         let config = self.broker.config.current();
         let texts = postern_broker::config_edit::target_texts(&self.paths.config)
-            .map_err(|e| CommandError::new("CONFIG_UNREADABLE", e.to_string()))?;
+            .map_err(|e| CommandError::new(ErrorCode::ConfigUnreadable, e.to_string()))?;
         let text_of = |name: &str| {
             texts
                 .iter()
@@ -665,7 +667,7 @@ impl Console {
         let _one_at_a_time = self
             .edit
             .lock()
-            .map_err(|_| CommandError::new("INTERNAL", "the editor lock was poisoned"))?;
+            .map_err(|_| CommandError::new(ErrorCode::Internal, "the editor lock was poisoned"))?;
         let edited = config_edit::edit_target(
             &self.paths.config,
             &self.paths.data_dir,
@@ -674,9 +676,11 @@ impl Console {
             self.now(),
         )
         .map_err(|e| match e {
-            TargetEditError::Unreadable(e) => CommandError::new("CONFIG_UNREADABLE", e.to_string()),
+            TargetEditError::Unreadable(e) => {
+                CommandError::new(ErrorCode::ConfigUnreadable, e.to_string())
+            }
             TargetEditError::Invalid(e) => {
-                CommandError::field("CONFIG_INVALID", "toml", e.to_string())
+                CommandError::field(ErrorCode::ConfigInvalid, "toml", e.to_string())
             }
         })?;
         self.broker.config.replace(edited.config);
@@ -688,7 +692,9 @@ impl Console {
             .targets
             .into_iter()
             .find(|t| t.name == edit.name)
-            .ok_or_else(|| CommandError::new("INTERNAL", "the edited target is not listed"))
+            .ok_or_else(|| {
+                CommandError::new(ErrorCode::Internal, "the edited target is not listed")
+            })
     }
 
     // ----- integrity ------------------------------------------------------------------
@@ -756,7 +762,7 @@ fn bridge_command() -> String {
 fn reserved(id: &str) -> Result<(), CommandError> {
     if id == audit::AUDIT_KEY_ID {
         return Err(CommandError::field(
-            "INVALID_INPUT",
+            ErrorCode::InvalidInput,
             "id",
             format!("`{id}` is the broker's audit signing key; it cannot be changed here."),
         ));
@@ -783,7 +789,11 @@ fn to_filter(f: &ActivityFilter) -> Result<Filter, CommandError> {
                 .find(|x| name(*x) == v)
                 .map(Some)
                 .ok_or_else(|| {
-                    CommandError::field("INVALID_INPUT", field, format!("Unknown {field} `{v}`."))
+                    CommandError::field(
+                        ErrorCode::InvalidInput,
+                        field,
+                        format!("Unknown {field} `{v}`."),
+                    )
                 }),
         }
     }
