@@ -22,6 +22,7 @@
 pub mod action;
 pub mod approvals;
 pub mod audit;
+pub mod broker;
 pub mod channel;
 pub mod clock;
 pub mod config;

@@ -4,6 +4,7 @@
 
 mod action;
 mod audit;
+mod broker;
 mod config;
 mod config_history;
 mod contract;
