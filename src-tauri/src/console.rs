@@ -15,6 +15,7 @@ use serde_json::json;
 
 use postern_broker::approvals::{Approvals, Pending};
 use postern_broker::audit;
+use postern_broker::broker::Broker;
 use postern_broker::channel::ssh_keys::{KeyImportError, import_private_key};
 use postern_broker::config_edit::{self, TargetEditError};
 use postern_broker::contract::Outcome;
@@ -26,7 +27,7 @@ use postern_broker::journal::projection::Projection;
 use postern_broker::journal::query::{self, Filter, InvocationRow};
 use postern_broker::vault::{CredentialKind, Secret};
 use postern_mcp::peer::ProcessInfo;
-use postern_mcp::server::{Broker, SessionRecord};
+use postern_mcp::server::{SessionRecord, Sessions};
 
 use crate::dto::*;
 
@@ -49,6 +50,8 @@ pub struct Paths {
 /// The operator's view of one running broker.
 pub struct Console {
     pub broker: Arc<Broker>,
+    /// The agent sessions the broker's socket has seen (this run).
+    pub sessions: Arc<Sessions>,
     pub approvals: Arc<Approvals>,
     pub paths: Paths,
     /// Who answers from this console, as recorded in the journal.
@@ -67,12 +70,18 @@ fn journal_error(e: &JournalError) -> CommandError {
 }
 
 impl Console {
-    pub fn new(broker: Arc<Broker>, approvals: Arc<Approvals>, paths: Paths) -> Self {
+    pub fn new(
+        broker: Arc<Broker>,
+        sessions: Arc<Sessions>,
+        approvals: Arc<Approvals>,
+        paths: Paths,
+    ) -> Self {
         let user = std::env::var("USER")
             .or_else(|_| std::env::var("LOGNAME"))
             .unwrap_or_else(|_| "operator".into());
         Console {
             broker,
+            sessions,
             approvals,
             paths,
             operator: format!("console:{user}"),
@@ -146,7 +155,7 @@ impl Console {
     // ----- approvals ------------------------------------------------------------------
 
     pub fn approval_cards(&self) -> Vec<ApprovalCard> {
-        let sessions = self.broker.sessions.list();
+        let sessions = self.sessions.list();
         self.approvals
             .pending()
             .into_iter()
@@ -195,7 +204,7 @@ impl Console {
     // ----- sessions and timeline ------------------------------------------------------
 
     pub fn sessions(&self) -> Result<Vec<SessionSummary>, CommandError> {
-        let live = self.broker.sessions.list();
+        let live = self.sessions.list();
         let rows = self.read(|conn| query::sessions(conn, 200))?;
         let mut out: Vec<SessionSummary> = rows
             .into_iter()
@@ -437,7 +446,7 @@ impl Console {
         }
         let outcome = self
             .broker
-            .channel
+            .http
             .reconcile(invocation_id, &self.operator)
             .await;
         let after = self.detail(invocation_id)?;

@@ -18,14 +18,12 @@ use rmcp::model::{
 use rmcp::service::{NotificationContext, RequestContext, RoleServer};
 use serde_json::{Value, json};
 
-use postern_broker::channel::http::{
-    HttpChannel, HttpOutcome, HttpRequest, HttpResponse, stored_response,
-};
-use postern_broker::channel::ssh::{SshChannel, SshOutcome, SshRequest, SshResult};
-use postern_broker::channel::{Approver, CallContext, ConfigHandle};
+use postern_broker::broker::Broker;
+use postern_broker::channel::CallContext;
+use postern_broker::channel::http::{HttpOutcome, HttpRequest, HttpResponse, stored_response};
+use postern_broker::channel::ssh::{SshOutcome, SshRequest, SshResult};
 use postern_broker::evidence;
 use postern_broker::invocation::Recorder;
-use postern_broker::journal::Journal;
 use postern_broker::journal::events::Channel;
 use postern_broker::journal::projection::Projection;
 
@@ -47,7 +45,9 @@ pub struct SessionRecord {
 }
 
 /// Agent sessions, keyed by agent pid and start time. A session ends when that process
-/// exits; a recycled pid has a different start time and so a different session.
+/// exits; a recycled pid has a different start time and so a different session. One
+/// registry per broker, held beside it by whoever serves the socket (the daemon, the
+/// desktop console).
 #[derive(Default)]
 pub struct Sessions(Mutex<HashMap<String, SessionRecord>>);
 
@@ -98,22 +98,8 @@ impl Sessions {
     }
 }
 
-/// What every session shares: the broker.
-pub struct Broker {
-    pub channel: HttpChannel,
-    pub ssh: SshChannel,
-    pub journal: Journal,
-    pub config: ConfigHandle,
-    /// The approval console, when one is attached (the desktop app). A headless daemon
-    /// has none: targets that need approval fail fast with NO_APPROVER.
-    pub approver: Option<Arc<dyn Approver>>,
-    pub sessions: Sessions,
-    /// The vault with its metadata: operator side only (the console's credentials
-    /// screen); no tool reaches it.
-    pub credentials: Arc<postern_broker::channel::Credentials>,
-}
-
-/// One bridge connection, for one agent session. Clones share state.
+/// One bridge connection, for one agent session, over the shared [`Broker`]. Clones
+/// share state.
 #[derive(Clone)]
 pub struct Session {
     broker: Arc<Broker>,
@@ -213,7 +199,7 @@ impl Session {
             cancel: context.ct.clone(),
         };
         let progress = self.progress_ticker(context);
-        let outcome = self.broker.channel.execute(request, &ctx).await;
+        let outcome = self.broker.http.execute(request, &ctx).await;
         progress.abort();
         self.remember(context, &outcome.invocation_id);
         Ok(result_of(&outcome))
@@ -378,7 +364,7 @@ impl Session {
             approver: self.broker.approver.clone(),
             cancel: context.ct.clone(),
         };
-        let outcome = self.broker.channel.retry(&args.invocation_id, &ctx).await;
+        let outcome = self.broker.http.retry(&args.invocation_id, &ctx).await;
         self.remember(context, &outcome.invocation_id);
         Ok(result_of(&outcome))
     }
