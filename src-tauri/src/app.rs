@@ -12,6 +12,7 @@ use tauri_plugin_notification::NotificationExt;
 
 use postern_broker::approvals::Approvals;
 use postern_broker::clock::SystemClock;
+use postern_mcp::server::Sessions;
 use postern_mcp::{DaemonArgs, KeychainChoice, daemon};
 
 use crate::console::{Console, Paths};
@@ -109,10 +110,11 @@ pub fn start(args: &Args) -> Result<Started, String> {
         Duration::from_secs(args.approval_timeout.max(1)),
         Arc::new(SystemClock),
     ));
-    let broker = daemon::open_broker_with(&daemon_args, Some(approvals.clone()))
-        .map_err(|e| e.to_string())?;
+    let broker =
+        daemon::open_broker(&daemon_args, Some(approvals.clone())).map_err(|e| e.to_string())?;
     let console = Arc::new(Console::new(
         broker,
+        Arc::new(Sessions::default()),
         approvals,
         Paths {
             data_dir,
@@ -252,12 +254,13 @@ pub fn main_entry() -> i32 {
         .setup(move |app| {
             let handle = app.handle().clone();
             let broker = console.broker.clone();
+            let sessions = console.sessions.clone();
             let socket = socket.clone();
             tauri::async_runtime::spawn(async move {
                 match daemon::bind(&socket).await {
                     Ok(listener) => {
                         eprintln!("postern-console: agents connect on {}", socket.display());
-                        daemon::serve(broker, listener, std::future::pending()).await;
+                        daemon::serve(broker, sessions, listener, std::future::pending()).await;
                     }
                     Err(e) => eprintln!("postern-console: agent socket: {e}"),
                 }

@@ -195,6 +195,7 @@ pub fn typescript() -> String {
         TargetList::decl(),
         TargetEdit::decl(),
         IntegrityState::decl(),
+        ErrorCode::decl(),
         CommandError::decl(),
         ApprovalsChanged::decl(),
         JournalChanged::decl(),

@@ -73,7 +73,7 @@ pub async fn export_activity<R: Runtime>(
     let console = console.inner().clone();
     tauri::async_runtime::spawn_blocking(move || console.export(&filter, format, &dir))
         .await
-        .map_err(|e| CommandError::new("INTERNAL", e.to_string()))?
+        .map_err(|e| CommandError::new(ErrorCode::Internal, e.to_string()))?
 }
 
 #[tauri::command]
@@ -123,7 +123,7 @@ pub async fn set_credential(
     let console = console.inner().clone();
     tauri::async_runtime::spawn_blocking(move || console.set_credential(credential))
         .await
-        .map_err(|e| CommandError::new("INTERNAL", e.to_string()))?
+        .map_err(|e| CommandError::new(ErrorCode::Internal, e.to_string()))?
 }
 
 #[tauri::command]
@@ -156,7 +156,7 @@ pub async fn integrity(
     let console = console.inner().clone();
     tauri::async_runtime::spawn_blocking(move || console.verify_now())
         .await
-        .map_err(|e| CommandError::new("INTERNAL", e.to_string()))
+        .map_err(|e| CommandError::new(ErrorCode::Internal, e.to_string()))
 }
 
 /// Registers every command; the list must match `commands_list.rs` (tested).

@@ -11,22 +11,23 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use rusqlite::{Connection, OpenFlags};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use postern_broker::approvals::{Approvals, Pending};
 use postern_broker::audit;
+use postern_broker::broker::Broker;
 use postern_broker::channel::ssh_keys::{KeyImportError, import_private_key};
-use postern_broker::config::{ApprovalMode, Config};
-use postern_broker::contract::{ConfidenceSource, Outcome};
+use postern_broker::config_edit::{self, TargetEditError};
+use postern_broker::contract::Outcome;
 use postern_broker::display::escape_text;
-use postern_broker::invocation::Recorder;
+use postern_broker::evidence::{self, AttestError};
 use postern_broker::journal::JournalError;
-use postern_broker::journal::events::{Channel, Event, EventBody, Settlement as Settled};
+use postern_broker::journal::events::{Channel, Event};
 use postern_broker::journal::projection::Projection;
 use postern_broker::journal::query::{self, Filter, InvocationRow};
 use postern_broker::vault::{CredentialKind, Secret};
 use postern_mcp::peer::ProcessInfo;
-use postern_mcp::server::{Broker, SessionRecord};
+use postern_mcp::server::{SessionRecord, Sessions};
 
 use crate::dto::*;
 
@@ -49,6 +50,8 @@ pub struct Paths {
 /// The operator's view of one running broker.
 pub struct Console {
     pub broker: Arc<Broker>,
+    /// The agent sessions the broker's socket has seen (this run).
+    pub sessions: Arc<Sessions>,
     pub approvals: Arc<Approvals>,
     pub paths: Paths,
     /// Who answers from this console, as recorded in the journal.
@@ -61,18 +64,24 @@ pub struct Console {
 
 fn journal_error(e: &JournalError) -> CommandError {
     CommandError::new(
-        "JOURNAL_UNREADABLE",
+        ErrorCode::JournalUnreadable,
         format!("The journal could not be read: {e}"),
     )
 }
 
 impl Console {
-    pub fn new(broker: Arc<Broker>, approvals: Arc<Approvals>, paths: Paths) -> Self {
+    pub fn new(
+        broker: Arc<Broker>,
+        sessions: Arc<Sessions>,
+        approvals: Arc<Approvals>,
+        paths: Paths,
+    ) -> Self {
         let user = std::env::var("USER")
             .or_else(|_| std::env::var("LOGNAME"))
             .unwrap_or_else(|_| "operator".into());
         Console {
             broker,
+            sessions,
             approvals,
             paths,
             operator: format!("console:{user}"),
@@ -100,10 +109,9 @@ impl Console {
         &self,
         f: impl FnOnce(&Connection) -> Result<T, JournalError>,
     ) -> Result<T, CommandError> {
-        let mut guard = self
-            .reader
-            .lock()
-            .map_err(|_| CommandError::new("INTERNAL", "the journal reader was poisoned"))?;
+        let mut guard = self.reader.lock().map_err(|_| {
+            CommandError::new(ErrorCode::Internal, "the journal reader was poisoned")
+        })?;
         if guard.is_none() {
             let conn = Connection::open_with_flags(
                 self.broker.journal.path(),
@@ -115,17 +123,13 @@ impl Console {
         }
         match guard.as_ref() {
             Some(conn) => f(conn).map_err(|e| journal_error(&e)),
-            None => Err(CommandError::new("INTERNAL", "no journal reader")),
+            None => Err(CommandError::new(ErrorCode::Internal, "no journal reader")),
         }
     }
 
     /// The newest journal sequence (0 for an empty journal).
     pub fn last_seq(&self) -> Result<u64, CommandError> {
-        self.read(|conn| {
-            let seq: Option<i64> =
-                conn.query_row("SELECT max(seq) FROM events", [], |r| r.get(0))?;
-            Ok(u64::try_from(seq.unwrap_or(0)).unwrap_or(0))
-        })
+        self.read(query::last_seq)
     }
 
     // ----- overview -------------------------------------------------------------------
@@ -151,7 +155,7 @@ impl Console {
     // ----- approvals ------------------------------------------------------------------
 
     pub fn approval_cards(&self) -> Vec<ApprovalCard> {
-        let sessions = self.broker.sessions.list();
+        let sessions = self.sessions.list();
         self.approvals
             .pending()
             .into_iter()
@@ -170,7 +174,7 @@ impl Console {
     ) -> Result<(), CommandError> {
         let not_pending = |_| {
             CommandError::new(
-                "NOT_PENDING",
+                ErrorCode::NotPending,
                 format!(
                     "{invocation_id} is no longer waiting for an answer (answered, timed out \
                      or cancelled by the agent)"
@@ -181,7 +185,7 @@ impl Console {
             Decision::Approve => {
                 if fingerprint.trim().is_empty() {
                     return Err(CommandError::field(
-                        "INVALID_INPUT",
+                        ErrorCode::InvalidInput,
                         "fingerprint",
                         "An approval must name the fingerprint it approves.",
                     ));
@@ -200,7 +204,7 @@ impl Console {
     // ----- sessions and timeline ------------------------------------------------------
 
     pub fn sessions(&self) -> Result<Vec<SessionSummary>, CommandError> {
-        let live = self.broker.sessions.list();
+        let live = self.sessions.list();
         let rows = self.read(|conn| query::sessions(conn, 200))?;
         let mut out: Vec<SessionSummary> = rows
             .into_iter()
@@ -286,7 +290,7 @@ impl Console {
     ) -> Result<ExportResult, CommandError> {
         use std::io::Write;
         let io = |e: std::io::Error| {
-            CommandError::new("EXPORT_FAILED", format!("{}: {e}", dir.display()))
+            CommandError::new(ErrorCode::ExportFailed, format!("{}: {e}", dir.display()))
         };
         std::fs::create_dir_all(dir).map_err(io)?;
         let extension = match format {
@@ -316,8 +320,9 @@ impl Console {
                 for row in &page.rows {
                     match format {
                         ExportFormat::Jsonl => {
-                            let line = serde_json::to_string(row)
-                                .map_err(|e| CommandError::new("EXPORT_FAILED", e.to_string()))?;
+                            let line = serde_json::to_string(row).map_err(|e| {
+                                CommandError::new(ErrorCode::ExportFailed, e.to_string())
+                            })?;
                             writeln!(out, "{line}").map_err(io)?;
                         }
                         ExportFormat::Csv => writeln!(out, "{}", csv_line(row)).map_err(io)?,
@@ -355,7 +360,7 @@ impl Console {
         let row = self.read(|conn| query::row_by_id(conn, invocation_id, self.now()))?;
         let Some(row) = row else {
             return Err(CommandError::field(
-                "UNKNOWN_INVOCATION",
+                ErrorCode::UnknownInvocation,
                 "invocation_id",
                 format!("No invocation {invocation_id} in this journal."),
             ));
@@ -377,38 +382,25 @@ impl Console {
                 .as_deref()
                 .and_then(|t| config.http_target(t))
                 .is_some_and(|t| t.reconcile.is_some());
-        let settlement = events.iter().rev().find_map(|e| match &e.body {
-            EventBody::Reconciled {
-                source,
-                settlement,
-                by,
-                note,
-                ..
-            } => Some(Settlement {
-                source: source.as_str().to_string(),
-                settlement: settled_str(*settlement).to_string(),
-                by: by.clone(),
-                note: note.clone(),
-                at_ms: e.recorded_at_ms,
-            }),
-            _ => None,
+        let settlement = evidence::latest_reconciliation(&events).map(|r| Settlement {
+            source: r.source.as_str().to_string(),
+            settlement: evidence::settlement_name(r.settlement).to_string(),
+            by: r.by,
+            note: r.note,
+            at_ms: r.at_ms,
         });
-        let manifest_verdict = events.iter().rev().find_map(|e| match &e.body {
-            EventBody::RetryManifest { verdict, .. } => serde_json::to_value(verdict)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string)),
-            _ => None,
-        });
-        let (proves, does_not_prove) = what_the_record_proves(&p, &events);
-        let mut envelope = postern_mcp::server::invocation_status(&p, now);
+        let manifest_verdict =
+            evidence::latest_retry_verdict(&events).map(|v| v.as_str().to_string());
+        let proof = evidence::what_the_record_proves(&p, &events);
+        let mut envelope = evidence::invocation_status(&p, now);
         envelope["message"] = json!(p.message);
         Ok(InvocationDetail {
-            unsettled: p.outcome == Outcome::Unknown && p.terminal && settlement.is_none(),
+            unsettled: evidence::is_unsettled(&p),
             row: activity_row(row),
             events: events.iter().map(timeline_event).collect(),
             envelope,
-            proves,
-            does_not_prove,
+            proves: proof.proves_sentences(),
+            does_not_prove: proof.does_not_prove_sentences(),
             manifest_verdict,
             can_query,
             settlement,
@@ -417,33 +409,10 @@ impl Console {
 
     // ----- reconciliation -------------------------------------------------------------
 
-    /// The newest [`RECONCILE_LIST`] unknown outcomes that nothing has settled: the
-    /// attempt is closed (not still running) and no reconciliation was recorded (one
-    /// would have folded the outcome to its settlement).
+    /// The unknown outcomes that nothing has settled, among the newest
+    /// [`RECONCILE_LIST`] unknown ones.
     fn unsettled_rows(&self) -> Result<Vec<InvocationRow>, CommandError> {
-        let unknown = self.read(|conn| {
-            query::list(
-                conn,
-                &Filter {
-                    outcome: Some(Outcome::Unknown),
-                    limit: Some(RECONCILE_LIST),
-                    ..Filter::default()
-                },
-                self.now(),
-            )
-        })?;
-        let mut unsettled = Vec::with_capacity(unknown.len());
-        for row in unknown {
-            let p = self
-                .broker
-                .journal
-                .projection(&row.id)
-                .map_err(|e| journal_error(&e))?;
-            if p.terminal && p.reconciled.is_none() {
-                unsettled.push(row);
-            }
-        }
-        Ok(unsettled)
+        self.read(|conn| query::unsettled(conn, RECONCILE_LIST, self.now()))
     }
 
     /// Every unknown outcome not yet settled, newest first.
@@ -463,21 +432,21 @@ impl Console {
         let before = self.detail(invocation_id)?;
         if !before.unsettled {
             return Err(CommandError::new(
-                "NOT_UNKNOWN",
+                ErrorCode::NotUnknown,
                 "This invocation's outcome is not an unsettled unknown; there is nothing to \
                  reconcile.",
             ));
         }
         if !before.can_query {
             return Err(CommandError::new(
-                "NO_RECONCILE_QUERY",
+                ErrorCode::NoReconcileQuery,
                 "This target has no [http.reconcile] query configured; check the remote \
                  system and attest what you find.",
             ));
         }
         let outcome = self
             .broker
-            .channel
+            .http
             .reconcile(invocation_id, &self.operator)
             .await;
         let after = self.detail(invocation_id)?;
@@ -486,7 +455,7 @@ impl Console {
                 .error
                 .map(|e| e.error.message)
                 .unwrap_or_else(|| "the query's answer did not settle the outcome".into());
-            return Err(CommandError::new("RECONCILE_INCONCLUSIVE", why));
+            return Err(CommandError::new(ErrorCode::ReconcileInconclusive, why));
         }
         Ok(after)
     }
@@ -494,53 +463,29 @@ impl Console {
     /// Records an operator's attestation. The original attempt is never rewritten: a
     /// RECONCILED event (`operator_attested`, who, note) is appended.
     pub fn attest(&self, attestation: &Attestation) -> Result<InvocationDetail, CommandError> {
-        let settlement = match attestation.settlement.as_str() {
-            "committed" => Settled::Committed,
-            "not_applied" => Settled::NotApplied,
-            _ => {
-                return Err(CommandError::field(
-                    "INVALID_INPUT",
-                    "settlement",
-                    "The settlement is `committed` or `not_applied`.",
-                ));
-            }
-        };
-        let note = attestation.note.trim();
-        if note.is_empty() {
-            return Err(CommandError::field(
-                "INVALID_INPUT",
-                "note",
-                "Say what you checked: an attestation needs a note.",
-            ));
-        }
-        if note.chars().count() > 2000 {
-            return Err(CommandError::field(
-                "INVALID_INPUT",
-                "note",
-                "The note is longer than 2000 characters.",
-            ));
-        }
-        let before = self.detail(&attestation.invocation_id)?;
-        if !before.unsettled {
-            return Err(CommandError::new(
-                "NOT_UNKNOWN",
-                "This invocation's outcome is not an unsettled unknown; nothing was recorded.",
-            ));
-        }
-        let rec = Recorder::resume(&self.broker.journal, &attestation.invocation_id)
-            .map_err(|e| journal_error(&e))?;
-        rec.reconcile(
-            ConfidenceSource::OperatorAttested,
-            settlement,
-            &self.operator,
-            note,
-            None,
+        evidence::attest(
+            &self.broker.journal,
+            &evidence::Attestation {
+                invocation_id: &attestation.invocation_id,
+                settlement: &attestation.settlement,
+                note: &attestation.note,
+                by: &self.operator,
+            },
         )
         .map_err(|e| {
-            CommandError::new(
-                "JOURNAL_REFUSED",
-                format!("The attestation was not recorded: {e}"),
-            )
+            let code = match &e {
+                AttestError::UnknownSettlement
+                | AttestError::EmptyNote
+                | AttestError::NoteTooLong => ErrorCode::InvalidInput,
+                AttestError::UnknownInvocation(_) => ErrorCode::UnknownInvocation,
+                AttestError::NotUnsettled => ErrorCode::NotUnknown,
+                AttestError::Unreadable(_) => ErrorCode::JournalUnreadable,
+                AttestError::Refused(_) => ErrorCode::JournalRefused,
+            };
+            match e.field() {
+                Some(field) => CommandError::field(code, field, e.to_string()),
+                None => CommandError::new(code, e.to_string()),
+            }
         })?;
         self.detail(&attestation.invocation_id)
     }
@@ -554,7 +499,7 @@ impl Console {
             .broker
             .credentials
             .list()
-            .map_err(|e| CommandError::new(e.code().as_str(), e.to_string()))?
+            .map_err(|e| CommandError::new(e.code(), e.to_string()))?
             .into_iter()
             .filter(|m| m.id.as_str() != audit::AUDIT_KEY_ID)
             .collect())
@@ -607,7 +552,7 @@ impl Console {
         reserved(&id)?;
         let kind: CredentialKind = kind.parse().map_err(|_| {
             CommandError::field(
-                "INVALID_INPUT",
+                ErrorCode::InvalidInput,
                 "kind",
                 format!(
                     "Unknown credential kind; use one of: {}.",
@@ -621,7 +566,7 @@ impl Console {
         })?;
         if secret.is_empty() {
             return Err(CommandError::field(
-                "INVALID_INPUT",
+                ErrorCode::InvalidInput,
                 "secret",
                 "The secret is empty; nothing was stored.",
             ));
@@ -629,7 +574,7 @@ impl Console {
         let secret = if kind == CredentialKind::SshKey {
             let text = std::str::from_utf8(secret.expose()).map_err(|_| {
                 CommandError::field(
-                    "INVALID_INPUT",
+                    ErrorCode::InvalidInput,
                     "secret",
                     "The SSH private key is not text.",
                 )
@@ -642,7 +587,7 @@ impl Console {
                 Ok(key) => key.private_openssh,
                 Err(KeyImportError::PassphraseRequired) => {
                     return Err(CommandError::field(
-                        "INVALID_INPUT",
+                        ErrorCode::InvalidInput,
                         "passphrase",
                         "This SSH key is encrypted: enter its passphrase (used once to decrypt, \
                          never stored).",
@@ -650,7 +595,7 @@ impl Console {
                 }
                 Err(e) => {
                     return Err(CommandError::field(
-                        "INVALID_INPUT",
+                        ErrorCode::InvalidInput,
                         "secret",
                         format!("{e}; nothing was stored."),
                     ));
@@ -663,12 +608,14 @@ impl Console {
             .broker
             .credentials
             .set(&id, kind, &secret, self.now())
-            .map_err(|e| CommandError::field(e.code().as_str(), "id", e.to_string()))?;
+            .map_err(|e| CommandError::field(e.code(), "id", e.to_string()))?;
         drop(secret);
         self.credentials()?
             .into_iter()
             .find(|c| c.id == stored.id.as_str())
-            .ok_or_else(|| CommandError::new("INTERNAL", "the stored credential is not listed"))
+            .ok_or_else(|| {
+                CommandError::new(ErrorCode::Internal, "the stored credential is not listed")
+            })
     }
 
     pub fn remove_credential(&self, id: &str) -> Result<(), CommandError> {
@@ -676,7 +623,7 @@ impl Console {
         self.broker
             .credentials
             .remove(id)
-            .map_err(|e| CommandError::field(e.code().as_str(), "id", e.to_string()))
+            .map_err(|e| CommandError::field(e.code(), "id", e.to_string()))
     }
 
     // ----- targets --------------------------------------------------------------------
@@ -684,7 +631,7 @@ impl Console {
     pub fn targets(&self) -> Result<TargetList, CommandError> {
         let config = self.broker.config.current();
         let texts = postern_broker::config_edit::target_texts(&self.paths.config)
-            .map_err(|e| CommandError::new("CONFIG_UNREADABLE", e.to_string()))?;
+            .map_err(|e| CommandError::new(ErrorCode::ConfigUnreadable, e.to_string()))?;
         let text_of = |name: &str| {
             texts
                 .iter()
@@ -700,7 +647,7 @@ impl Console {
                 channel: "http".into(),
                 location: t.base_url.to_string(),
                 credential: t.credential.as_str().to_string(),
-                approval: approval_str(t.approval).into(),
+                approval: t.approval.as_str().into(),
                 version: t.version().to_string(),
                 toml: text_of(&t.name),
             })
@@ -710,7 +657,7 @@ impl Console {
             channel: "ssh".into(),
             location: format!("{}@{}:{}", t.user, t.host, t.port),
             credential: t.credential.as_str().to_string(),
-            approval: approval_str(t.approval).into(),
+            approval: t.approval.as_str().into(),
             version: t.version().to_string(),
             toml: text_of(&t.name),
         }));
@@ -729,30 +676,34 @@ impl Console {
         let _one_at_a_time = self
             .edit
             .lock()
-            .map_err(|_| CommandError::new("INTERNAL", "the editor lock was poisoned"))?;
-        let previous = std::fs::read(&self.paths.config)
-            .map_err(|e| CommandError::new("CONFIG_UNREADABLE", e.to_string()))?;
-        let config: Config =
-            postern_broker::config_edit::replace_target(&self.paths.config, &edit.name, &edit.toml)
-                .map_err(|e| CommandError::field("CONFIG_INVALID", "toml", e.to_string()))?;
-        // The previous file, kept for the record; failing to keep it does not undo the
-        // edit, but is said.
-        let history = self.paths.data_dir.join("config-history");
-        let kept = std::fs::create_dir_all(&history).and_then(|()| {
-            std::fs::write(
-                history.join(format!("{}-before-{}.toml", self.now(), edit.name)),
-                &previous,
-            )
-        });
-        self.broker.config.replace(config);
-        if let Err(e) = kept {
+            .map_err(|_| CommandError::new(ErrorCode::Internal, "the editor lock was poisoned"))?;
+        let edited = config_edit::edit_target(
+            &self.paths.config,
+            &self.paths.data_dir,
+            &edit.name,
+            &edit.toml,
+            self.now(),
+        )
+        .map_err(|e| match e {
+            TargetEditError::Unreadable(e) => {
+                CommandError::new(ErrorCode::ConfigUnreadable, e.to_string())
+            }
+            TargetEditError::Invalid(e) => {
+                CommandError::field(ErrorCode::ConfigInvalid, "toml", e.to_string())
+            }
+        })?;
+        self.broker.config.replace(edited.config);
+        // Failing to keep the previous file does not undo the edit, but is said.
+        if let Err(e) = edited.kept {
             eprintln!("postern-console: the previous config was not kept: {e}");
         }
         self.targets()?
             .targets
             .into_iter()
             .find(|t| t.name == edit.name)
-            .ok_or_else(|| CommandError::new("INTERNAL", "the edited target is not listed"))
+            .ok_or_else(|| {
+                CommandError::new(ErrorCode::Internal, "the edited target is not listed")
+            })
     }
 
     // ----- integrity ------------------------------------------------------------------
@@ -820,7 +771,7 @@ fn bridge_command() -> String {
 fn reserved(id: &str) -> Result<(), CommandError> {
     if id == audit::AUDIT_KEY_ID {
         return Err(CommandError::field(
-            "INVALID_INPUT",
+            ErrorCode::InvalidInput,
             "id",
             format!("`{id}` is the broker's audit signing key; it cannot be changed here."),
         ));
@@ -830,21 +781,6 @@ fn reserved(id: &str) -> Result<(), CommandError> {
 
 fn count(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
-}
-
-fn approval_str(mode: ApprovalMode) -> &'static str {
-    match mode {
-        ApprovalMode::None => "none",
-        ApprovalMode::Session => "session",
-        ApprovalMode::PerCall => "per_call",
-    }
-}
-
-fn settled_str(s: Settled) -> &'static str {
-    match s {
-        Settled::Committed => "committed",
-        Settled::NotApplied => "not_applied",
-    }
 }
 
 fn to_filter(f: &ActivityFilter) -> Result<Filter, CommandError> {
@@ -862,7 +798,11 @@ fn to_filter(f: &ActivityFilter) -> Result<Filter, CommandError> {
                 .find(|x| name(*x) == v)
                 .map(Some)
                 .ok_or_else(|| {
-                    CommandError::field("INVALID_INPUT", field, format!("Unknown {field} `{v}`."))
+                    CommandError::field(
+                        ErrorCode::InvalidInput,
+                        field,
+                        format!("Unknown {field} `{v}`."),
+                    )
                 }),
         }
     }
@@ -930,118 +870,14 @@ fn csv_line(r: &ActivityRow) -> String {
     .join(",")
 }
 
-fn step_of(body: &EventBody) -> &'static str {
-    match body {
-        EventBody::ActionAccepted { .. } => "accepted",
-        EventBody::PreflightValidated { .. } => "validated",
-        EventBody::ApprovalRequested { .. }
-        | EventBody::ApprovalGranted { .. }
-        | EventBody::ApprovalDenied { .. } => "approval",
-        EventBody::CredentialAuthorized { .. } => "authorized",
-        EventBody::AttemptStarted { .. } | EventBody::ConnectionAttempt { .. } => "connecting",
-        EventBody::DispatchStarted { .. } | EventBody::RequestSent { .. } => "dispatched",
-        EventBody::RemoteResponseStarted { .. } | EventBody::RemoteResponseComplete { .. } => {
-            "response"
-        }
-        EventBody::ResultCommitted { .. } => "committed",
-        EventBody::ResultDelivered | EventBody::DeliveryFailed { .. } => "delivered",
-        EventBody::Failed { .. } => "failed",
-        EventBody::RetryManifest { .. } => "retry",
-        EventBody::Reconciled { .. } => "reconciled",
-        EventBody::ImportedEvidence { .. } => "imported",
-    }
-}
-
-/// `key=value` pairs of an event's facts (the journal holds no secrets).
-fn describe(body: &EventBody) -> String {
-    let Ok(Value::Object(map)) = serde_json::to_value(body) else {
-        return String::new();
-    };
-    map.into_iter()
-        .filter(|(k, v)| k != "kind" && !v.is_null())
-        .map(|(k, v)| match v {
-            Value::String(s) => format!("{k}={}", escape_text(&s)),
-            other => format!("{k}={other}"),
-        })
-        .collect::<Vec<_>>()
-        .join("  ")
-}
-
 fn timeline_event(e: &Event) -> TimelineEvent {
     TimelineEvent {
         seq: e.seq,
         at_ms: e.recorded_at_ms,
         kind: e.body.kind().to_string(),
-        step: step_of(&e.body).to_string(),
-        detail: describe(&e.body),
+        step: evidence::step_of(&e.body).as_str().to_string(),
+        detail: evidence::describe(&e.body),
     }
-}
-
-/// What the durable record of `p` proves and what it does not, in sentences an operator
-/// can act on.
-fn what_the_record_proves(p: &Projection, events: &[Event]) -> (Vec<String>, Vec<String>) {
-    let mut proves = Vec::new();
-    let mut not = Vec::new();
-    let dispatch = events.iter().find_map(|e| match &e.body {
-        EventBody::DispatchStarted {
-            peer_identity,
-            connection_id,
-            ..
-        } => Some((e.seq, peer_identity.clone(), connection_id.clone())),
-        _ => None,
-    });
-    match &dispatch {
-        None => proves.push(
-            "Nothing was sent: the record has no DISPATCH_STARTED, so the remote never saw \
-             this request."
-                .into(),
-        ),
-        Some((seq, peer, _)) => {
-            proves.push(format!(
-                "Dispatch started (seq {seq}): from then on the remote may have received the \
-                 request."
-            ));
-            if let Some(peer) = peer {
-                proves.push(format!("The connection was to the verified peer {peer}."));
-            }
-        }
-    }
-    let m = p.last_dispatched.as_ref().unwrap_or(&p.attempt);
-    if p.ever_dispatched {
-        if m.request_complete {
-            proves.push("The whole request was written to the connection.".into());
-        } else {
-            not.push("That the whole request left this machine.".into());
-        }
-        if m.response_headers_received {
-            proves.push(match m.http_status {
-                Some(status) => format!("The remote began answering (HTTP {status})."),
-                None => "The remote began answering.".into(),
-            });
-        } else {
-            not.push("That the remote received or processed the request.".into());
-        }
-        if !m.response_complete && p.outcome == Outcome::Unknown {
-            not.push("A complete response: none was received.".into());
-        }
-    }
-    if let Some(key) = p
-        .operation
-        .as_ref()
-        .and_then(|o| o.idempotency.as_ref())
-        .map(|i| i.key.clone())
-    {
-        proves.push(format!(
-            "It carried idempotency key {key}; the remote can be asked about that key."
-        ));
-    }
-    if p.dispatches > 1 {
-        proves.push(format!("It was dispatched {} times.", p.dispatches));
-    }
-    if p.outcome == Outcome::Unknown {
-        not.push("Whether the remote applied the operation.".into());
-    }
-    (proves, not)
 }
 
 fn process_card(p: &ProcessInfo) -> ProcessCard {

@@ -3,6 +3,7 @@
 //! the committed file drifts). No type here can carry secret bytes: credential values
 //! travel only inward, in [`SetCredential`], and are never returned.
 
+use postern_broker::contract::Code;
 use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 
@@ -344,29 +345,109 @@ pub struct IntegrityState {
     pub first_bad_seq: Option<u64>,
 }
 
+/// The stable code of a [`CommandError`]: one of the console's own, or a code of the
+/// broker's contract passed through unchanged (a vault error carries one). Either way it
+/// crosses the IPC boundary as the bare string, e.g. `"NOT_PENDING"` or
+/// `"VAULT_LOCKED"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, TS)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ErrorCode {
+    /// A command argument is malformed or out of range; `field` names it.
+    InvalidInput,
+    /// The journal could not be read.
+    JournalUnreadable,
+    /// The journal refused to record an attestation.
+    JournalRefused,
+    /// The approval was already answered, timed out or was cancelled.
+    NotPending,
+    /// No invocation with that id is in the journal.
+    UnknownInvocation,
+    /// The invocation's outcome is not an unsettled unknown.
+    NotUnknown,
+    /// The target has no reconcile query configured.
+    NoReconcileQuery,
+    /// The reconcile query ran but did not settle the outcome.
+    ReconcileInconclusive,
+    /// The activity export could not be written.
+    ExportFailed,
+    /// The targets file could not be read.
+    ConfigUnreadable,
+    /// A target edit does not validate; nothing was changed.
+    ConfigInvalid,
+    /// Something in the console itself failed (a poisoned lock, a task that died).
+    Internal,
+    /// A code of the broker's contract, e.g. `VAULT_LOCKED`.
+    #[serde(untagged)]
+    #[ts(type = "Code")]
+    Broker(Code),
+}
+
+impl ErrorCode {
+    /// The console's own codes (every variant but [`ErrorCode::Broker`]).
+    pub const CONSOLE: &'static [ErrorCode] = &[
+        ErrorCode::InvalidInput,
+        ErrorCode::JournalUnreadable,
+        ErrorCode::JournalRefused,
+        ErrorCode::NotPending,
+        ErrorCode::UnknownInvocation,
+        ErrorCode::NotUnknown,
+        ErrorCode::NoReconcileQuery,
+        ErrorCode::ReconcileInconclusive,
+        ErrorCode::ExportFailed,
+        ErrorCode::ConfigUnreadable,
+        ErrorCode::ConfigInvalid,
+        ErrorCode::Internal,
+    ];
+
+    /// The wire string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::InvalidInput => "INVALID_INPUT",
+            ErrorCode::JournalUnreadable => "JOURNAL_UNREADABLE",
+            ErrorCode::JournalRefused => "JOURNAL_REFUSED",
+            ErrorCode::NotPending => "NOT_PENDING",
+            ErrorCode::UnknownInvocation => "UNKNOWN_INVOCATION",
+            ErrorCode::NotUnknown => "NOT_UNKNOWN",
+            ErrorCode::NoReconcileQuery => "NO_RECONCILE_QUERY",
+            ErrorCode::ReconcileInconclusive => "RECONCILE_INCONCLUSIVE",
+            ErrorCode::ExportFailed => "EXPORT_FAILED",
+            ErrorCode::ConfigUnreadable => "CONFIG_UNREADABLE",
+            ErrorCode::ConfigInvalid => "CONFIG_INVALID",
+            ErrorCode::Internal => "INTERNAL",
+            ErrorCode::Broker(code) => code.as_str(),
+        }
+    }
+}
+
+impl From<Code> for ErrorCode {
+    fn from(code: Code) -> Self {
+        ErrorCode::Broker(code)
+    }
+}
+
 /// An error a command returns to the webview: a stable code and a message meant for a
 /// person.
 #[derive(Debug, Clone, Serialize, TS, thiserror::Error)]
 #[error("{message}")]
 pub struct CommandError {
-    pub code: String,
+    pub code: ErrorCode,
     pub message: String,
     /// The input field the error is about, when there is one.
     pub field: Option<String>,
 }
 
 impl CommandError {
-    pub fn new(code: &str, message: impl Into<String>) -> Self {
+    pub fn new(code: impl Into<ErrorCode>, message: impl Into<String>) -> Self {
         CommandError {
-            code: code.to_string(),
+            code: code.into(),
             message: message.into(),
             field: None,
         }
     }
 
-    pub fn field(code: &str, field: &str, message: impl Into<String>) -> Self {
+    pub fn field(code: impl Into<ErrorCode>, field: &str, message: impl Into<String>) -> Self {
         CommandError {
-            code: code.to_string(),
+            code: code.into(),
             message: message.into(),
             field: Some(field.to_string()),
         }
@@ -389,4 +470,45 @@ pub struct ApprovalsChanged {
 pub struct JournalChanged {
     #[ts(type = "number")]
     pub last_seq: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    #[test]
+    fn error_codes_serialize_as_their_bare_wire_strings() {
+        for code in ErrorCode::CONSOLE {
+            assert_eq!(
+                serde_json::to_value(code).unwrap(),
+                serde_json::json!(code.as_str())
+            );
+        }
+        for code in Code::ALL {
+            let wrapped = ErrorCode::from(*code);
+            assert_eq!(wrapped.as_str(), code.as_str());
+            assert_eq!(
+                serde_json::to_value(wrapped).unwrap(),
+                serde_json::json!(code.as_str())
+            );
+        }
+        let error = CommandError::field(ErrorCode::InvalidInput, "note", "Say what you checked.");
+        assert_eq!(
+            serde_json::to_value(&error).unwrap(),
+            serde_json::json!({"code": "INVALID_INPUT", "message": "Say what you checked.", "field": "note"})
+        );
+    }
+
+    #[test]
+    fn console_codes_are_distinct_from_the_broker_codes() {
+        let mut seen = std::collections::HashSet::new();
+        for code in ErrorCode::CONSOLE
+            .iter()
+            .map(|c| c.as_str())
+            .chain(Code::ALL.iter().map(|c| c.as_str()))
+        {
+            assert!(seen.insert(code), "{code} is listed twice");
+        }
+    }
 }

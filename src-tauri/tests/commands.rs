@@ -87,7 +87,7 @@ impl Fixture {
                 approver: Some(approver),
                 ..Default::default()
             };
-            broker.channel.execute(request, &ctx).await
+            broker.http.execute(request, &ctx).await
         })
     }
 
@@ -595,9 +595,8 @@ fn an_unknown_outcome_is_attested_without_rewriting_the_attempt() {
         )
         .unwrap_err();
     assert_eq!(twice["code"], "NOT_UNKNOWN");
-    let retried = tauri::async_runtime::block_on(
-        f.console.broker.channel.retry(&id, &CallContext::default()),
-    );
+    let retried =
+        tauri::async_runtime::block_on(f.console.broker.http.retry(&id, &CallContext::default()));
     assert_eq!(retried.outcome, Outcome::Committed, "{retried:?}");
     assert_eq!(srv.effects(), 1, "never applied twice");
 }

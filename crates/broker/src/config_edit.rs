@@ -2,7 +2,8 @@
 //! a first-seen approval, or on the operator's command). The file stays the source of
 //! truth: it is edited in place (comments and layout kept with `toml_edit`), the edited
 //! text is validated before it replaces the original with a rename, and the result is a
-//! new configuration version.
+//! new configuration version. An operator's edit keeps the previous file in
+//! `DATA_DIR/config-history/` ([`keep_previous`]).
 
 use std::path::{Path, PathBuf};
 
@@ -255,6 +256,70 @@ pub fn replace_target(file: &Path, name: &str, new_text: &str) -> Result<Config,
         }
     }
     replace_validated(file, &doc.to_string())
+}
+
+/// Why an operator's target edit was not made. The file is unchanged in every case.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetEditError {
+    /// The targets file could not be read (to keep it before the edit).
+    #[error("{0}")]
+    Unreadable(std::io::Error),
+    /// The edit was refused: the new table, or the file with it, does not validate.
+    #[error("{0}")]
+    Invalid(PinError),
+}
+
+/// What an operator's target edit did.
+#[derive(Debug)]
+pub struct TargetEdited {
+    /// The configuration the edited file loads to: the new version.
+    pub config: Config,
+    /// Where the previous file was kept, or why it was not. Failing to keep it does not
+    /// undo the edit.
+    pub kept: std::io::Result<PathBuf>,
+}
+
+/// An operator's edit of one target: [`replace_target`] on `file`, keeping the previous
+/// file in `DATA_DIR/config-history/` ([`keep_previous`]).
+///
+/// # Errors
+///
+/// [`TargetEditError::Unreadable`] if the file cannot be read, [`TargetEditError::Invalid`]
+/// if [`replace_target`] refuses the edit.
+pub fn edit_target(
+    file: &Path,
+    data_dir: &Path,
+    name: &str,
+    new_text: &str,
+    now_ms: i64,
+) -> Result<TargetEdited, TargetEditError> {
+    let previous = std::fs::read(file).map_err(TargetEditError::Unreadable)?;
+    let config = replace_target(file, name, new_text).map_err(TargetEditError::Invalid)?;
+    let kept = keep_previous(data_dir, name, &previous, now_ms);
+    Ok(TargetEdited { config, kept })
+}
+
+/// The directory of the data dir where previous targets files are kept.
+pub const HISTORY_DIR: &str = "config-history";
+
+/// Keeps `previous`, the targets file as it was before target `target` was edited, in
+/// `DATA_DIR/config-history/` as `<now_ms>-before-<target>.toml` (the directory is made
+/// when missing). Returns the path written.
+///
+/// # Errors
+///
+/// The I/O error that stopped the directory or the file from being written.
+pub fn keep_previous(
+    data_dir: &Path,
+    target: &str,
+    previous: &[u8],
+    now_ms: i64,
+) -> std::io::Result<PathBuf> {
+    let history = data_dir.join(HISTORY_DIR);
+    std::fs::create_dir_all(&history)?;
+    let path = history.join(format!("{now_ms}-before-{target}.toml"));
+    std::fs::write(&path, previous)?;
+    Ok(path)
 }
 
 /// `<dir>/.<name>.tmp-<pid>`: beside the file, so the rename stays on one filesystem.

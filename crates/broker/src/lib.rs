@@ -22,12 +22,14 @@
 pub mod action;
 pub mod approvals;
 pub mod audit;
+pub mod broker;
 pub mod channel;
 pub mod clock;
 pub mod config;
 pub mod config_edit;
 pub mod contract;
 pub mod display;
+pub mod evidence;
 pub mod invocation;
 pub mod journal;
 pub mod retry;

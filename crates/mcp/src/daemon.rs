@@ -40,19 +40,13 @@ use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Notify;
 
-use postern_broker::audit::signing_key_from_vault;
-use postern_broker::channel::http::HttpChannel;
-use postern_broker::channel::ssh::SshChannel;
-use postern_broker::clock::{Clock, SystemClock};
-use postern_broker::config::Config;
-use postern_broker::config::ConfigHandle;
-use postern_broker::journal::{Journal, JournalOptions};
-use postern_broker::vault::Credentials;
-use postern_broker::vault::{Keychain, KeychainBackend, Vault};
+use postern_broker::approvals::Approver;
+use postern_broker::broker::{Broker, BrokerOptions, OpenError};
+use postern_broker::vault::KeychainBackend;
 
 use crate::bridge::{Line, LineReader, MAX_DEPTH, MAX_LINE, nesting_exceeds};
 use crate::peer::{identify_agent, own_uid, peer_allowed};
-use crate::server::{Broker, DELIVERED, Session};
+use crate::server::{DELIVERED, Session, Sessions};
 use crate::{DaemonArgs, KeychainChoice, default_socket};
 
 /// What was found at a path the daemon would not touch.
@@ -162,65 +156,41 @@ pub enum DaemonError {
     NoUid,
 }
 
-fn keychain(args: &DaemonArgs) -> Result<Keychain, postern_broker::vault::VaultError> {
-    let backend = match args.keychain {
-        KeychainChoice::SecretService => KeychainBackend::SecretService,
-        KeychainChoice::Keyutils => KeychainBackend::Keyutils,
-    };
-    Keychain::new(backend, args.service.clone())
+impl From<OpenError> for DaemonError {
+    fn from(e: OpenError) -> Self {
+        match e {
+            OpenError::Config(e) => DaemonError::Config(e),
+            OpenError::Journal(e) => DaemonError::Journal(e),
+            OpenError::Vault(e) => DaemonError::Vault(e),
+            OpenError::AuditKey(e) => DaemonError::AuditKey(e),
+        }
+    }
 }
 
-/// Opens the broker the headless daemon serves (no approval console attached).
-pub fn open_broker(args: &DaemonArgs) -> Result<Arc<Broker>, DaemonError> {
-    open_broker_with(args, None)
-}
-
-/// Opens the broker with an approval console attached (the desktop app).
-pub fn open_broker_with(
+/// Opens the broker a daemon serves: checks the data dir ([`prepare_data_dir`]), opens
+/// the engine with `approver` attached (the desktop app's console; none for the headless
+/// daemon), and prints what the operator should know as `postern: warning: …`.
+pub fn open_broker(
     args: &DaemonArgs,
-    approver: Option<Arc<dyn postern_broker::approvals::Approver>>,
+    approver: Option<Arc<dyn Approver>>,
 ) -> Result<Arc<Broker>, DaemonError> {
     prepare_data_dir(&args.data_dir)?;
-    let db = args.data_dir.join("journal.db");
-    let clock = Arc::new(SystemClock);
-    let signing_key = signing_key_from_vault(&Vault::new(keychain(args)?), &db, clock.now_ms())?;
-    if let Some(previous) = postern_broker::audit::last_checkpoint_key(&db)
-        && previous != signing_key.verifying_key().to_bytes()
-    {
-        // Say it loudly: earlier checkpoints verify only against the key that signed them.
-        eprintln!(
-            "postern: warning: the audit signing key in the keychain is not the key that signed \
-             this journal's earlier checkpoints (the keychain lost it); `postern audit verify` \
-             will report those checkpoints as not signed by the current key"
-        );
-    }
-    let journal = Journal::open(
-        &db,
-        JournalOptions {
-            clock,
-            signing_key,
-            checkpoint_every: postern_broker::journal::DEFAULT_CHECKPOINT_EVERY,
+    let opened = Broker::open(BrokerOptions {
+        data_dir: args.data_dir.clone(),
+        config: args.config.clone(),
+        keychain: match args.keychain {
+            KeychainChoice::SecretService => KeychainBackend::SecretService,
+            KeychainChoice::Keyutils => KeychainBackend::Keyutils,
         },
-    )?;
-    // What a crash interrupted is closed with what its evidence proves.
-    journal.recover_interrupted()?;
-    let credentials = Arc::new(Credentials::open(Vault::new(keychain(args)?), &db)?);
-    let loaded = Config::load(&args.config)?;
-    for warning in loaded.warnings() {
+        service: args.service.clone(),
+        approver,
+    })?;
+    // Said loudly: earlier checkpoints verify only against the key that signed them, and
+    // a target without a pinned host key waits for an approval a daemon cannot give.
+    for warning in &opened.warnings {
         eprintln!("postern: warning: {warning}");
     }
-    let config = ConfigHandle::new(loaded);
-    let channel = HttpChannel::new(journal.clone(), credentials.clone(), config.clone());
-    let ssh = SshChannel::new(journal.clone(), credentials.clone(), config.clone());
-    Ok(Arc::new(Broker {
-        channel,
-        ssh,
-        journal,
-        config,
-        approver,
-        sessions: Default::default(),
-        credentials,
-    }))
+    Ok(Arc::new(opened.broker))
 }
 
 /// Directories along `path` that do not exist yet, outermost first, and the nearest one
@@ -563,8 +533,8 @@ async fn guard_input(
 }
 
 /// Serves one connection: checks the peer's uid, identifies the agent behind the bridge,
-/// and runs an MCP session until the bridge goes away.
-pub async fn serve_connection(broker: Arc<Broker>, stream: UnixStream) {
+/// records it in `sessions`, and runs an MCP session until the bridge goes away.
+pub async fn serve_connection(broker: Arc<Broker>, sessions: Arc<Sessions>, stream: UnixStream) {
     let Ok(cred) = stream.peer_cred() else { return };
     let Some(me) = own_uid() else { return };
     if !peer_allowed(cred.uid(), me) {
@@ -576,9 +546,7 @@ pub async fn serve_connection(broker: Arc<Broker>, stream: UnixStream) {
         .and_then(|pid| u32::try_from(pid).ok())
         .and_then(identify_agent);
     let Some(identity) = identity else { return };
-    broker
-        .sessions
-        .connected(&identity, broker.journal.now_ms());
+    sessions.connected(&identity, broker.journal.now_ms());
     let session = Session::new(broker.clone(), identity.clone());
     let undelivered = session.clone();
     let acks = Arc::new(Acks::default());
@@ -598,15 +566,14 @@ pub async fn serve_connection(broker: Arc<Broker>, stream: UnixStream) {
     }
     guard.abort();
     undelivered.connection_closed();
-    broker
-        .sessions
-        .disconnected(&identity, broker.journal.now_ms());
+    sessions.disconnected(&identity, broker.journal.now_ms());
 }
 
-/// Accepts agent connections on `listener` and sweeps ended sessions, until `stop`
-/// completes.
+/// Accepts agent connections on `listener`, recording their sessions in `sessions`, and
+/// sweeps ended sessions, until `stop` completes.
 pub async fn serve(
     broker: Arc<Broker>,
+    sessions: Arc<Sessions>,
     listener: UnixListener,
     stop: impl std::future::Future<Output = ()>,
 ) {
@@ -616,10 +583,10 @@ pub async fn serve(
         tokio::select! {
             accepted = listener.accept() => {
                 if let Ok((stream, _)) = accepted {
-                    tokio::spawn(serve_connection(broker.clone(), stream));
+                    tokio::spawn(serve_connection(broker.clone(), sessions.clone(), stream));
                 }
             }
-            _ = sweep.tick() => broker.sessions.sweep(broker.journal.now_ms()),
+            _ = sweep.tick() => sessions.sweep(broker.journal.now_ms()),
             () = &mut stop => break,
         }
     }
@@ -641,7 +608,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // Nothing is created (data dir, keychain entry, journal) before the socket path is
     // known to be usable.
     check_socket_path(&socket)?;
-    let broker = open_broker(&args)?;
+    let broker = open_broker(&args, None)?;
     let listener = bind(&socket).await?;
     let bound = file_identity(&socket);
     eprintln!("postern: broker listening on {}", socket.display());
@@ -656,7 +623,13 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             _ = terminate.recv() => {},
         }
     };
-    serve(broker.clone(), listener, stop).await;
+    serve(
+        broker.clone(),
+        Arc::new(Sessions::default()),
+        listener,
+        stop,
+    )
+    .await;
     // Remove the socket only if it is still the one this daemon bound.
     if bound.is_some() && file_identity(&socket) == bound {
         let _ = std::fs::remove_file(&socket);

@@ -3,7 +3,9 @@
 //!
 //! # Layout
 //! - [`tools`]: tool names, descriptions and exact input schemas.
-//! - [`server`]: one session's MCP server over the broker; delivery acknowledgements.
+//! - [`server`]: one session's MCP server over the broker
+//!   ([`postern_broker::broker::Broker`]); delivery acknowledgements; the registry of
+//!   agent sessions, held beside the broker by whoever serves the socket.
 //! - [`daemon`]: the headless broker: socket (0600, in a directory others cannot write;
 //!   only its own stale socket replaced), peer uid checked, input lines guarded.
 //! - [`bridge`]: stdio ↔ socket relay that answers malformed input itself and delivers

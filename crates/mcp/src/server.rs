@@ -18,13 +18,12 @@ use rmcp::model::{
 use rmcp::service::{NotificationContext, RequestContext, RoleServer};
 use serde_json::{Value, json};
 
-use postern_broker::approvals::Approver;
-use postern_broker::channel::http::{HttpChannel, HttpOutcome, HttpRequest, HttpResponse};
-use postern_broker::channel::ssh::{SshChannel, SshOutcome, SshRequest, SshResult};
-use postern_broker::config::ConfigHandle;
+use postern_broker::broker::Broker;
+use postern_broker::channel::http::{HttpOutcome, HttpRequest, HttpResponse};
+use postern_broker::channel::ssh::{SshOutcome, SshRequest, SshResult};
+use postern_broker::evidence;
 use postern_broker::invocation::CallContext;
 use postern_broker::invocation::Recorder;
-use postern_broker::journal::Journal;
 use postern_broker::journal::events::Channel;
 use postern_broker::journal::projection::Projection;
 
@@ -46,7 +45,9 @@ pub struct SessionRecord {
 }
 
 /// Agent sessions, keyed by agent pid and start time. A session ends when that process
-/// exits; a recycled pid has a different start time and so a different session.
+/// exits; a recycled pid has a different start time and so a different session. One
+/// registry per broker, held beside it by whoever serves the socket (the daemon, the
+/// desktop console).
 #[derive(Default)]
 pub struct Sessions(Mutex<HashMap<String, SessionRecord>>);
 
@@ -97,38 +98,8 @@ impl Sessions {
     }
 }
 
-/// An invocation's status as `get_invocation` reports it (and the console shows it):
-/// phase, outcome, retry now, code, delivery and the evidence, without the events.
-pub fn invocation_status(p: &Projection, now_ms: i64) -> Value {
-    json!({
-        "invocation_id": p.invocation_id,
-        "target": p.target,
-        "summary": p.summary,
-        "phase": p.phase,
-        "outcome": p.outcome,
-        "retry": p.retry(now_ms),
-        "code": p.effective_code(),
-        "delivered": p.delivered,
-        "evidence": p.evidence(),
-    })
-}
-
-/// What every session shares: the broker.
-pub struct Broker {
-    pub channel: HttpChannel,
-    pub ssh: SshChannel,
-    pub journal: Journal,
-    pub config: ConfigHandle,
-    /// The approval console, when one is attached (the desktop app). A headless daemon
-    /// has none: targets that need approval fail fast with NO_APPROVER.
-    pub approver: Option<Arc<dyn Approver>>,
-    pub sessions: Sessions,
-    /// The vault with its metadata: operator side only (the console's credentials
-    /// screen); no tool reaches it.
-    pub credentials: Arc<postern_broker::vault::Credentials>,
-}
-
-/// One bridge connection, for one agent session. Clones share state.
+/// One bridge connection, for one agent session, over the shared [`Broker`]. Clones
+/// share state.
 #[derive(Clone)]
 pub struct Session {
     broker: Arc<Broker>,
@@ -228,7 +199,7 @@ impl Session {
             cancel: context.ct.clone(),
         };
         let progress = self.progress_ticker(context);
-        let outcome = self.broker.channel.execute(request, &ctx).await;
+        let outcome = self.broker.http.execute(request, &ctx).await;
         progress.abort();
         self.remember(context, &outcome.invocation_id);
         Ok(result_of(&outcome))
@@ -310,7 +281,7 @@ impl Session {
         if p.channel == Some(Channel::Ssh) {
             return Ok(ssh_result_of(&self.broker.ssh.recorded_projection(&p)));
         }
-        let outcome = self.broker.channel.recorded_projection(&p);
+        let outcome = self.broker.http.recorded_projection(&p);
         Ok(result_of(&outcome))
     }
 
@@ -336,7 +307,7 @@ impl Session {
                 })
             })
             .collect();
-        let mut status = invocation_status(&p, now);
+        let mut status = evidence::invocation_status(&p, now);
         status["events"] = Value::Array(events);
         Ok(CallToolResult::structured(status))
     }
@@ -361,7 +332,7 @@ impl Session {
             approver: self.broker.approver.clone(),
             cancel: context.ct.clone(),
         };
-        let outcome = self.broker.channel.retry(&args.invocation_id, &ctx).await;
+        let outcome = self.broker.http.retry(&args.invocation_id, &ctx).await;
         self.remember(context, &outcome.invocation_id);
         Ok(result_of(&outcome))
     }
@@ -378,7 +349,7 @@ impl Session {
                     "base_url": t.base_url.as_str(),
                     "methods": t.methods,
                     "idempotent_methods": t.idempotent_methods,
-                    "approval": approval_name(t.approval),
+                    "approval": t.approval.as_str(),
                     "idempotency_contract": t.idempotency.is_some(),
                 })
             })
@@ -391,19 +362,11 @@ impl Session {
                 "host": t.host,
                 "port": t.port,
                 "user": t.user,
-                "approval": approval_name(t.approval),
+                "approval": t.approval.as_str(),
                 "host_key_pinned": t.host_key.is_some(),
             })
         }));
         CallToolResult::structured(json!({ "targets": targets }))
-    }
-}
-
-fn approval_name(mode: postern_broker::config::ApprovalMode) -> &'static str {
-    match mode {
-        postern_broker::config::ApprovalMode::None => "none",
-        postern_broker::config::ApprovalMode::Session => "session",
-        postern_broker::config::ApprovalMode::PerCall => "per_call",
     }
 }
 

@@ -227,7 +227,9 @@ through_seq: number | null, checked_at_ms: number | null, events: number, checkp
  */
 failure: string | null, first_bad_seq: number | null, };
 
-export type CommandError = { code: string, message: string, 
+export type ErrorCode = "INVALID_INPUT" | "JOURNAL_UNREADABLE" | "JOURNAL_REFUSED" | "NOT_PENDING" | "UNKNOWN_INVOCATION" | "NOT_UNKNOWN" | "NO_RECONCILE_QUERY" | "RECONCILE_INCONCLUSIVE" | "EXPORT_FAILED" | "CONFIG_UNREADABLE" | "CONFIG_INVALID" | "INTERNAL" | Code;
+
+export type CommandError = { code: ErrorCode, message: string, 
 /**
  * The input field the error is about, when there is one.
  */

@@ -125,9 +125,18 @@ struct SqlFilter<'a> {
 }
 
 fn row(conn: &Connection, identity: Identity, now_ms: i64) -> Result<InvocationRow, JournalError> {
+    row_and_projection(conn, identity, now_ms).map(|(row, _)| row)
+}
+
+/// The row of one invocation with the projection it was folded from.
+fn row_and_projection(
+    conn: &Connection,
+    identity: Identity,
+    now_ms: i64,
+) -> Result<(InvocationRow, Projection), JournalError> {
     let events = load_events(conn, &identity.id)?;
     let p = Projection::fold(&identity.id, &events)?;
-    Ok(InvocationRow {
+    let row = InvocationRow {
         summary: p.summary.clone().unwrap_or_default(),
         phase: p.phase,
         outcome: p.outcome,
@@ -138,7 +147,8 @@ fn row(conn: &Connection, identity: Identity, now_ms: i64) -> Result<InvocationR
         accepted_at_ms: identity.accepted_at_ms,
         session: identity.session,
         target: identity.target,
-    })
+    };
+    Ok((row, p))
 }
 
 /// Calls `each` for the invocations matching the SQL-side filters, newest first, until
@@ -302,6 +312,50 @@ pub fn row_by_id(
         .query_row([invocation_id], Identity::from_row)
         .optional()?;
     identity.map(|i| row(conn, i, now_ms)).transpose()
+}
+
+/// The unknown outcomes that nothing has settled ([`crate::evidence::is_unsettled`]):
+/// of the newest `limit` invocations whose outcome is unknown, those whose attempt is
+/// closed and that no reconciliation settled, newest first.
+///
+/// # Errors
+///
+/// As [`list`].
+pub fn unsettled(
+    conn: &Connection,
+    limit: usize,
+    now_ms: i64,
+) -> Result<Vec<InvocationRow>, JournalError> {
+    let mut out = Vec::new();
+    if limit == 0 {
+        return Ok(out);
+    }
+    let sql = SqlFilter {
+        outcome: Some(Outcome::Unknown.as_str()),
+        ..SqlFilter::default()
+    };
+    let mut unknown = 0usize;
+    scan(conn, &sql, |identity| {
+        let (row, p) = row_and_projection(conn, identity, now_ms)?;
+        if row.outcome == Outcome::Unknown {
+            unknown += 1;
+            if crate::evidence::is_unsettled(&p) {
+                out.push(row);
+            }
+        }
+        Ok(unknown < limit)
+    })?;
+    Ok(out)
+}
+
+/// The newest journal sequence, 0 for an empty journal.
+///
+/// # Errors
+///
+/// [`JournalError::Storage`] if the database cannot be read.
+pub fn last_seq(conn: &Connection) -> Result<u64, JournalError> {
+    let seq: Option<i64> = conn.query_row("SELECT max(seq) FROM events", [], |r| r.get(0))?;
+    Ok(u64::try_from(seq.unwrap_or(0)).unwrap_or(0))
 }
 
 /// `%text%` for LIKE, with the wildcards of `text` itself escaped.

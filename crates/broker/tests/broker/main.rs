@@ -4,8 +4,11 @@
 
 mod action;
 mod audit;
+mod broker;
 mod config;
+mod config_history;
 mod contract;
+mod evidence;
 mod journal;
 mod projection;
 mod query;

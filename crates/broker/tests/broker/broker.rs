@@ -1,0 +1,124 @@
+//! Opening the engine: journal, vault, targets and channels from a data dir and a
+//! keychain, with what the operator should be told returned rather than printed.
+//!
+//! These use the Secret Service (as the daemon does by default) under a random service
+//! name; set `POSTERN_TEST_SKIP_SECRET_SERVICE=1` to skip them where none exists.
+
+use std::path::Path;
+
+use postern_broker::audit::AUDIT_KEY_ID;
+use postern_broker::broker::{Broker, BrokerOptions, OpenError, OpenWarning, Opened};
+use postern_broker::config::Caution;
+use postern_broker::invocation::Recorder;
+use postern_broker::vault::Credentials;
+use postern_broker::vault::{Keychain, KeychainBackend, Vault};
+
+use crate::support::new_invocation;
+
+const UNPINNED: &str = r#"
+[[ssh]]
+name = "web1"
+host = "127.0.0.1"
+user = "deploy"
+credential = "web1-key"
+approval = "session"
+"#;
+
+fn secret_service_enabled() -> bool {
+    if std::env::var_os("POSTERN_TEST_SKIP_SECRET_SERVICE").is_some_and(|v| v == "1") {
+        eprintln!("skipped: POSTERN_TEST_SKIP_SECRET_SERVICE=1");
+        return false;
+    }
+    true
+}
+
+fn service() -> String {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).unwrap();
+    format!("postern-test-{}", hex::encode(bytes))
+}
+
+fn open(dir: &Path, service: &str) -> Result<Opened, OpenError> {
+    Broker::open(BrokerOptions {
+        data_dir: dir.to_path_buf(),
+        config: dir.join("postern.toml"),
+        keychain: KeychainBackend::SecretService,
+        service: service.to_string(),
+        approver: None,
+    })
+}
+
+/// Removes the audit key this test's broker made.
+fn forget_audit_key(broker: &Broker) {
+    let _ = broker.credentials.remove(AUDIT_KEY_ID);
+}
+
+#[test]
+fn opening_makes_the_journal_and_returns_an_unpinned_host_key_as_a_warning() {
+    if !secret_service_enabled() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("postern.toml"), UNPINNED).unwrap();
+    let service = service();
+    let Opened { broker, warnings } = open(dir.path(), &service).unwrap();
+    assert!(Broker::journal_path(dir.path()).is_file());
+    assert_eq!(broker.journal.path(), Broker::journal_path(dir.path()));
+    assert!(broker.approver.is_none());
+    assert!(broker.config.current().ssh_target("web1").is_some());
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    let OpenWarning::Config(warning) = &warnings[0] else {
+        panic!("{warnings:?}");
+    };
+    assert_eq!(warning.caution, Caution::HostKeyNotPinned);
+    assert_eq!(warnings[0].to_string(), warning.to_string());
+    forget_audit_key(&broker);
+    broker.journal.close().unwrap();
+}
+
+#[test]
+fn a_signing_key_that_did_not_sign_the_journal_is_returned_as_a_warning() {
+    if !secret_service_enabled() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("postern.toml"), "").unwrap();
+    let service = service();
+    let first = open(dir.path(), &service).unwrap();
+    assert!(first.warnings.is_empty(), "{:?}", first.warnings);
+    // The journal signs a checkpoint over what it holds when it closes; then the keychain
+    // loses the key that signed it.
+    Recorder::accept(&first.broker.journal, new_invocation("inv_1", None)).unwrap();
+    forget_audit_key(&first.broker);
+    first.broker.journal.clone().close().unwrap();
+    drop(first);
+
+    let second = open(dir.path(), &service).unwrap();
+    assert_eq!(second.warnings, vec![OpenWarning::SigningKeyChanged]);
+    assert_eq!(
+        second.warnings[0].to_string(),
+        "the audit signing key in the keychain is not the key that signed this journal's \
+         earlier checkpoints (the keychain lost it); `postern audit verify` will report those \
+         checkpoints as not signed by the current key"
+    );
+    forget_audit_key(&second.broker);
+    second.broker.journal.clone().close().unwrap();
+}
+
+#[test]
+fn a_targets_file_that_does_not_load_is_an_error() {
+    if !secret_service_enabled() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("postern.toml"), "[[http]]\nname = 3\n").unwrap();
+    let service = service();
+    let err = open(dir.path(), &service).err().unwrap();
+    assert!(matches!(err, OpenError::Config(_)), "{err}");
+    assert!(err.to_string().contains("postern.toml"), "{err}");
+    // The audit key was made before the targets file was read; remove it.
+    let keychain = Keychain::new(KeychainBackend::SecretService, service).unwrap();
+    let credentials =
+        Credentials::open(Vault::new(keychain), &Broker::journal_path(dir.path())).unwrap();
+    credentials.remove(AUDIT_KEY_ID).unwrap();
+}
