@@ -497,7 +497,7 @@ impl Console {
         // neither listed nor removable here (removing it would orphan the checkpoints).
         Ok(self
             .broker
-            .credentials
+            .vault
             .list()
             .map_err(|e| CommandError::new(e.code(), e.to_string()))?
             .into_iter()
@@ -606,7 +606,7 @@ impl Console {
         };
         let stored = self
             .broker
-            .credentials
+            .vault
             .set(&id, kind, &secret, self.now())
             .map_err(|e| CommandError::field(e.code(), "id", e.to_string()))?;
         drop(secret);
@@ -621,7 +621,7 @@ impl Console {
     pub fn remove_credential(&self, id: &str) -> Result<(), CommandError> {
         reserved(id)?;
         self.broker
-            .credentials
+            .vault
             .remove(id)
             .map_err(|e| CommandError::field(e.code(), "id", e.to_string()))
     }

@@ -36,7 +36,7 @@ fn bench(c: &mut Criterion) {
     );
     let broker = open_broker(dir.path(), &text, &test_service()).unwrap();
     broker
-        .credentials
+        .vault
         .set(
             "box-key",
             CredentialKind::SshKey,
@@ -46,7 +46,7 @@ fn bench(c: &mut Criterion) {
         .unwrap();
     let channel = SshChannel::new(
         broker.journal.clone(),
-        broker.credentials.clone(),
+        broker.vault.clone(),
         broker.config.clone(),
     );
 

@@ -214,7 +214,6 @@ pub mod fixture {
     use postern_broker::config::Config;
     use postern_broker::config::ConfigHandle;
     use postern_broker::journal::Journal;
-    use postern_broker::vault::Credentials;
     use postern_broker::vault::{CredentialKind, Keychain, KeychainBackend, Secret, Vault};
 
     pub type BoxError = Box<dyn Error + Send + Sync>;
@@ -222,7 +221,7 @@ pub mod fixture {
     pub struct Broker {
         pub journal: Journal,
         pub channel: HttpChannel,
-        pub credentials: Arc<Credentials>,
+        pub vault: Arc<Vault>,
         pub config: ConfigHandle,
     }
 
@@ -267,13 +266,12 @@ pub mod fixture {
         let config = ConfigHandle::new(Config::load(&config_path)?);
         let db = dir.join("journal.db");
         let journal = crate::open_journal(&db)?;
-        let vault = Vault::new(Keychain::new(backend, service)?);
-        let credentials = Arc::new(Credentials::open(vault, &db)?);
-        let channel = HttpChannel::new(journal.clone(), credentials.clone(), config.clone());
+        let vault = Arc::new(Vault::open(Keychain::new(backend, service)?, &db)?);
+        let channel = HttpChannel::new(journal.clone(), vault.clone(), config.clone());
         Ok(Broker {
             journal,
             channel,
-            credentials,
+            vault,
             config,
         })
     }
@@ -281,7 +279,7 @@ pub mod fixture {
     impl Broker {
         pub fn set_secret(&self, id: &str, secret: &str) -> Result<(), BoxError> {
             let secret = Secret::from(secret.to_string());
-            self.credentials
+            self.vault
                 .set(id, CredentialKind::Token, &secret, self.journal.now_ms())?;
             Ok(())
         }
@@ -289,7 +287,7 @@ pub mod fixture {
         /// Removes the keychain entries this broker created.
         pub fn forget(&self, ids: &[&str]) {
             for id in ids {
-                let _ = self.credentials.remove(id);
+                let _ = self.vault.remove(id);
             }
         }
     }

@@ -49,7 +49,7 @@ fn fixture(config_text: &str, key: &str) -> Fixture {
     let data = tempfile::tempdir().unwrap();
     let broker = open_broker(data.path(), config_text, &test_service()).unwrap();
     broker
-        .credentials
+        .vault
         .set(
             KEY_ID,
             CredentialKind::SshKey,
@@ -59,7 +59,7 @@ fn fixture(config_text: &str, key: &str) -> Fixture {
         .unwrap();
     let channel = SshChannel::new(
         broker.journal.clone(),
-        broker.credentials.clone(),
+        broker.vault.clone(),
         broker.config.clone(),
     );
     Fixture {
@@ -578,7 +578,7 @@ async fn a_broker_killed_while_a_command_runs_recovers_as_unknown() {
     let text = config(sshd.port, Some(&sshd.host_key), "");
     let broker = open_broker(data.path(), &text, &service).unwrap();
     broker
-        .credentials
+        .vault
         .set(
             KEY_ID,
             CredentialKind::SshKey,

@@ -426,18 +426,15 @@ pub enum AuditKeyError {
     Malformed,
 }
 
-/// Loads the audit signing key from the keychain, creating and storing one on first use.
-/// Its metadata lives in the journal database at `db` (migrated if needed); the seed
-/// itself exists only in the keychain and in the returned key.
+/// Loads the audit signing key from the vault, creating and storing one on first use.
+/// The seed itself exists only in the keychain and in the returned key.
 pub fn signing_key_from_vault(
     vault: &crate::vault::Vault,
-    db: &Path,
     now_ms: i64,
 ) -> Result<SigningKey, AuditKeyError> {
     use crate::vault::{CredentialId, CredentialKind, Secret, VaultError};
-    let conn = crate::journal::schema::open_and_migrate(db)?;
     let id = CredentialId::new(AUDIT_KEY_ID)?;
-    let secret = match vault.read_for_injection(&conn, &id, now_ms) {
+    let secret = match vault.read_for_injection(&id, now_ms) {
         Ok((_, secret)) => secret,
         Err(VaultError::Missing { .. }) => {
             let mut seed = vec![0u8; 32];
@@ -447,7 +444,7 @@ pub fn signing_key_from_vault(
                 )))
             })?;
             let secret = Secret::new(seed);
-            vault.set(&conn, &id, CredentialKind::SigningKey, &secret, now_ms)?;
+            vault.set(&id, CredentialKind::SigningKey, &secret, now_ms)?;
             secret
         }
         Err(e) => return Err(e.into()),

@@ -18,7 +18,6 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::ConfigHandle;
 use crate::config::{Config, ConfigError, ConfigWarning};
 use crate::journal::{DEFAULT_CHECKPOINT_EVERY, Journal, JournalError, JournalOptions};
-use crate::vault::Credentials;
 use crate::vault::{Keychain, KeychainBackend, Vault, VaultError};
 
 /// The journal's file name inside the data dir.
@@ -36,9 +35,9 @@ pub struct Broker {
     /// The approval console, when one is attached (the desktop app). A headless daemon
     /// has none: targets that need approval fail fast with NO_APPROVER.
     pub approver: Option<Arc<dyn Approver>>,
-    /// The vault with its metadata: operator side only (the console's credentials
-    /// screen); no agent tool reaches it.
-    pub credentials: Arc<Credentials>,
+    /// The credential store: read by the pipeline for injection, written only from the
+    /// operator side (the console's credentials screen); no agent tool reaches it.
+    pub vault: Arc<Vault>,
 }
 
 /// What [`Broker::open`] needs.
@@ -117,8 +116,8 @@ impl Broker {
         let mut warnings = Vec::new();
         let db = Broker::journal_path(&data_dir);
         let clock = Arc::new(SystemClock);
-        let vault = || Keychain::new(keychain, service.clone()).map(Vault::new);
-        let signing_key = signing_key_from_vault(&vault()?, &db, clock.now_ms())?;
+        let vault = Arc::new(Vault::open(Keychain::new(keychain, service)?, &db)?);
+        let signing_key = signing_key_from_vault(&vault, clock.now_ms())?;
         if let Some(previous) = last_checkpoint_key(&db)
             && previous != signing_key.verifying_key().to_bytes()
         {
@@ -134,12 +133,11 @@ impl Broker {
         )?;
         // What a crash interrupted is closed with what its evidence proves.
         journal.recover_interrupted()?;
-        let credentials = Arc::new(Credentials::open(vault()?, &db)?);
         let loaded = Config::load(&config)?;
         warnings.extend(loaded.warnings().into_iter().map(OpenWarning::Config));
         let config = ConfigHandle::new(loaded);
-        let http = HttpChannel::new(journal.clone(), credentials.clone(), config.clone());
-        let ssh = SshChannel::new(journal.clone(), credentials.clone(), config.clone());
+        let http = HttpChannel::new(journal.clone(), vault.clone(), config.clone());
+        let ssh = SshChannel::new(journal.clone(), vault.clone(), config.clone());
         Ok(Opened {
             broker: Broker {
                 http,
@@ -147,7 +145,7 @@ impl Broker {
                 journal,
                 config,
                 approver,
-                credentials,
+                vault,
             },
             warnings,
         })

@@ -1,4 +1,7 @@
-//! Credentials: secret bytes in the OS keychain, non-secret metadata in SQLite.
+//! The vault, Postern's one credential store: secret bytes in the OS keychain (a
+//! [`Keychain`]: Secret Service or kernel keyutils), non-secret metadata in the journal
+//! database. [`Vault`] is what the broker holds; [`read_bound_credential`] is the
+//! injection step's read of the version an invocation bound.
 //!
 //! The broker must never let a secret reach logs, the journal, errors, panics, `Debug`
 //! output or JSON. This module enforces that by construction:
@@ -822,24 +825,75 @@ pub mod meta {
 // Vault facade
 // ---------------------------------------------------------------------------------------
 
-/// Credentials: a [`Keychain`] for the secret bytes plus the metadata table.
-///
-/// Methods take the connection as a parameter so callers choose its lifetime and may run
-/// them inside their own transaction (a `rusqlite::Transaction` derefs to a
-/// `Connection`).
-#[derive(Debug)]
+/// The credential store: secret bytes in a [`Keychain`], their non-secret metadata in
+/// the journal database. The one place secrets are written, listed, removed and read for
+/// injection. Calls block (D-Bus, SQLite); async callers run them on the blocking pool.
 pub struct Vault {
     keychain: Keychain,
+    conn: Mutex<Connection>,
+}
+
+impl fmt::Debug for Vault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Vault")
+            .field("keychain", &self.keychain)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Vault {
-    pub fn new(keychain: Keychain) -> Self {
-        Self { keychain }
+    /// Opens the store with its metadata in the journal database at `db` (migrated if
+    /// needed).
+    pub fn open(
+        keychain: Keychain,
+        db: &std::path::Path,
+    ) -> Result<Vault, crate::journal::JournalError> {
+        let conn = crate::journal::schema::open_and_migrate(db)?;
+        // Credential metadata writes (last-used times) need no fsync of their own: a
+        // lost last-used time after a power cut is harmless, and an fsync here would sit
+        // on every injection's hot path. WAL commits are ordered, so the journal's next
+        // fsync makes a rotation durable too.
+        conn.execute_batch("PRAGMA synchronous = NORMAL")
+            .map_err(|e| crate::journal::JournalError::Storage(e.to_string()))?;
+        Ok(Vault::over(keychain, conn))
+    }
+
+    /// The store over a connection whose schema the caller applied ([`SCHEMA_SQL`]).
+    pub fn over(keychain: Keychain, conn: Connection) -> Vault {
+        Vault {
+            keychain,
+            conn: Mutex::new(conn),
+        }
     }
 
     /// The keychain holding the secrets.
     pub fn keychain(&self) -> &Keychain {
         &self.keychain
+    }
+
+    fn with_conn<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, VaultError>,
+    ) -> Result<T, VaultError> {
+        let conn = self.conn.lock().map_err(|_| VaultError::Locked {
+            backend: self.keychain.backend(),
+            reason: "credential metadata connection poisoned".into(),
+        })?;
+        f(&conn)
+    }
+
+    /// The non-secret metadata (current version tag) of credential `id`.
+    ///
+    /// # Errors
+    ///
+    /// [`VaultError::Missing`] if there is no such credential, [`VaultError::Storage`].
+    pub fn meta(&self, id: impl AsRef<str>) -> Result<CredentialMeta, VaultError> {
+        let id = CredentialId::new(id.as_ref())?;
+        self.with_conn(|conn| {
+            meta::get(conn, &id)?.ok_or_else(|| VaultError::Missing {
+                credential: id.as_str().to_string(),
+            })
+        })
     }
 
     /// Creates credential `id`, or rotates it to `secret` if it exists.
@@ -857,6 +911,17 @@ impl Vault {
     /// set or remove won, [`VaultError::Locked`] and [`VaultError::Storage`] from the
     /// keychain and database.
     pub fn set(
+        &self,
+        id: impl AsRef<str>,
+        kind: CredentialKind,
+        secret: &Secret,
+        now_ms: i64,
+    ) -> Result<CredentialMeta, VaultError> {
+        let id = CredentialId::new(id.as_ref())?;
+        self.with_conn(|conn| self.set_in(conn, &id, kind, secret, now_ms))
+    }
+
+    fn set_in(
         &self,
         conn: &Connection,
         id: &CredentialId,
@@ -944,6 +1009,15 @@ impl Vault {
     /// [`VaultError::Locked`] if the keychain is unavailable, [`VaultError::Storage`].
     pub fn read_for_injection(
         &self,
+        id: impl AsRef<str>,
+        now_ms: i64,
+    ) -> Result<(CredentialMeta, Secret), VaultError> {
+        let id = CredentialId::new(id.as_ref())?;
+        self.with_conn(|conn| self.read_in(conn, &id, now_ms))
+    }
+
+    fn read_in(
+        &self,
         conn: &Connection,
         id: &CredentialId,
         now_ms: i64,
@@ -967,8 +1041,8 @@ impl Vault {
     /// # Errors
     ///
     /// [`VaultError::Storage`].
-    pub fn list(&self, conn: &Connection) -> Result<Vec<CredentialMeta>, VaultError> {
-        Ok(meta::list(conn)?)
+    pub fn list(&self) -> Result<Vec<CredentialMeta>, VaultError> {
+        self.with_conn(|conn| Ok(meta::list(conn)?))
     }
 
     /// Deletes credential `id`: its keychain entry, then its metadata.
@@ -981,7 +1055,12 @@ impl Vault {
     ///
     /// [`VaultError::Missing`] if there is no such credential, [`VaultError::Locked`],
     /// [`VaultError::Storage`].
-    pub fn remove(&self, conn: &Connection, id: &CredentialId) -> Result<(), VaultError> {
+    pub fn remove(&self, id: impl AsRef<str>) -> Result<(), VaultError> {
+        let id = CredentialId::new(id.as_ref())?;
+        self.with_conn(|conn| self.remove_in(conn, &id))
+    }
+
+    fn remove_in(&self, conn: &Connection, id: &CredentialId) -> Result<(), VaultError> {
         let missing = || VaultError::Missing {
             credential: id.to_string(),
         };
@@ -999,103 +1078,20 @@ impl Vault {
 }
 
 // ---------------------------------------------------------------------------------------
-// The store the broker holds
+// The injection step's read
 // ---------------------------------------------------------------------------------------
-
-/// Keychain access for the injection step: the vault plus a connection for its
-/// metadata. Calls block (D-Bus, SQLite); channels run them on the blocking pool.
-pub struct Credentials {
-    vault: Vault,
-    conn: Mutex<Connection>,
-}
-
-impl Credentials {
-    /// Opens credential metadata in the journal database at `db`.
-    pub fn open(
-        vault: Vault,
-        db: &std::path::Path,
-    ) -> Result<Credentials, crate::journal::JournalError> {
-        let conn = crate::journal::schema::open_and_migrate(db)?;
-        // Credential metadata writes (last-used times) need no fsync of their own: a
-        // lost last-used time after a power cut is harmless, and an fsync here would sit
-        // on every injection's hot path. WAL commits are ordered, so the journal's next
-        // fsync makes a rotation durable too.
-        conn.execute_batch("PRAGMA synchronous = NORMAL")
-            .map_err(|e| crate::journal::JournalError::Storage(e.to_string()))?;
-        Ok(Credentials {
-            vault,
-            conn: Mutex::new(conn),
-        })
-    }
-
-    fn with_conn<T>(
-        &self,
-        f: impl FnOnce(&Connection) -> Result<T, VaultError>,
-    ) -> Result<T, VaultError> {
-        let conn = self.conn.lock().map_err(|_| VaultError::Locked {
-            backend: self.vault.keychain().backend(),
-            reason: "credential metadata connection poisoned".into(),
-        })?;
-        f(&conn)
-    }
-
-    /// The non-secret metadata (current version tag) of a credential.
-    pub fn meta(&self, id: &str) -> Result<CredentialMeta, VaultError> {
-        let id = CredentialId::new(id)?;
-        self.with_conn(|conn| {
-            meta::get(conn, &id)?.ok_or_else(|| VaultError::Missing {
-                credential: id.as_str().to_string(),
-            })
-        })
-    }
-
-    /// Reads the secret for injection. The only path by which secret bytes leave the
-    /// keychain.
-    pub fn read_for_injection(
-        &self,
-        id: &str,
-        now_ms: i64,
-    ) -> Result<(CredentialMeta, Secret), VaultError> {
-        let id = CredentialId::new(id)?;
-        self.with_conn(|conn| self.vault.read_for_injection(conn, &id, now_ms))
-    }
-
-    /// Stores (or rotates) a secret. Operator side only.
-    pub fn set(
-        &self,
-        id: &str,
-        kind: CredentialKind,
-        secret: &Secret,
-        now_ms: i64,
-    ) -> Result<CredentialMeta, VaultError> {
-        let id = CredentialId::new(id)?;
-        self.with_conn(|conn| self.vault.set(conn, &id, kind, secret, now_ms))
-    }
-
-    /// Every credential's metadata (never a value). Operator side only.
-    pub fn list(&self) -> Result<Vec<CredentialMeta>, VaultError> {
-        self.with_conn(|conn| self.vault.list(conn))
-    }
-
-    /// Removes a credential and its keychain entry. Operator side only.
-    pub fn remove(&self, id: &str) -> Result<(), VaultError> {
-        let id = CredentialId::new(id)?;
-        self.with_conn(|conn| self.vault.remove(conn, &id))
-    }
-}
 
 /// Reads the credential an invocation bound, off the async threads. A credential
 /// rotated since binding is refused: it is a changed bound value, so a new invocation.
 pub async fn read_bound_credential(
-    credentials: &std::sync::Arc<Credentials>,
+    vault: &Arc<Vault>,
     snapshot: &crate::action::ConfigSnapshot,
     now_ms: i64,
 ) -> Result<(CredentialMeta, Secret), crate::invocation::Failure> {
-    let credentials = credentials.clone();
+    let vault = vault.clone();
     let credential_id = snapshot.credential_id.clone();
     let read =
-        tokio::task::spawn_blocking(move || credentials.read_for_injection(&credential_id, now_ms))
-            .await;
+        tokio::task::spawn_blocking(move || vault.read_for_injection(&credential_id, now_ms)).await;
     let (meta, secret) = match read {
         Ok(Ok(pair)) => pair,
         Ok(Err(e)) => {

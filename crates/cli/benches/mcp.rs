@@ -12,7 +12,6 @@ use rmcp::model::CallToolRequestParams;
 use rmcp::transport::TokioChildProcess;
 use serde_json::{Value, json};
 
-use postern_broker::vault::Credentials;
 use postern_broker::vault::{CredentialKind, Keychain, KeychainBackend, Secret, Vault};
 use postern_tests::adversary::{Adversary, Behavior};
 use postern_tests::fixture::test_service;
@@ -41,9 +40,8 @@ fn bench_backend(c: &mut Criterion, backend: KeychainBackend) {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let service = test_service();
     let db = dir.path().join("journal.db");
-    let credentials =
-        Credentials::open(Vault::new(Keychain::new(backend, &service).unwrap()), &db).unwrap();
-    credentials
+    let vault = Vault::open(Keychain::new(backend, &service).unwrap(), &db).unwrap();
+    vault
         .set(
             "api-key",
             CredentialKind::Token,
@@ -133,8 +131,8 @@ fn bench_backend(c: &mut Criterion, backend: KeychainBackend) {
     drop(client);
     let _ = daemon.kill();
     let _ = daemon.wait();
-    let _ = credentials.remove("api-key");
-    let _ = credentials.remove("postern-audit-signing");
+    let _ = vault.remove("api-key");
+    let _ = vault.remove("postern-audit-signing");
 }
 
 criterion_group!(benches, bench);

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use postern_broker::journal::schema::{APPLICATION_ID, SCHEMA_VERSION};
-use postern_broker::vault::{Keychain, KeychainBackend, Vault};
+use postern_broker::vault::{Keychain, KeychainBackend};
 use rusqlite::{Connection, OpenFlags};
 
 /// Exit status: the command ran and reports a failed check (audit broken, config
@@ -131,10 +131,9 @@ pub fn open_journal_read_only(data_dir: &Path) -> Result<(PathBuf, Connection), 
     Ok((db, conn))
 }
 
-/// The vault over the chosen keychain backend and service name.
-pub fn vault(backend: KeychainBackend, service: &str) -> Result<Vault, Failure> {
+/// The chosen keychain backend under a service name.
+pub fn keychain(backend: KeychainBackend, service: &str) -> Result<Keychain, Failure> {
     Keychain::new(backend, service)
-        .map(Vault::new)
         .map_err(|e| Failure::unavailable(format!("keychain service name `{service}`: {e}")))
 }
 

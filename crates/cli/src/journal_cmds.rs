@@ -200,9 +200,7 @@ fn audit_key(
             db.display()
         )));
     };
-    let vault = common::vault(backend, service)?;
-    let secret = vault
-        .keychain()
+    let secret = common::keychain(backend, service)?
         .get(&id, &recorded.version)
         .map_err(|e| match e {
             VaultError::Missing { .. } => Failure::unavailable(format!(

@@ -7,9 +7,8 @@ use std::path::{Path, PathBuf};
 
 use postern_broker::audit::AUDIT_KEY_ID;
 use postern_broker::channel::ssh_keys::{ImportedKey, KeyImportError, import_private_key};
-use postern_broker::vault::Credentials;
 use postern_broker::vault::{
-    CredentialId, CredentialKind, CredentialMeta, KeychainBackend, Secret, meta,
+    CredentialId, CredentialKind, CredentialMeta, KeychainBackend, Secret, Vault, meta,
 };
 use serde_json::json;
 
@@ -103,7 +102,7 @@ pub fn set(
             "an SSH private key cannot be typed at a prompt; pass --from-file PATH or pipe the key on stdin",
         ));
     }
-    let vault = common::vault(backend, service)?;
+    let keychain = common::keychain(backend, service)?;
     let secret = read_secret(id, source)?;
     if secret.is_empty() {
         return Err(Failure::failed("the secret is empty; nothing was stored"));
@@ -121,9 +120,9 @@ pub fn set(
     };
     ensure_data_dir(data_dir)?;
     let db = common::journal_path(data_dir);
-    let credentials = Credentials::open(vault, &db)
+    let vault = Vault::open(keychain, &db)
         .map_err(|e| Failure::unavailable(format!("{}: {e}", db.display())))?;
-    let stored = credentials
+    let stored = vault
         .set(id, kind, &secret, common::now_ms())
         .map_err(|e| Failure::failed(e.to_string()))?;
     drop(secret);
@@ -241,7 +240,7 @@ pub fn remove(
              longer be verified. Pass --force to remove it anyway"
         )));
     }
-    let vault = common::vault(backend, service)?;
+    let keychain = common::keychain(backend, service)?;
     let db = common::journal_path(data_dir);
     if !db.is_file() {
         return Err(Failure::failed(format!(
@@ -249,9 +248,9 @@ pub fn remove(
             db.display()
         )));
     }
-    let credentials = Credentials::open(vault, &db)
+    let vault = Vault::open(keychain, &db)
         .map_err(|e| Failure::unavailable(format!("{}: {e}", db.display())))?;
-    credentials
+    vault
         .remove(id)
         .map_err(|e| Failure::failed(e.to_string()))?;
     println!("removed credential `{id}`");

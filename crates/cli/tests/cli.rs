@@ -678,17 +678,14 @@ struct Cleanup {
 impl Drop for Cleanup {
     fn drop(&mut self) {
         let db = self.data_dir.join("journal.db");
-        let Ok(conn) = Connection::open(&db) else {
-            return;
-        };
         let Ok(keychain) = Keychain::new(KeychainBackend::SecretService, &self.service) else {
             return;
         };
-        let vault = Vault::new(keychain);
+        let Ok(vault) = Vault::open(keychain, &db) else {
+            return;
+        };
         for id in &self.ids {
-            if let Ok(id) = CredentialId::new(*id) {
-                let _ = vault.remove(&conn, &id);
-            }
+            let _ = vault.remove(id);
         }
     }
 }
@@ -863,8 +860,12 @@ fn audit_verify_passes_then_reports_the_tampered_sequence() {
     };
     let now = SystemClock.now_ms();
     let key = {
-        let vault = Vault::new(Keychain::new(KeychainBackend::SecretService, &service).unwrap());
-        postern_broker::audit::signing_key_from_vault(&vault, &db, now).unwrap()
+        let vault = Vault::open(
+            Keychain::new(KeychainBackend::SecretService, &service).unwrap(),
+            &db,
+        )
+        .unwrap();
+        postern_broker::audit::signing_key_from_vault(&vault, now).unwrap()
     };
     let clock = ManualClock::new(now - 2 * 3_600_000);
     let journal = open_journal(&db, &clock, key);

@@ -4,8 +4,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use rmcp::ServiceExt;
@@ -14,36 +14,12 @@ use rmcp::service::{RoleClient, RunningService};
 use rmcp::transport::TokioChildProcess;
 use serde_json::{Value, json};
 
-use postern_broker::vault::Credentials;
-use postern_broker::vault::{CredentialKind, Keychain, KeychainBackend, Secret, Vault};
 use postern_tests::adversary::{Adversary, Behavior};
 use postern_tests::agent::{self, Agent, is_error, structured};
-use postern_tests::fixture::test_service;
 
-const POSTERN: &str = env!("CARGO_BIN_EXE_postern");
-const SECRET: &str = "pstn-mcp-canary-41c7";
+mod support;
 
-struct Daemon {
-    child: Child,
-    dir: tempfile::TempDir,
-    socket: PathBuf,
-    service: String,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let db = self.dir.path().join("journal.db");
-        if let Ok(keychain) = Keychain::new(KeychainBackend::SecretService, &self.service)
-            && let Ok(credentials) = Credentials::open(Vault::new(keychain), &db)
-        {
-            for id in ["api-key", "web1-key", "postern-audit-signing"] {
-                let _ = credentials.remove(id);
-            }
-        }
-    }
-}
+use support::{Daemon, POSTERN, SECRET};
 
 fn config(base: &str, approval: &str) -> String {
     format!(
@@ -74,57 +50,7 @@ fn start_daemon(base: &str, approval: &str) -> Daemon {
 /// A daemon over `config_text`, with the HTTP token and any `extra` SSH keys stored in
 /// its own keychain service.
 fn start_daemon_with(config_text: &str, extra: &[(&str, &str)]) -> Daemon {
-    let dir = tempfile::tempdir().unwrap();
-    let service = test_service();
-    let db = dir.path().join("journal.db");
-    let keychain = Keychain::new(KeychainBackend::SecretService, &service).unwrap();
-    let credentials = Credentials::open(Vault::new(keychain), &db).unwrap();
-    credentials
-        .set(
-            "api-key",
-            CredentialKind::Token,
-            &Secret::from(SECRET.to_string()),
-            1,
-        )
-        .unwrap();
-    for (id, key) in extra {
-        credentials
-            .set(
-                id,
-                CredentialKind::SshKey,
-                &Secret::from(key.to_string()),
-                1,
-            )
-            .unwrap();
-    }
-    drop(credentials);
-    let config_path = dir.path().join("postern.toml");
-    std::fs::write(&config_path, config_text).unwrap();
-    let socket = dir.path().join("run").join("postern.sock");
-    let mut child = Command::new(POSTERN)
-        .args(["daemon", "--data-dir"])
-        .arg(dir.path())
-        .arg("--config")
-        .arg(&config_path)
-        .args(["--keychain-service", &service])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    for _ in 0..200 {
-        if socket.exists() {
-            return Daemon {
-                child,
-                dir,
-                socket,
-                service,
-            };
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    panic!("the daemon did not start");
+    support::start_daemon_keyed(tempfile::tempdir().unwrap(), config_text, None, extra)
 }
 
 async fn client(socket: &Path) -> Agent {

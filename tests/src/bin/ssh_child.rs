@@ -28,7 +28,7 @@ fn main() -> ExitCode {
     };
     let channel = SshChannel::new(
         broker.journal.clone(),
-        broker.credentials.clone(),
+        broker.vault.clone(),
         broker.config.clone(),
     );
     let Ok(runtime) = tokio::runtime::Runtime::new() else {

@@ -31,7 +31,7 @@ use crate::journal::{
     Journal, JournalError, NewInvocation, ResultToStore, Settle, StoredResult, Unrecorded,
 };
 use crate::retry::{Decision, RetryManifest, RetryRequest};
-use crate::vault::{Credentials, Secret, read_bound_credential};
+use crate::vault::{Secret, Vault, read_bound_credential};
 
 /// Who is calling and how to stop.
 #[derive(Clone, Default)]
@@ -217,24 +217,19 @@ impl<T: Channel> Clone for Pipeline<T> {
 struct Shared<T> {
     channel: T,
     journal: Journal,
-    credentials: Arc<Credentials>,
+    vault: Arc<Vault>,
     config: ConfigHandle,
     /// Lease holder name of this broker process.
     holder: String,
 }
 
 impl<T: Channel> Pipeline<T> {
-    pub fn with(
-        channel: T,
-        journal: Journal,
-        credentials: Arc<Credentials>,
-        config: ConfigHandle,
-    ) -> Self {
+    pub fn with(channel: T, journal: Journal, vault: Arc<Vault>, config: ConfigHandle) -> Self {
         Pipeline {
             inner: Arc::new(Shared {
                 channel,
                 journal,
-                credentials,
+                vault,
                 config,
                 holder: format!("pid-{}", std::process::id()),
             }),
@@ -339,7 +334,7 @@ impl<T: Channel> Pipeline<T> {
             )));
         };
         // An indexed read of non-secret metadata: microseconds, fine inline.
-        let meta = match self.inner.credentials.meta(target.credential().as_str()) {
+        let meta = match self.inner.vault.meta(target.credential()) {
             Ok(meta) => meta,
             Err(e) => {
                 return Err(Box::new(self.fail(
@@ -460,8 +455,7 @@ impl<T: Channel> Pipeline<T> {
     ) -> Outcome<T::Result> {
         // The credential: the only place secret bytes leave the keychain.
         let (meta, secret) =
-            match read_bound_credential(&self.inner.credentials, &bound.snapshot, self.now()).await
-            {
+            match read_bound_credential(&self.inner.vault, &bound.snapshot, self.now()).await {
                 Ok(pair) => pair,
                 Err(f) => return self.fail(rec, f.phase, f.code, f.retry, &f.message, None),
             };

@@ -890,18 +890,20 @@ fn the_audit_signing_key_is_created_once_in_the_keychain_and_reused() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("journal.db");
     let service = format!("postern-test-audit-{}", std::process::id());
-    let vault = Vault::new(Keychain::new(KeychainBackend::SecretService, &service).unwrap());
-    let first = postern_broker::audit::signing_key_from_vault(&vault, &db, 1).unwrap();
-    let again = postern_broker::audit::signing_key_from_vault(&vault, &db, 2).unwrap();
+    let vault = Vault::open(
+        Keychain::new(KeychainBackend::SecretService, &service).unwrap(),
+        &db,
+    )
+    .unwrap();
+    let first = postern_broker::audit::signing_key_from_vault(&vault, 1).unwrap();
+    let again = postern_broker::audit::signing_key_from_vault(&vault, 2).unwrap();
     assert_eq!(first.to_bytes(), again.to_bytes());
     // The seed is in the keychain, not in the database.
-    let bytes = std::fs::read(&db).unwrap();
+    // The vault's connection is still open, so what it wrote may be in the WAL file.
+    let mut bytes = std::fs::read(&db).unwrap();
+    if let Ok(wal) = std::fs::read(db.with_extension("db-wal")) {
+        bytes.extend(wal);
+    }
     assert!(!bytes.windows(32).any(|w| w == first.to_bytes()));
-    let conn = rusqlite::Connection::open(&db).unwrap();
-    vault
-        .remove(
-            &conn,
-            &postern_broker::vault::CredentialId::new("postern-audit-signing").unwrap(),
-        )
-        .unwrap();
+    vault.remove("postern-audit-signing").unwrap();
 }

@@ -10,7 +10,6 @@ use postern_broker::audit::AUDIT_KEY_ID;
 use postern_broker::broker::{Broker, BrokerOptions, OpenError, OpenWarning, Opened};
 use postern_broker::config::Caution;
 use postern_broker::invocation::Recorder;
-use postern_broker::vault::Credentials;
 use postern_broker::vault::{Keychain, KeychainBackend, Vault};
 
 use crate::support::new_invocation;
@@ -50,7 +49,7 @@ fn open(dir: &Path, service: &str) -> Result<Opened, OpenError> {
 
 /// Removes the audit key this test's broker made.
 fn forget_audit_key(broker: &Broker) {
-    let _ = broker.credentials.remove(AUDIT_KEY_ID);
+    let _ = broker.vault.remove(AUDIT_KEY_ID);
 }
 
 #[test]
@@ -118,7 +117,6 @@ fn a_targets_file_that_does_not_load_is_an_error() {
     assert!(err.to_string().contains("postern.toml"), "{err}");
     // The audit key was made before the targets file was read; remove it.
     let keychain = Keychain::new(KeychainBackend::SecretService, service).unwrap();
-    let credentials =
-        Credentials::open(Vault::new(keychain), &Broker::journal_path(dir.path())).unwrap();
-    credentials.remove(AUDIT_KEY_ID).unwrap();
+    let vault = Vault::open(keychain, &Broker::journal_path(dir.path())).unwrap();
+    vault.remove(AUDIT_KEY_ID).unwrap();
 }

@@ -75,7 +75,10 @@ impl Fixture {
         let dir = tempfile::tempdir().unwrap();
         let conn = Connection::open(dir.path().join("journal.db")).unwrap();
         conn.execute_batch(SCHEMA_SQL).unwrap();
-        let vault = Vault::new(Keychain::new(backend, test_service()).unwrap());
+        let vault = Vault::over(
+            Keychain::new(backend, test_service()).unwrap(),
+            Connection::open(dir.path().join("journal.db")).unwrap(),
+        );
         Self { dir, conn, vault }
     }
 
@@ -90,14 +93,14 @@ impl Fixture {
 
 impl Drop for Fixture {
     fn drop(&mut self) {
-        cleanup(&self.vault, &self.conn);
+        cleanup(&self.vault);
     }
 }
 
-fn cleanup(vault: &Vault, conn: &Connection) {
-    if let Ok(all) = vault.list(conn) {
+fn cleanup(vault: &Vault) {
+    if let Ok(all) = vault.list() {
         for meta in all {
-            let _ = vault.remove(conn, &meta.id);
+            let _ = vault.remove(&meta.id);
         }
     }
 }
@@ -143,13 +146,7 @@ fn set_then_read_round_trips_the_secret() {
 
     let meta = f
         .vault
-        .set(
-            &f.conn,
-            &cred,
-            CredentialKind::Token,
-            &secret(CANARY),
-            1_000,
-        )
+        .set(&cred, CredentialKind::Token, &secret(CANARY), 1_000)
         .unwrap();
     assert_eq!(meta.id, cred);
     assert_eq!(meta.kind, CredentialKind::Token);
@@ -157,12 +154,12 @@ fn set_then_read_round_trips_the_secret() {
     assert_eq!((meta.created_at_ms, meta.rotated_at_ms), (1_000, 1_000));
     assert_eq!(meta.last_used_at_ms, None);
 
-    let (read_meta, read) = f.vault.read_for_injection(&f.conn, &cred, 2_000).unwrap();
+    let (read_meta, read) = f.vault.read_for_injection(&cred, 2_000).unwrap();
     assert_eq!(read.expose(), CANARY.as_bytes());
     assert_eq!(read_meta.version, meta.version);
     assert_eq!(read_meta.last_used_at_ms, Some(2_000));
 
-    let listed = f.vault.list(&f.conn).unwrap();
+    let listed = f.vault.list().unwrap();
     assert_eq!(listed, vec![read_meta]);
 
     // The keychain entry is addressable directly by id and version.
@@ -181,14 +178,13 @@ fn binary_secrets_round_trip() {
 
     f.vault
         .set(
-            &f.conn,
             &cred,
             CredentialKind::SshKey,
             &Secret::new(bytes.clone()),
             1,
         )
         .unwrap();
-    let (_, read) = f.vault.read_for_injection(&f.conn, &cred, 2).unwrap();
+    let (_, read) = f.vault.read_for_injection(&cred, 2).unwrap();
     assert_eq!(read.expose(), bytes.as_slice());
 }
 
@@ -202,23 +198,11 @@ fn rotation_writes_a_new_version_and_deletes_the_old_entry() {
 
     let first = f
         .vault
-        .set(
-            &f.conn,
-            &cred,
-            CredentialKind::Token,
-            &secret(CANARY),
-            1_000,
-        )
+        .set(&cred, CredentialKind::Token, &secret(CANARY), 1_000)
         .unwrap();
     let second = f
         .vault
-        .set(
-            &f.conn,
-            &cred,
-            CredentialKind::Token,
-            &secret(CANARY_2),
-            5_000,
-        )
+        .set(&cred, CredentialKind::Token, &secret(CANARY_2), 5_000)
         .unwrap();
 
     assert_ne!(second.version, first.version);
@@ -229,7 +213,7 @@ fn rotation_writes_a_new_version_and_deletes_the_old_entry() {
     let old = f.keychain().get(&cred, &first.version).unwrap_err();
     assert_eq!(old.code(), Code::CredentialMissing);
 
-    let (meta, read) = f.vault.read_for_injection(&f.conn, &cred, 6_000).unwrap();
+    let (meta, read) = f.vault.read_for_injection(&cred, 6_000).unwrap();
     assert_eq!(meta.version, second.version);
     assert_eq!(read.expose(), CANARY_2.as_bytes());
 }
@@ -240,10 +224,7 @@ fn unknown_credential_is_credential_missing() {
         return;
     }
     let f = Fixture::secret_service();
-    let err = f
-        .vault
-        .read_for_injection(&f.conn, &id("nope"), 1)
-        .unwrap_err();
+    let err = f.vault.read_for_injection(id("nope"), 1).unwrap_err();
     assert!(matches!(&err, VaultError::Missing { credential } if credential == "nope"));
     assert_eq!(err.code(), Code::CredentialMissing);
     let spec = err.code().spec();
@@ -261,21 +242,21 @@ fn metadata_without_a_keychain_entry_is_credential_missing() {
     let cred = id("vanished");
     let meta = f
         .vault
-        .set(&f.conn, &cred, CredentialKind::Token, &secret(CANARY), 1)
+        .set(&cred, CredentialKind::Token, &secret(CANARY), 1)
         .unwrap();
     // Someone deleted the entry with a keyring tool behind the broker's back.
     f.keychain().delete(&cred, &meta.version).unwrap();
 
-    let err = f.vault.read_for_injection(&f.conn, &cred, 2).unwrap_err();
+    let err = f.vault.read_for_injection(&cred, 2).unwrap_err();
     assert_eq!(err.code(), Code::CredentialMissing);
     assert_error_is_clean(&err);
     // Use is recorded only when a secret was actually handed out.
-    let stored = f.vault.list(&f.conn).unwrap();
+    let stored = f.vault.list().unwrap();
     assert_eq!(stored[0].last_used_at_ms, None);
 
     // Removing still works and clears the metadata.
-    f.vault.remove(&f.conn, &cred).unwrap();
-    assert!(f.vault.list(&f.conn).unwrap().is_empty());
+    f.vault.remove(&cred).unwrap();
+    assert!(f.vault.list().unwrap().is_empty());
 }
 
 #[test]
@@ -288,33 +269,21 @@ fn remove_deletes_metadata_and_keychain_entry() {
     let keep = id("to-keep");
     let meta = f
         .vault
-        .set(
-            &f.conn,
-            &cred,
-            CredentialKind::SigningKey,
-            &secret(CANARY),
-            1,
-        )
+        .set(&cred, CredentialKind::SigningKey, &secret(CANARY), 1)
         .unwrap();
     f.vault
-        .set(&f.conn, &keep, CredentialKind::Token, &secret(CANARY_2), 1)
+        .set(&keep, CredentialKind::Token, &secret(CANARY_2), 1)
         .unwrap();
 
-    f.vault.remove(&f.conn, &cred).unwrap();
+    f.vault.remove(&cred).unwrap();
 
-    let ids: Vec<_> = f
-        .vault
-        .list(&f.conn)
-        .unwrap()
-        .into_iter()
-        .map(|m| m.id)
-        .collect();
+    let ids: Vec<_> = f.vault.list().unwrap().into_iter().map(|m| m.id).collect();
     assert_eq!(ids, vec![keep.clone()]);
     let gone = f.keychain().get(&cred, &meta.version).unwrap_err();
     assert_eq!(gone.code(), Code::CredentialMissing);
-    let again = f.vault.remove(&f.conn, &cred).unwrap_err();
+    let again = f.vault.remove(&cred).unwrap_err();
     assert_eq!(again.code(), Code::CredentialMissing);
-    let (_, kept) = f.vault.read_for_injection(&f.conn, &keep, 2).unwrap();
+    let (_, kept) = f.vault.read_for_injection(&keep, 2).unwrap();
     assert_eq!(kept.expose(), CANARY_2.as_bytes());
 }
 
@@ -366,8 +335,7 @@ fn empty_secret_is_rejected_before_touching_anything() {
     let err = f
         .vault
         .set(
-            &f.conn,
-            &id("empty"),
+            id("empty"),
             CredentialKind::Token,
             &Secret::new(Vec::new()),
             1,
@@ -375,7 +343,7 @@ fn empty_secret_is_rejected_before_touching_anything() {
         .unwrap_err();
     assert!(matches!(err, VaultError::InvalidSecret { .. }));
     assert_eq!(err.code(), Code::InvalidRequest);
-    assert!(f.vault.list(&f.conn).unwrap().is_empty());
+    assert!(f.vault.list().unwrap().is_empty());
 }
 
 #[test]
@@ -387,15 +355,15 @@ fn changing_the_kind_requires_a_remove() {
     let cred = id("typed");
     let meta = f
         .vault
-        .set(&f.conn, &cred, CredentialKind::Token, &secret(CANARY), 1)
+        .set(&cred, CredentialKind::Token, &secret(CANARY), 1)
         .unwrap();
     let err = f
         .vault
-        .set(&f.conn, &cred, CredentialKind::SshKey, &secret(CANARY_2), 2)
+        .set(&cred, CredentialKind::SshKey, &secret(CANARY_2), 2)
         .unwrap_err();
     assert!(matches!(err, VaultError::KindMismatch { .. }));
     assert_error_is_clean(&err);
-    let (after, read) = f.vault.read_for_injection(&f.conn, &cred, 3).unwrap();
+    let (after, read) = f.vault.read_for_injection(&cred, 3).unwrap();
     assert_eq!(after.version, meta.version);
     assert_eq!(read.expose(), CANARY.as_bytes());
 }
@@ -408,12 +376,12 @@ fn last_used_never_moves_backwards() {
     let f = Fixture::secret_service();
     let cred = id("clock");
     f.vault
-        .set(&f.conn, &cred, CredentialKind::Token, &secret(CANARY), 1)
+        .set(&cred, CredentialKind::Token, &secret(CANARY), 1)
         .unwrap();
-    f.vault.read_for_injection(&f.conn, &cred, 100).unwrap();
-    let (meta, _) = f.vault.read_for_injection(&f.conn, &cred, 50).unwrap();
+    f.vault.read_for_injection(&cred, 100).unwrap();
+    let (meta, _) = f.vault.read_for_injection(&cred, 50).unwrap();
     assert_eq!(meta.last_used_at_ms, Some(100));
-    assert_eq!(f.vault.list(&f.conn).unwrap()[0].last_used_at_ms, Some(100));
+    assert_eq!(f.vault.list().unwrap()[0].last_used_at_ms, Some(100));
 }
 
 #[test]
@@ -425,13 +393,13 @@ fn canary_never_reaches_the_database_or_metadata() {
     let cred = id("canary");
     let created = f
         .vault
-        .set(&f.conn, &cred, CredentialKind::Token, &secret(CANARY), 1)
+        .set(&cred, CredentialKind::Token, &secret(CANARY), 1)
         .unwrap();
     let rotated = f
         .vault
-        .set(&f.conn, &cred, CredentialKind::Token, &secret(CANARY_2), 2)
+        .set(&cred, CredentialKind::Token, &secret(CANARY_2), 2)
         .unwrap();
-    let (read_meta, read) = f.vault.read_for_injection(&f.conn, &cred, 3).unwrap();
+    let (read_meta, read) = f.vault.read_for_injection(&cred, 3).unwrap();
     assert_eq!(read.expose(), CANARY_2.as_bytes());
 
     for meta in [&created, &rotated, &read_meta] {
@@ -452,7 +420,7 @@ fn canary_never_reaches_the_database_or_metadata() {
     assert!(!contains(&db, CANARY) && !contains(&db, CANARY_2));
 
     // Deleted rows linger in free pages; they must not hold the secret either.
-    cleanup(&f.vault, &f.conn);
+    cleanup(&f.vault);
     let after_cleanup = read_dir_bytes(f.dir.path());
     assert!(!contains(&after_cleanup, CANARY) && !contains(&after_cleanup, CANARY_2));
 }
@@ -466,35 +434,23 @@ fn keychains_with_different_service_names_coexist() {
     let b = Fixture::secret_service();
     let cred = id("shared-name");
     a.vault
-        .set(&a.conn, &cred, CredentialKind::Token, &secret(CANARY), 1)
+        .set(&cred, CredentialKind::Token, &secret(CANARY), 1)
         .unwrap();
     b.vault
-        .set(&b.conn, &cred, CredentialKind::Token, &secret(CANARY_2), 1)
+        .set(&cred, CredentialKind::Token, &secret(CANARY_2), 1)
         .unwrap();
     assert_eq!(
-        a.vault
-            .read_for_injection(&a.conn, &cred, 2)
-            .unwrap()
-            .1
-            .expose(),
+        a.vault.read_for_injection(&cred, 2).unwrap().1.expose(),
         CANARY.as_bytes()
     );
     assert_eq!(
-        b.vault
-            .read_for_injection(&b.conn, &cred, 2)
-            .unwrap()
-            .1
-            .expose(),
+        b.vault.read_for_injection(&cred, 2).unwrap().1.expose(),
         CANARY_2.as_bytes()
     );
 
-    a.vault.remove(&a.conn, &cred).unwrap();
+    a.vault.remove(&cred).unwrap();
     assert_eq!(
-        b.vault
-            .read_for_injection(&b.conn, &cred, 3)
-            .unwrap()
-            .1
-            .expose(),
+        b.vault.read_for_injection(&cred, 3).unwrap().1.expose(),
         CANARY_2.as_bytes()
     );
 }
@@ -542,11 +498,14 @@ fn no_secret_service_child() {
     let dir = PathBuf::from(std::env::var_os("POSTERN_TEST_CHILD_DIR").unwrap());
     let conn = Connection::open(dir.join("journal.db")).unwrap();
     conn.execute_batch(SCHEMA_SQL).unwrap();
-    let vault = Vault::new(Keychain::new(KeychainBackend::SecretService, test_service()).unwrap());
+    let vault = Vault::over(
+        Keychain::new(KeychainBackend::SecretService, test_service()).unwrap(),
+        Connection::open(dir.join("journal.db")).unwrap(),
+    );
     let cred = id("unreachable");
 
     let err = vault
-        .set(&conn, &cred, CredentialKind::Token, &secret(CANARY), 1)
+        .set(&cred, CredentialKind::Token, &secret(CANARY), 1)
         .unwrap_err();
     assert!(matches!(
         err,
@@ -561,7 +520,7 @@ fn no_secret_service_child() {
     assert!(err.to_string().contains("unlock the keychain"), "{err}");
     assert_error_is_clean(&err);
     // A failed set leaves no metadata behind.
-    assert!(vault.list(&conn).unwrap().is_empty());
+    assert!(vault.list().unwrap().is_empty());
 
     // Metadata present, keychain unreachable: reading is locked, not missing.
     let version = VersionTag::generate(None).unwrap();
@@ -570,15 +529,11 @@ fn no_secret_service_child() {
         [cred.as_str(), version.as_str()],
     )
     .unwrap();
-    let err = vault.read_for_injection(&conn, &cred, 2).unwrap_err();
+    let err = vault.read_for_injection(&cred, 2).unwrap_err();
     assert_eq!(err.code(), Code::VaultLocked);
-    let err = vault.remove(&conn, &cred).unwrap_err();
+    let err = vault.remove(&cred).unwrap_err();
     assert_eq!(err.code(), Code::VaultLocked);
-    assert_eq!(
-        vault.list(&conn).unwrap().len(),
-        1,
-        "metadata kept for a retry"
-    );
+    assert_eq!(vault.list().unwrap().len(), 1, "metadata kept for a retry");
 }
 
 #[test]
@@ -591,28 +546,28 @@ fn keyutils_round_trip_rotation_and_remove() {
 
     let first = f
         .vault
-        .set(&f.conn, &cred, CredentialKind::Token, &secret(CANARY), 1)
+        .set(&cred, CredentialKind::Token, &secret(CANARY), 1)
         .unwrap();
-    let (_, read) = f.vault.read_for_injection(&f.conn, &cred, 2).unwrap();
+    let (_, read) = f.vault.read_for_injection(&cred, 2).unwrap();
     assert_eq!(read.expose(), CANARY.as_bytes());
 
     let second = f
         .vault
-        .set(&f.conn, &cred, CredentialKind::Token, &secret(CANARY_2), 3)
+        .set(&cred, CredentialKind::Token, &secret(CANARY_2), 3)
         .unwrap();
     assert_ne!(first.version, second.version);
     assert_eq!(
         f.keychain().get(&cred, &first.version).unwrap_err().code(),
         Code::CredentialMissing
     );
-    let (_, read) = f.vault.read_for_injection(&f.conn, &cred, 4).unwrap();
+    let (_, read) = f.vault.read_for_injection(&cred, 4).unwrap();
     assert_eq!(read.expose(), CANARY_2.as_bytes());
 
-    f.vault.remove(&f.conn, &cred).unwrap();
+    f.vault.remove(&cred).unwrap();
     assert_eq!(
         f.keychain().get(&cred, &second.version).unwrap_err().code(),
         Code::CredentialMissing
     );
-    let err = f.vault.read_for_injection(&f.conn, &cred, 5).unwrap_err();
+    let err = f.vault.read_for_injection(&cred, 5).unwrap_err();
     assert_eq!(err.code(), Code::CredentialMissing);
 }

@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use postern_broker::vault::Credentials;
 use postern_broker::vault::{CredentialKind, Keychain, KeychainBackend, Secret, Vault};
 use postern_tests::fixture::test_service;
 
@@ -25,6 +24,8 @@ pub struct Daemon {
     pub dir: tempfile::TempDir,
     pub socket: PathBuf,
     service: String,
+    /// The keychain entries to remove on drop.
+    keys: Vec<String>,
 }
 
 impl Drop for Daemon {
@@ -34,11 +35,12 @@ impl Drop for Daemon {
         let _ = std::fs::remove_file(self.dir.path().with_extension("toml"));
         let db = self.dir.path().join("journal.db");
         if let Ok(keychain) = Keychain::new(KeychainBackend::SecretService, &self.service)
-            && let Ok(credentials) = Credentials::open(Vault::new(keychain), &db)
+            && let Ok(vault) = Vault::open(keychain, &db)
         {
-            for id in ["api-key", "postern-audit-signing"] {
-                let _ = credentials.remove(id);
+            for id in &self.keys {
+                let _ = vault.remove(id);
             }
+            let _ = vault.remove("postern-audit-signing");
         }
     }
 }
@@ -92,11 +94,21 @@ pub fn start_daemon_with(config_text: &str, socket: Option<&Path>) -> Daemon {
 
 /// A daemon whose data dir is `dir` (prepared by the caller), over `config_text`.
 pub fn start_daemon_in(dir: tempfile::TempDir, config_text: &str, socket: Option<&Path>) -> Daemon {
+    start_daemon_keyed(dir, config_text, socket, &[])
+}
+
+/// [`start_daemon_in`] with SSH private keys `(id, key)` stored beside the token.
+pub fn start_daemon_keyed(
+    dir: tempfile::TempDir,
+    config_text: &str,
+    socket: Option<&Path>,
+    ssh_keys: &[(&str, &str)],
+) -> Daemon {
     let service = test_service();
     let db = dir.path().join("journal.db");
     let keychain = Keychain::new(KeychainBackend::SecretService, &service).unwrap();
-    let credentials = Credentials::open(Vault::new(keychain), &db).unwrap();
-    credentials
+    let vault = Vault::open(keychain, &db).unwrap();
+    vault
         .set(
             "api-key",
             CredentialKind::Token,
@@ -104,7 +116,19 @@ pub fn start_daemon_in(dir: tempfile::TempDir, config_text: &str, socket: Option
             1,
         )
         .unwrap();
-    drop(credentials);
+    let mut keys = vec!["api-key".to_string()];
+    for (id, key) in ssh_keys {
+        vault
+            .set(
+                id,
+                CredentialKind::SshKey,
+                &Secret::from(key.to_string()),
+                1,
+            )
+            .unwrap();
+        keys.push(id.to_string());
+    }
+    drop(vault);
     // The config lives beside the data dir, so the data dir holds only what the
     // daemon itself makes.
     let config_path = dir.path().with_extension("toml");
@@ -133,6 +157,7 @@ pub fn start_daemon_in(dir: tempfile::TempDir, config_text: &str, socket: Option
                 dir,
                 socket,
                 service,
+                keys,
             };
         }
         if let Ok(Some(status)) = child.try_wait() {

@@ -33,7 +33,7 @@ use crate::invocation::{
 };
 use crate::journal::events::{self, OperationFacts, Settlement as Reconciled};
 use crate::journal::{Journal, NewInvocation, StoredResult};
-use crate::vault::{Credentials, Secret};
+use crate::vault::{Secret, Vault};
 use status::Repeat;
 
 /// Dispatches an invocation may make in total, across retries and restarts.
@@ -215,17 +215,13 @@ impl Channel for Http {
 }
 
 impl Pipeline<Http> {
-    pub fn new(
-        journal: Journal,
-        credentials: std::sync::Arc<Credentials>,
-        config: ConfigHandle,
-    ) -> Self {
+    pub fn new(journal: Journal, vault: std::sync::Arc<Vault>, config: ConfigHandle) -> Self {
         Pipeline::with(
             Http {
                 trust: inject::Trust::new(),
             },
             journal,
-            credentials,
+            vault,
             config,
         )
     }

@@ -30,7 +30,7 @@ use crate::invocation::{
 };
 use crate::journal::events::{self, OperationFacts};
 use crate::journal::{Journal, ResultToStore, StoredResult};
-use crate::vault::{Credentials, Secret};
+use crate::vault::{Secret, Vault};
 
 /// A shell command is never assumed repeatable: one dispatch per invocation.
 const RETRY_BUDGET: u32 = 1;
@@ -279,8 +279,8 @@ impl Channel for Ssh {
 }
 
 impl Pipeline<Ssh> {
-    pub fn new(journal: Journal, credentials: Arc<Credentials>, config: ConfigHandle) -> Self {
-        Pipeline::with(Ssh, journal, credentials, config)
+    pub fn new(journal: Journal, vault: Arc<Vault>, config: ConfigHandle) -> Self {
+        Pipeline::with(Ssh, journal, vault, config)
     }
 
     /// Runs one command as a new invocation.
