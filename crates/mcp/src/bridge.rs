@@ -828,7 +828,7 @@ impl ServerHandler for Unavailable {
             ));
         }
         let envelope =
-            postern_broker::invocation::pipeline::broker_unavailable("", self.message.clone());
+            postern_broker::invocation::outcome::broker_unavailable("", self.message.clone());
         let value = serde_json::to_value(envelope).unwrap_or(Value::Null);
         Ok(CallToolResult::structured_error(value).into())
     }

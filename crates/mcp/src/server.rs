@@ -23,7 +23,7 @@ use postern_broker::channel::http::{HttpOutcome, HttpRequest, HttpResponse};
 use postern_broker::channel::ssh::{SshOutcome, SshRequest, SshResult};
 use postern_broker::evidence;
 use postern_broker::invocation::CallContext;
-use postern_broker::invocation::Recorder;
+use postern_broker::invocation;
 use postern_broker::journal::events::Channel;
 use postern_broker::journal::projection::Projection;
 
@@ -129,14 +129,13 @@ impl Session {
             Err(_) => Vec::new(),
         };
         for id in undelivered {
-            if let Ok(rec) = Recorder::resume(&self.broker.journal, &id)
-                && rec
-                    .projection()
-                    .is_ok_and(|p| p.result_id.is_some() && !p.delivered)
-            {
-                let _ =
-                    rec.delivery_failed("The agent's bridge closed before the result reached it.");
-            }
+            // Best effort: a journal that refuses this leaves the result undelivered, which
+            // is what `fetch_result` reads anyway.
+            let _ = invocation::delivery_failed(
+                &self.broker.journal,
+                &id,
+                "The agent's bridge closed before the result reached it.",
+            );
         }
     }
 
@@ -533,16 +532,13 @@ impl ServerHandler for Session {
             return;
         };
         let key = id.to_string();
-        let invocation = self
+        let acknowledged = self
             .undelivered
             .lock()
             .ok()
             .and_then(|mut map| map.remove(&key));
-        if let Some(invocation_id) = invocation
-            && let Ok(rec) = Recorder::resume(&self.broker.journal, &invocation_id)
-            && rec.projection().is_ok_and(|p| p.terminal && !p.delivered)
-        {
-            let _ = rec.delivered();
+        if let Some(invocation_id) = acknowledged {
+            let _ = invocation::confirm_delivery(&self.broker.journal, &invocation_id);
         }
     }
 }

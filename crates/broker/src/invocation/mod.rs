@@ -1,16 +1,23 @@
 //! One invocation, from the agent's request to the delivered result.
 //!
 //! - [`pipeline`]: the sequence every channel runs through — accept, validate, bind,
-//!   approve, credential and lease, attempt, commit — and the one [`Outcome`] it
-//!   returns, with the failure envelopes for a journal that fails part-way.
+//!   approve, credential and lease, attempt, delivery — and the [`Channel`] trait, the
+//!   part a channel writes (validation and one attempt).
+//! - [`attempt`]: what a channel's attempt records through, and the dispatch [`Gate`].
+//! - [`outcome`]: the one [`Outcome`] every call returns, and the envelopes for a
+//!   journal that fails part-way.
 //! - [`recorder`]: the record of one invocation, one method per durable transition.
 //!   It, not the channel, decides what a failure proves.
 
+pub mod attempt;
+pub mod outcome;
 pub mod pipeline;
 pub mod recorder;
 
+pub use attempt::{Attempt, Gate, GateShut, Response};
+pub use outcome::Outcome;
 pub use pipeline::{
-    Accepted, Attempt, Bound, CallContext, Channel, Failure, Gate, GateShut, Invalid, Outcome,
-    Pipeline, Response, Validated,
+    Accepted, Bound, CallContext, Channel, Failure, Invalid, Pipeline, Validated, confirm_delivery,
+    delivery_failed,
 };
 pub use recorder::{Exchange, Recorder, RetryPlan, StepError, new_invocation_id};

@@ -5,8 +5,9 @@
 //! request kept for a retry) → approval, when the target asks for it → read the bound
 //! credential and [`Channel::arm`] with it → CREDENTIAL_AUTHORIZED and the attempt's
 //! lease → [`Channel::attempt`]: connection setup, DISPATCH_STARTED through the
-//! [`Gate`], the exchange, and the settled result through [`Attempt::commit`] → one
-//! [`Outcome`].
+//! [`Gate`](super::Gate), the exchange, and the settled result through
+//! [`Attempt::commit`] → one [`Outcome`] → RESULT_DELIVERED once the caller's side
+//! confirms the handoff ([`confirm_delivery`]).
 //!
 //! A channel writes validation and the attempt and nothing else: every record, every
 //! failure envelope and every retry decision is made here and in the
@@ -20,17 +21,17 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::recorder::{Exchange, Recorder, StepError, new_invocation_id};
+use super::attempt::Attempt;
+use super::outcome::{Outcome, journal_failure, unrecorded};
+use super::recorder::{Recorder, StepError, new_invocation_id};
 use crate::action::{ConfigSnapshot, Fingerprint, NormalizedAction};
 use crate::approvals::{ApprovalAnswer, ApprovalDetail, ApprovalRequest, Approver};
 use crate::config::{ApprovalMode, Config, ConfigHandle};
-use crate::contract::{self, Code, Envelope, ErrorBody, Evidence, Phase, Retry, Stage};
+use crate::contract::{Code, Phase, Retry};
 use crate::journal::events::{Channel as ChannelKind, EventBody, OperationFacts};
 use crate::journal::projection::Projection;
-use crate::journal::{
-    Journal, JournalError, NewInvocation, ResultToStore, Settle, StoredResult, Unrecorded,
-};
-use crate::retry::{Decision, RetryManifest, RetryRequest};
+use crate::journal::{Journal, JournalError, NewInvocation, StoredResult};
+use crate::retry::{Decision, RetryRequest};
 use crate::vault::{Secret, Vault, read_bound_credential};
 
 /// Who is calling and how to stop.
@@ -41,44 +42,6 @@ pub struct CallContext {
     /// Cancelled when the caller loses interest; after dispatch the outcome stays
     /// unknown (the remote may still be running).
     pub cancel: CancellationToken,
-}
-
-/// What one call produced: a settled result (which may still carry an error code, an
-/// HTTP 500 or a refused exec for instance), or an envelope saying what the records
-/// prove.
-#[derive(Debug, Clone)]
-pub struct Outcome<R> {
-    pub invocation_id: String,
-    pub outcome: contract::Outcome,
-    pub result: Option<R>,
-    /// Present when the record carries a code.
-    pub error: Option<Envelope>,
-    /// For a retry: the manifest the decision was recorded with.
-    pub manifest: Option<RetryManifest>,
-}
-
-impl<R> Outcome<R> {
-    /// The answer for an envelope alone (nothing settled to return).
-    pub fn of_envelope(envelope: Envelope) -> Self {
-        Outcome {
-            invocation_id: envelope.invocation_id.clone(),
-            outcome: envelope.error.outcome,
-            result: None,
-            error: Some(envelope),
-            manifest: None,
-        }
-    }
-
-    /// What the record `p` says, without a result.
-    pub fn of_projection(p: &Projection, now_ms: i64) -> Self {
-        Outcome {
-            invocation_id: p.invocation_id.clone(),
-            outcome: p.outcome,
-            result: None,
-            error: p.envelope(now_ms),
-            manifest: None,
-        }
-    }
 }
 
 /// What ACTION_ACCEPTED records before anything is validated.
@@ -248,7 +211,7 @@ impl<T: Channel> Pipeline<T> {
         &self.inner.channel
     }
 
-    fn now(&self) -> i64 {
+    pub(super) fn now(&self) -> i64 {
         self.inner.journal.now_ms()
     }
 
@@ -479,11 +442,7 @@ impl<T: Channel> Pipeline<T> {
         ) {
             return self.journal_failed(rec, &e);
         }
-        let attempt = Attempt {
-            pipeline: self,
-            rec,
-            bound,
-        };
+        let attempt = Attempt::new(self, rec, bound);
         self.inner.channel.attempt(attempt, armed, ctx).await
     }
 
@@ -645,305 +604,29 @@ impl<T: Channel> Pipeline<T> {
     }
 }
 
-/// One attempt in progress: what a channel's [`Channel::attempt`] records through.
-pub struct Attempt<'a, T: Channel> {
-    pipeline: &'a Pipeline<T>,
-    rec: &'a Recorder,
-    bound: &'a Bound<T::Plan>,
+/// RESULT_DELIVERED: the caller-facing protocol confirmed that `invocation_id`'s answer
+/// reached the caller. Recorded once, and only for an invocation that has ended.
+pub fn confirm_delivery(journal: &Journal, invocation_id: &str) -> Result<(), JournalError> {
+    let rec = Recorder::resume(journal, invocation_id)?;
+    let p = rec.projection()?;
+    if p.terminal && !p.delivered {
+        rec.delivered()?;
+    }
+    Ok(())
 }
 
-impl<'a, T: Channel> Attempt<'a, T> {
-    pub fn bound(&self) -> &'a Bound<T::Plan> {
-        self.bound
+/// The handoff of a stored result failed (the caller's connection closed first):
+/// DELIVERY_FAILED. The remote outcome stands, and the result stays retrievable with
+/// `fetch_result`.
+pub fn delivery_failed(
+    journal: &Journal,
+    invocation_id: &str,
+    message: &str,
+) -> Result<(), JournalError> {
+    let rec = Recorder::resume(journal, invocation_id)?;
+    let p = rec.projection()?;
+    if p.result_id.is_some() && !p.delivered {
+        rec.delivery_failed(message)?;
     }
-
-    pub fn invocation_id(&self) -> &str {
-        self.rec.id()
-    }
-
-    /// The live configuration (an SSH first-seen approval pins a host key in it).
-    pub fn config(&self) -> &ConfigHandle {
-        &self.pipeline.inner.config
-    }
-
-    pub fn now_ms(&self) -> i64 {
-        self.pipeline.now()
-    }
-
-    /// The id of this attempt's `n`th connection: `<invocation>/g<generation>/c<n>`.
-    pub fn connection_id(&self, n: u32) -> String {
-        format!("{}/g{}/c{n}", self.rec.id(), self.rec.generation())
-    }
-
-    /// The gate that records DISPATCH_STARTED for connection `connection_id`.
-    pub fn gate(&self, connection_id: String) -> Gate {
-        Gate {
-            rec: self.rec.clone(),
-            config: self.pipeline.inner.config.clone(),
-            target: self.bound.target.clone(),
-            action: self.bound.action.clone(),
-            bound: self.bound.snapshot.clone(),
-            connection_id,
-        }
-    }
-
-    /// A connection-setup stage failed (it proves not_attempted for this attempt).
-    pub fn setup_stage_failed(
-        &self,
-        n: u32,
-        stage: Stage,
-        code: Code,
-    ) -> Result<(), Box<Outcome<T::Result>>> {
-        self.rec
-            .connection_attempt(n, stage, code)
-            .map(|_| ())
-            .map_err(|e| Box::new(self.pipeline.journal_failed(self.rec, &e)))
-    }
-
-    /// Ends the attempt with a failure; after a recorded dispatch the record makes it
-    /// `unknown` whatever is passed here.
-    pub fn fail(
-        &self,
-        phase: Phase,
-        code: Code,
-        retry: Retry,
-        message: &str,
-    ) -> Outcome<T::Result> {
-        self.pipeline
-            .fail(self.rec, phase, code, retry, message, None)
-    }
-
-    /// [`Attempt::fail`] naming the request field to correct.
-    pub fn fail_field(
-        &self,
-        phase: Phase,
-        code: Code,
-        retry: Retry,
-        message: &str,
-        field: &str,
-    ) -> Outcome<T::Result> {
-        self.pipeline
-            .fail(self.rec, phase, code, retry, message, Some(field))
-    }
-
-    /// A step the journal refused or stopped.
-    pub fn stopped(&self, e: StepError) -> Outcome<T::Result> {
-        self.pipeline.stopped(self.rec, e)
-    }
-
-    /// What the record says now.
-    pub fn recorded(&self) -> Outcome<T::Result> {
-        self.pipeline.outcome_of(self.rec)
-    }
-
-    /// Markers of how far the request got and whether the remote began answering,
-    /// recorded before a failure is. Markers are diagnosis, not proof: a failure to
-    /// record them must not hide the failure being reported.
-    pub fn mark(&self, request_started: bool, request_complete: bool, response: Option<Response>) {
-        if request_started || request_complete {
-            let _ = self.rec.request_sent(request_started, request_complete);
-        }
-        if let Some(r) = response {
-            let _ = self.rec.response_started(r.status, r.remote_request_id);
-        }
-    }
-
-    /// RESULT_COMMITTED with the stored result, fsynced, in one transaction with the
-    /// exchange's markers, before anything is returned. `result` is what the caller
-    /// gets back when the commit lands.
-    pub fn commit(
-        &self,
-        exchange: Exchange,
-        stored: ResultToStore,
-        settle: Settle,
-        result: Option<T::Result>,
-    ) -> Outcome<T::Result> {
-        match self.rec.commit_exchange(exchange, stored, settle) {
-            Ok(appended) => Outcome {
-                result,
-                ..Outcome::of_projection(&appended.projection, self.now_ms())
-            },
-            Err(e) => self.pipeline.journal_failed(self.rec, &e),
-        }
-    }
-}
-
-/// How the remote began answering, for a marker.
-#[derive(Debug, Clone, Default)]
-pub struct Response {
-    pub status: Option<u16>,
-    pub remote_request_id: Option<String>,
-}
-
-/// The dispatch boundary of one connection. [`Gate::open`] records DISPATCH_STARTED,
-/// fsynced, immediately before the first byte of the request goes to the transport,
-/// after re-verifying the fingerprint against the live configuration: a reload that
-/// changed the target changes the fingerprint, and nothing is sent.
-#[derive(Clone)]
-pub struct Gate {
-    rec: Recorder,
-    config: ConfigHandle,
-    target: String,
-    action: NormalizedAction,
-    bound: ConfigSnapshot,
-    connection_id: String,
-}
-
-/// Why a gate stayed shut; nothing was sent.
-#[derive(Debug)]
-pub enum GateShut {
-    /// The journal refused or failed the record.
-    Refused(StepError),
-    /// The record did not finish (its task was lost).
-    Interrupted,
-}
-
-impl Gate {
-    /// The fingerprint of what is about to be sent, under the live configuration.
-    fn fingerprint_now(&self) -> String {
-        match self.config.current().target(&self.target) {
-            Some(t) => {
-                let snapshot = ConfigSnapshot::of(
-                    t,
-                    self.bound.credential_version.clone(),
-                    self.bound.idempotency_key.clone(),
-                );
-                Fingerprint::compute(&self.action, &snapshot).to_string()
-            }
-            None => String::from("target-removed"),
-        }
-    }
-
-    /// Records DISPATCH_STARTED naming the verified peer, off the async threads.
-    pub async fn open(&self, peer: Option<String>) -> Result<(), GateShut> {
-        let fingerprint_now = self.fingerprint_now();
-        let rec = self.rec.clone();
-        let connection_id = self.connection_id.clone();
-        let recorded = tokio::task::spawn_blocking(move || {
-            rec.dispatch_started(&fingerprint_now, Some(connection_id), peer)
-        })
-        .await;
-        match recorded {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(GateShut::Refused(e)),
-            Err(_) => Err(GateShut::Interrupted),
-        }
-    }
-}
-
-/// The answer for a failure that could not even be recorded (the journal is down).
-/// Nothing was sent: every path that reaches the network records DISPATCH_STARTED
-/// first, and that record is what failed.
-pub fn unrecorded<R>(invocation_id: &str, error: &JournalError) -> Outcome<R> {
-    Outcome::of_envelope(unrecorded_failure(invocation_id, error))
-}
-
-/// The envelope of [`unrecorded`].
-pub fn unrecorded_failure(invocation_id: &str, error: &JournalError) -> Envelope {
-    broker_unavailable(
-        invocation_id,
-        format!("The broker could not record this request; nothing was sent. ({error})"),
-    )
-}
-
-/// The journal failed and its record cannot even be read back, after this invocation
-/// may have been dispatched: nothing can prove the request stayed unsent, so report the
-/// conservative outcome (a broker that cannot prove an operation stayed unattempted
-/// must not call it a preflight failure).
-pub fn unprovable(invocation_id: &str, error: &JournalError) -> Envelope {
-    Envelope {
-        invocation_id: invocation_id.to_string(),
-        error: ErrorBody {
-            code: Code::ResultStoreFailed,
-            phase: Phase::RemoteExecution,
-            outcome: contract::Outcome::Unknown,
-            retry: Retry::Reconcile,
-            message: format!(
-                "The journal failed and the record cannot be read; the request may have been sent. ({error})"
-            ),
-        },
-        evidence: Evidence {
-            dispatch_started: true,
-            ..Evidence::default()
-        },
-    }
-}
-
-/// What to report when the journal failed part-way through an invocation: after a
-/// recorded dispatch the outcome stands as recorded (the remote may have acted) with
-/// RESULT_STORE_FAILED. Without one, nothing was sent, whether or not the record can be
-/// read back: DISPATCH_STARTED is durable before the first byte goes out, so a request
-/// this process never dispatched (and whose record shows no earlier dispatch) stayed
-/// here. Only an invocation that may have dispatched and whose record is unreadable is
-/// unprovable. What is answered for an invocation that left no record is remembered
-/// for `get_invocation`.
-pub fn journal_failure(rec: &Recorder, error: &JournalError, now_ms: i64) -> Envelope {
-    // A step that failed because an earlier one was refused for space says only that
-    // the invocation is missing; name the cause instead.
-    let full;
-    let error = if !error.is_disk_full() && rec.journal().low_space() {
-        full = JournalError::DiskFull {
-            detail: crate::journal::space::describe(rec.journal().path()),
-        };
-        &full
-    } else {
-        error
-    };
-    match rec.projection() {
-        Ok(p) if p.ever_dispatched => {
-            let retry = p.retry(now_ms);
-            let mut envelope = p.envelope(now_ms).unwrap_or_else(|| Envelope {
-                invocation_id: p.invocation_id.clone(),
-                error: ErrorBody {
-                    code: Code::ResultStoreFailed,
-                    phase: p.phase,
-                    outcome: p.outcome,
-                    retry,
-                    message: String::new(),
-                },
-                evidence: p.evidence(),
-            });
-            envelope.error.code = Code::ResultStoreFailed;
-            envelope.error.message = format!("The journal failed after dispatch: {error}");
-            envelope
-        }
-        Ok(p) => {
-            // Close the record if the journal takes it now (the reserve a full disk gives
-            // back is there for this), so it does not stay "in progress" until a restart.
-            if !p.terminal {
-                let _ = rec.fail(
-                    p.phase,
-                    Code::BrokerUnavailable,
-                    Retry::Backoff,
-                    "The journal failed before dispatch; nothing was sent.",
-                );
-            }
-            unrecorded_failure(rec.id(), error)
-        }
-        Err(_) if rec.may_have_dispatched() => unprovable(rec.id(), error),
-        Err(_) => {
-            let envelope = unrecorded_failure(rec.id(), error);
-            rec.journal().note_unrecorded(Unrecorded {
-                invocation_id: rec.id().to_string(),
-                session: rec.session().map(str::to_string),
-                envelope: envelope.clone(),
-            });
-            envelope
-        }
-    }
-}
-
-/// BROKER_UNAVAILABLE: nothing was recorded and nothing was sent.
-pub fn broker_unavailable(invocation_id: &str, message: String) -> Envelope {
-    Envelope {
-        invocation_id: invocation_id.to_string(),
-        error: ErrorBody {
-            code: Code::BrokerUnavailable,
-            phase: Phase::Validation,
-            outcome: contract::Outcome::NotAttempted,
-            retry: Retry::Backoff,
-            message,
-        },
-        evidence: Evidence::default(),
-    }
+    Ok(())
 }

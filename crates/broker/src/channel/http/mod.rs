@@ -26,7 +26,7 @@ use crate::approvals::ApprovalDetail;
 use crate::channel::redact::{Redactor, percent_encode};
 use crate::config::{Config, ConfigHandle, HttpTarget};
 use crate::contract::{Code, ConfidenceSource, IdempotencyEvidence, Outcome, RemoteContract};
-use crate::invocation::pipeline::unrecorded;
+use crate::invocation::outcome::unrecorded;
 use crate::invocation::{
     Accepted, Attempt, Bound, CallContext, Channel, Failure, Invalid, Pipeline, Recorder,
     Validated, new_invocation_id,

@@ -1,0 +1,208 @@
+//! One attempt in progress, as a channel sees it: the [`Attempt`] it records through
+//! and the [`Gate`] that records DISPATCH_STARTED immediately before the first byte.
+
+use super::outcome::Outcome;
+use super::pipeline::{Bound, Channel, Pipeline};
+use super::recorder::{Exchange, Recorder, StepError};
+use crate::action::{ConfigSnapshot, Fingerprint, NormalizedAction};
+use crate::config::ConfigHandle;
+use crate::contract::{Code, Phase, Retry, Stage};
+use crate::journal::{ResultToStore, Settle};
+
+/// One attempt in progress: what a channel's [`Channel::attempt`] records through.
+pub struct Attempt<'a, T: Channel> {
+    pipeline: &'a Pipeline<T>,
+    rec: &'a Recorder,
+    bound: &'a Bound<T::Plan>,
+}
+
+impl<'a, T: Channel> Attempt<'a, T> {
+    pub(super) fn new(
+        pipeline: &'a Pipeline<T>,
+        rec: &'a Recorder,
+        bound: &'a Bound<T::Plan>,
+    ) -> Self {
+        Attempt {
+            pipeline,
+            rec,
+            bound,
+        }
+    }
+
+    pub fn bound(&self) -> &'a Bound<T::Plan> {
+        self.bound
+    }
+
+    pub fn invocation_id(&self) -> &str {
+        self.rec.id()
+    }
+
+    /// The live configuration (an SSH first-seen approval pins a host key in it).
+    pub fn config(&self) -> &ConfigHandle {
+        self.pipeline.config()
+    }
+
+    pub fn now_ms(&self) -> i64 {
+        self.pipeline.now()
+    }
+
+    /// The id of this attempt's `n`th connection: `<invocation>/g<generation>/c<n>`.
+    pub fn connection_id(&self, n: u32) -> String {
+        format!("{}/g{}/c{n}", self.rec.id(), self.rec.generation())
+    }
+
+    /// The gate that records DISPATCH_STARTED for connection `connection_id`.
+    pub fn gate(&self, connection_id: String) -> Gate {
+        Gate {
+            rec: self.rec.clone(),
+            config: self.pipeline.config().clone(),
+            target: self.bound.target.clone(),
+            action: self.bound.action.clone(),
+            bound: self.bound.snapshot.clone(),
+            connection_id,
+        }
+    }
+
+    /// A connection-setup stage failed (it proves not_attempted for this attempt).
+    pub fn setup_stage_failed(
+        &self,
+        n: u32,
+        stage: Stage,
+        code: Code,
+    ) -> Result<(), Box<Outcome<T::Result>>> {
+        self.rec
+            .connection_attempt(n, stage, code)
+            .map(|_| ())
+            .map_err(|e| Box::new(self.pipeline.journal_failed(self.rec, &e)))
+    }
+
+    /// Ends the attempt with a failure; after a recorded dispatch the record makes it
+    /// `unknown` whatever is passed here.
+    pub fn fail(
+        &self,
+        phase: Phase,
+        code: Code,
+        retry: Retry,
+        message: &str,
+    ) -> Outcome<T::Result> {
+        self.pipeline
+            .fail(self.rec, phase, code, retry, message, None)
+    }
+
+    /// [`Attempt::fail`] naming the request field to correct.
+    pub fn fail_field(
+        &self,
+        phase: Phase,
+        code: Code,
+        retry: Retry,
+        message: &str,
+        field: &str,
+    ) -> Outcome<T::Result> {
+        self.pipeline
+            .fail(self.rec, phase, code, retry, message, Some(field))
+    }
+
+    /// A step the journal refused or stopped.
+    pub fn stopped(&self, e: StepError) -> Outcome<T::Result> {
+        self.pipeline.stopped(self.rec, e)
+    }
+
+    /// What the record says now.
+    pub fn recorded(&self) -> Outcome<T::Result> {
+        self.pipeline.outcome_of(self.rec)
+    }
+
+    /// Markers of how far the request got and whether the remote began answering,
+    /// recorded before a failure is. Markers are diagnosis, not proof: a failure to
+    /// record them must not hide the failure being reported.
+    pub fn mark(&self, request_started: bool, request_complete: bool, response: Option<Response>) {
+        if request_started || request_complete {
+            let _ = self.rec.request_sent(request_started, request_complete);
+        }
+        if let Some(r) = response {
+            let _ = self.rec.response_started(r.status, r.remote_request_id);
+        }
+    }
+
+    /// RESULT_COMMITTED with the stored result, fsynced, in one transaction with the
+    /// exchange's markers, before anything is returned. `result` is what the caller
+    /// gets back when the commit lands.
+    pub fn commit(
+        &self,
+        exchange: Exchange,
+        stored: ResultToStore,
+        settle: Settle,
+        result: Option<T::Result>,
+    ) -> Outcome<T::Result> {
+        match self.rec.commit_exchange(exchange, stored, settle) {
+            Ok(appended) => Outcome {
+                result,
+                ..Outcome::of_projection(&appended.projection, self.now_ms())
+            },
+            Err(e) => self.pipeline.journal_failed(self.rec, &e),
+        }
+    }
+}
+
+/// How the remote began answering, for a marker.
+#[derive(Debug, Clone, Default)]
+pub struct Response {
+    pub status: Option<u16>,
+    pub remote_request_id: Option<String>,
+}
+
+/// The dispatch boundary of one connection. [`Gate::open`] records DISPATCH_STARTED,
+/// fsynced, immediately before the first byte of the request goes to the transport,
+/// after re-verifying the fingerprint against the live configuration: a reload that
+/// changed the target changes the fingerprint, and nothing is sent.
+#[derive(Clone)]
+pub struct Gate {
+    rec: Recorder,
+    config: ConfigHandle,
+    target: String,
+    action: NormalizedAction,
+    bound: ConfigSnapshot,
+    connection_id: String,
+}
+
+/// Why a gate stayed shut; nothing was sent.
+#[derive(Debug)]
+pub enum GateShut {
+    /// The journal refused or failed the record.
+    Refused(StepError),
+    /// The record did not finish (its task was lost).
+    Interrupted,
+}
+
+impl Gate {
+    /// The fingerprint of what is about to be sent, under the live configuration.
+    fn fingerprint_now(&self) -> String {
+        match self.config.current().target(&self.target) {
+            Some(t) => {
+                let snapshot = ConfigSnapshot::of(
+                    t,
+                    self.bound.credential_version.clone(),
+                    self.bound.idempotency_key.clone(),
+                );
+                Fingerprint::compute(&self.action, &snapshot).to_string()
+            }
+            None => String::from("target-removed"),
+        }
+    }
+
+    /// Records DISPATCH_STARTED naming the verified peer, off the async threads.
+    pub async fn open(&self, peer: Option<String>) -> Result<(), GateShut> {
+        let fingerprint_now = self.fingerprint_now();
+        let rec = self.rec.clone();
+        let connection_id = self.connection_id.clone();
+        let recorded = tokio::task::spawn_blocking(move || {
+            rec.dispatch_started(&fingerprint_now, Some(connection_id), peer)
+        })
+        .await;
+        match recorded {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(GateShut::Refused(e)),
+            Err(_) => Err(GateShut::Interrupted),
+        }
+    }
+}
