@@ -2,21 +2,44 @@
 //! without any GUI. The desktop app, the MCP server and the CLI all drive this crate.
 //!
 //! # Layout
+//!
+//! One action, in the order it meets these modules: [`broker`] opens everything;
+//! [`invocation`] runs the request through one pipeline for every [`channel`]; the
+//! [`journal`] records each step, [`audit`] chains the records; [`evidence`] and
+//! [`retry`] read what the records prove.
+//!
+//! - [`broker`]: the engine assembled ([`broker::Broker::open`]): journal, vault,
+//!   targets file and channels; the daemon and the desktop console both open it.
+//! - [`invocation`]: one invocation from request to delivered result:
+//!   [`invocation::pipeline`] (accept, validate, bind, approve, credential and lease,
+//!   attempt, delivery, and the [`invocation::Channel`] trait a channel implements),
+//!   [`invocation::attempt`] (what an attempt records through, the dispatch gate),
+//!   [`invocation::outcome`] (the one `Outcome` and the envelopes for a failing
+//!   journal), [`invocation::recorder`] (one method per durable transition).
+//! - [`channel`]: what is particular to a protocol: [`channel::http`] (validate,
+//!   inject, exchange, transport, status) and [`channel::ssh`] (validation, key,
+//!   exec), [`channel::redact`] (scrubbing the secret from results),
+//!   [`channel::ssh_keys`] (key import, host-key pinning).
 //! - [`contract`]: the public error contract (phase, outcome, retry, code) and the
 //!   evidence envelope. Closed enums; callers never parse messages.
 //! - [`action`]: normalized HTTP/SSH actions, the bound configuration snapshot and the
 //!   request fingerprint.
-//! - [`config`]: the targets file; [`config_edit`]: edits the broker makes to it.
+//! - [`config`]: the targets file and the live [`config::ConfigHandle`];
+//!   [`config_edit`]: edits the broker makes to the file (pins, target edits, history).
+//! - [`approvals`]: the approval request and answer types, the [`approvals::Approver`]
+//!   trait and the queue a person answers; approvals bind one fingerprint.
+//! - [`vault`]: the credential store (secrets in the OS keychain, metadata in the
+//!   journal database) and the `Secret` type.
 //! - [`journal`]: the append-only evidence journal in SQLite (group-committed, durable
-//!   where the contract needs it), its projection, the result store and attempt leases.
-//! - [`channel`]: the HTTP channel (SSH later): injection, connection setup,
-//!   dispatch and settlement, each recorded through [`invocation`].
-//! - [`approvals`]: the queue a person answers; approvals bind one fingerprint.
-//! - [`invocation`]: the lifecycle API the channels drive, one durable transition at a
-//!   time.
+//!   where the contract needs it): [`journal::events`], [`journal::projection`],
+//!   [`journal::results`] (the result store), [`journal::query`] (activity, sessions,
+//!   stats), [`journal::schema`] (migrations, damage checks), [`journal::space`] (disk
+//!   space reserve and low-space mode).
+//! - [`evidence`]: what a record proves and does not prove, the unsettled rule, the
+//!   status `get_invocation` and the console show, operator attestations.
 //! - [`retry`]: `decide()` and the retry manifest.
 //! - [`audit`]: the hash chain over the journal, signed checkpoints and the verifier.
-//! - [`vault`]: credentials in the OS keychain; the `Secret` type.
+//! - [`display`]: agent-written text made safe to show (escaping, body previews).
 //! - [`clock`]: time passed in, so expiry and leases are deterministic in tests.
 
 pub mod action;

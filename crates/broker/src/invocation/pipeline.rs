@@ -11,7 +11,7 @@
 //!
 //! A channel writes validation and the attempt and nothing else: every record, every
 //! failure envelope and every retry decision is made here and in the
-//! [`Recorder`](super::Recorder). What a failure proves is classified by the last
+//! [`Recorder`]. What a failure proves is classified by the last
 //! boundary the record proves, not by where the error was caught: [`Recorder::fail`]
 //! turns any failure after a recorded dispatch into `unknown`.
 

@@ -3,9 +3,9 @@
 //! pipeline](crate::invocation::pipeline) runs it; this module holds what is HTTP's own,
 //! one file per step:
 //!
-//! - [`validate`]: the request checked against the target before anything is touched.
-//! - [`inject`]: the credential put on the wire for one attempt, and the redactor.
-//! - [`exchange`]: connection setup (dns, tcp, tls; each failure recorded, capped
+//! - `validate`: the request checked against the target before anything is touched.
+//! - `inject`: the credential put on the wire for one attempt, and the redactor.
+//! - `exchange`: connection setup (dns, tcp, tls; each failure recorded, capped
 //!   internal retries), the dispatch gate, the response read, scrubbed and committed.
 //! - [`transport`]: reqwest with the boundaries made visible.
 //! - [`status`]: a complete response → outcome, code, retry.

@@ -1,7 +1,7 @@
 //! The SSH channel: one command on a configured target, authenticated with an OpenSSH
 //! private key from the keychain, against a pinned host key. The [invocation
 //! pipeline](crate::invocation::pipeline) runs it; this module holds validation, the
-//! key, and the result types, and [`exec`] the connection and the command.
+//! key, and the result types, and `exec` the connection and the command.
 //!
 //! For SSH, dispatch begins before the `exec` channel request enters the authenticated
 //! transport: DISPATCH_STARTED is durable before it is written. Channel success only
