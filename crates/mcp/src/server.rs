@@ -22,8 +22,8 @@ use postern_broker::broker::Broker;
 use postern_broker::channel::http::{HttpOutcome, HttpRequest, HttpResponse};
 use postern_broker::channel::ssh::{SshOutcome, SshRequest, SshResult};
 use postern_broker::evidence;
-use postern_broker::invocation::CallContext;
 use postern_broker::invocation;
+use postern_broker::invocation::CallContext;
 use postern_broker::journal::events::Channel;
 use postern_broker::journal::projection::Projection;
 

@@ -7,9 +7,8 @@ use postern_broker::evidence::{
     self, AttestError, Attestation, InvocationStatus, NotProved, Proved, RecordProof, Step,
 };
 use postern_broker::invocation::Recorder;
-use postern_broker::journal::events::{EventBody, ResultFacts, Settlement};
+use postern_broker::journal::events::{EventBody, Settlement};
 use postern_broker::journal::query;
-use postern_broker::journal::{ResultToStore, Settle};
 use postern_broker::retry::RetryRequest;
 use rusqlite::{Connection, OpenFlags};
 
@@ -45,28 +44,7 @@ fn unknown(f: &Fixture, id: &str, key: Option<&str>) -> Recorder {
 /// A complete 200 response, committed.
 fn committed(f: &Fixture, id: &str) -> Recorder {
     let rec = ready(&f.journal, id, false, None);
-    rec.dispatch_started(FP, None, None).unwrap();
-    rec.request_sent(true, true).unwrap();
-    rec.response_started(Some(200), None).unwrap();
-    rec.response_complete("blake3:body").unwrap();
-    rec.commit_result(
-        ResultToStore {
-            meta: serde_json::json!({"status": 200}),
-            streams: vec![("body".to_string(), b"ok".to_vec())],
-        },
-        Settle {
-            outcome: Outcome::Committed,
-            code: None,
-            retry: Retry::Never,
-            facts: ResultFacts {
-                http_status: Some(200),
-                ..Default::default()
-            },
-            confidence: ConfidenceSource::RemoteResponse,
-            redactions: 0,
-        },
-    )
-    .unwrap();
+    commit_200(&rec);
     rec
 }
 

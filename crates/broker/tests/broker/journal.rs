@@ -3,24 +3,10 @@ use std::sync::Arc;
 use postern_broker::clock::Clock;
 use postern_broker::contract::*;
 use postern_broker::invocation::{Recorder, StepError};
-use postern_broker::journal::events::{EventBody, ResultFacts, Settlement};
-use postern_broker::journal::{JournalError, ResultToStore, Settle};
+use postern_broker::journal::events::{EventBody, Settlement};
+use postern_broker::journal::{JournalError, ResultToStore};
 
 use crate::support::*;
-
-fn settle_ok() -> Settle {
-    Settle {
-        outcome: Outcome::Committed,
-        code: None,
-        retry: Retry::Never,
-        facts: ResultFacts {
-            http_status: Some(200),
-            ..Default::default()
-        },
-        confidence: ConfidenceSource::RemoteResponse,
-        redactions: 0,
-    }
-}
 
 fn result(body: Vec<u8>) -> ResultToStore {
     ResultToStore {

@@ -4,9 +4,9 @@
 use postern_broker::clock::Clock;
 use postern_broker::contract::*;
 use postern_broker::invocation::Recorder;
-use postern_broker::journal::events::{Channel, ResultFacts};
+use postern_broker::journal::NewInvocation;
+use postern_broker::journal::events::Channel;
 use postern_broker::journal::query::{self, Filter, InvocationRow};
-use postern_broker::journal::{NewInvocation, ResultToStore, Settle};
 use rusqlite::{Connection, OpenFlags};
 
 use crate::support::*;
@@ -33,28 +33,7 @@ fn accept(f: &Fixture, id: &str, target: &str, session: Option<&str>) -> Recorde
 
 /// Drives a ready invocation through a complete, delivered 200 response.
 fn complete(rec: &Recorder) {
-    rec.dispatch_started(FP, None, None).unwrap();
-    rec.request_sent(true, true).unwrap();
-    rec.response_started(Some(200), None).unwrap();
-    rec.response_complete("blake3:body").unwrap();
-    rec.commit_result(
-        ResultToStore {
-            meta: serde_json::json!({"status": 200}),
-            streams: vec![("body".to_string(), b"ok".to_vec())],
-        },
-        Settle {
-            outcome: Outcome::Committed,
-            code: None,
-            retry: Retry::Never,
-            facts: ResultFacts {
-                http_status: Some(200),
-                ..Default::default()
-            },
-            confidence: ConfidenceSource::RemoteResponse,
-            redactions: 0,
-        },
-    )
-    .unwrap();
+    commit_200(rec);
     rec.delivered().unwrap();
 }
 

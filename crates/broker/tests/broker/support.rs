@@ -7,10 +7,12 @@ use std::sync::Arc;
 use ed25519_dalek::SigningKey;
 use postern_broker::action::ConfigSnapshot;
 use postern_broker::clock::ManualClock;
-use postern_broker::contract::{IdempotencyEvidence, RemoteContract};
+use postern_broker::contract::{
+    ConfidenceSource, IdempotencyEvidence, Outcome, RemoteContract, Retry,
+};
 use postern_broker::invocation::Recorder;
-use postern_broker::journal::events::{Channel, OperationFacts};
-use postern_broker::journal::{Journal, JournalOptions, NewInvocation};
+use postern_broker::journal::events::{Channel, OperationFacts, ResultFacts};
+use postern_broker::journal::{Journal, JournalOptions, NewInvocation, ResultToStore, Settle};
 
 pub const T0: i64 = 1_800_000_000_000;
 pub const FP: &str = "blake3:0000000000000000000000000000000000000000000000000000000000000001";
@@ -125,4 +127,35 @@ pub fn ready(journal: &Journal, id: &str, idempotent: bool, key: Option<&str>) -
         .unwrap();
     rec.start_attempt("worker-a", 60_000).unwrap();
     rec
+}
+
+/// How a complete 200 response settles.
+pub fn settle_ok() -> Settle {
+    Settle {
+        outcome: Outcome::Committed,
+        code: None,
+        retry: Retry::Never,
+        facts: ResultFacts {
+            http_status: Some(200),
+            ..Default::default()
+        },
+        confidence: ConfidenceSource::RemoteResponse,
+        redactions: 0,
+    }
+}
+
+/// Drives a ready invocation through a complete 200 response (`ok`), committed.
+pub fn commit_200(rec: &Recorder) {
+    rec.dispatch_started(FP, None, None).unwrap();
+    rec.request_sent(true, true).unwrap();
+    rec.response_started(Some(200), None).unwrap();
+    rec.response_complete("blake3:body").unwrap();
+    rec.commit_result(
+        ResultToStore {
+            meta: serde_json::json!({"status": 200}),
+            streams: vec![("body".to_string(), b"ok".to_vec())],
+        },
+        settle_ok(),
+    )
+    .unwrap();
 }
