@@ -407,7 +407,7 @@ pub enum AttestError {
     UnknownSettlement,
     #[error("Say what you checked: an attestation needs a note.")]
     EmptyNote,
-    #[error("The note is longer than 2000 characters.")]
+    #[error("The note is longer than {MAX_NOTE_CHARS} characters.")]
     NoteTooLong,
     #[error("No invocation {0} in this journal.")]
     UnknownInvocation(String),

@@ -21,26 +21,19 @@ mod support;
 
 use support::{Daemon, POSTERN, SECRET};
 
+/// Target `api` at `base/v1` with approval `approval` and a reconcile query.
 fn config(base: &str, approval: &str) -> String {
-    format!(
+    let mut text = support::target_approved("api", base, approval);
+    text.push_str(
         r#"
-[[http]]
-name = "api"
-base_url = "{base}/v1"
-methods = ["GET", "POST"]
-credential = "api-key"
-inject = {{ header = "Authorization", format = "Bearer {{secret}}" }}
-approval = "{approval}"
-idempotent_methods = ["GET"]
-timeout_ms = 5000
-
 [http.reconcile]
 method = "GET"
 path = "/lookup"
 committed_status = [200]
 not_applied_status = [404]
-"#
-    )
+"#,
+    );
+    text
 }
 
 fn start_daemon(base: &str, approval: &str) -> Daemon {

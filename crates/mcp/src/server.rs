@@ -277,10 +277,22 @@ impl Session {
             Err(answer) => return Ok(answer),
         };
         // A read of the record and its stored result, never a re-run.
+        let unreadable = |e: postern_broker::journal::JournalError| {
+            McpError::internal_error(e.to_string(), None)
+        };
         if p.channel == Some(Channel::Ssh) {
-            return Ok(ssh_result_of(&self.broker.ssh.recorded_projection(&p)));
+            let outcome = self
+                .broker
+                .ssh
+                .recorded_projection(&p)
+                .map_err(unreadable)?;
+            return Ok(ssh_result_of(&outcome));
         }
-        let outcome = self.broker.http.recorded_projection(&p);
+        let outcome = self
+            .broker
+            .http
+            .recorded_projection(&p)
+            .map_err(unreadable)?;
         Ok(result_of(&outcome))
     }
 

@@ -116,12 +116,8 @@ impl<'a, T: Channel> Attempt<'a, T> {
     /// recorded before a failure is. Markers are diagnosis, not proof: a failure to
     /// record them must not hide the failure being reported.
     pub fn mark(&self, request_started: bool, request_complete: bool, response: Option<Response>) {
-        if request_started || request_complete {
-            let _ = self.rec.request_sent(request_started, request_complete);
-        }
-        if let Some(r) = response {
-            let _ = self.rec.response_started(r.status, r.remote_request_id);
-        }
+        let response = response.map(|r| (r.status, r.remote_request_id));
+        let _ = self.rec.mark(request_started, request_complete, response);
     }
 
     /// RESULT_COMMITTED with the stored result, fsynced, in one transaction with the

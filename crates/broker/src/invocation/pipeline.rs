@@ -543,23 +543,29 @@ impl<T: Channel> Pipeline<T> {
         })
     }
 
-    /// The record plus its stored result, if any (a read, never a re-run).
+    /// The record plus its stored result, if any (a read, never a re-run). A stored
+    /// result that cannot be read back leaves the answer without it.
     pub fn recorded_outcome(&self, rec: &Recorder) -> Outcome<T::Result> {
         match rec.projection() {
-            Ok(p) => self.recorded_projection(&p),
+            Ok(p) => self
+                .recorded_projection(&p)
+                .unwrap_or_else(|_| Outcome::of_projection(&p, self.now())),
             Err(e) => unrecorded(rec.id(), &e),
         }
     }
 
     /// What the record `p` says, with its stored result when one was committed.
-    pub fn recorded_projection(&self, p: &Projection) -> Outcome<T::Result> {
+    ///
+    /// # Errors
+    ///
+    /// The stored result could not be read back (damaged or incomplete).
+    pub fn recorded_projection(&self, p: &Projection) -> Result<Outcome<T::Result>, JournalError> {
         let mut outcome = Outcome::of_projection(p, self.now());
-        if let Some(result_id) = &p.result_id
-            && let Ok(stored) = self.inner.journal.read_result(result_id)
-        {
+        if let Some(result_id) = &p.result_id {
+            let stored = self.inner.journal.read_result(result_id)?;
             outcome.result = T::stored_result(&stored);
         }
-        outcome
+        Ok(outcome)
     }
 
     /// What the record says now, without a result.

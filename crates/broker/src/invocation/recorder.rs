@@ -469,22 +469,36 @@ impl Recorder {
         result: ResultToStore,
         settle: Settle,
     ) -> Result<Appended, JournalError> {
-        let mut preceding = Vec::new();
-        if exchange.request_started || exchange.request_complete {
-            preceding.push(EventBody::RequestSent {
-                headers_sent: exchange.request_started,
-                body_complete: exchange.request_complete,
-            });
-        }
-        preceding.push(EventBody::RemoteResponseStarted {
-            http_status: exchange.status,
-            remote_request_id: exchange.remote_request_id,
-        });
+        let mut preceding = marker_events(
+            exchange.request_started,
+            exchange.request_complete,
+            Some((exchange.status, exchange.remote_request_id)),
+        );
         preceding.push(EventBody::RemoteResponseComplete {
             digest: exchange.digest,
         });
         self.journal
             .commit_result(&self.id, preceding, result, settle)
+    }
+
+    /// Pipelined markers of how far the request got and, when `response` is given, how
+    /// the remote began answering (its status and request id): recorded before a failure
+    /// is. Every marker is tried; the first error is returned.
+    pub fn mark(
+        &self,
+        request_started: bool,
+        request_complete: bool,
+        response: Option<(Option<u16>, Option<String>)>,
+    ) -> Result<(), JournalError> {
+        let mut first_error = Ok(());
+        for body in marker_events(request_started, request_complete, response) {
+            if let Err(e) = self.journal.append_pipelined(&self.id, body)
+                && first_error.is_ok()
+            {
+                first_error = Err(e);
+            }
+        }
+        first_error
     }
 
     /// RESULT_DELIVERED, after the caller-facing protocol confirmed the handoff.
@@ -595,4 +609,27 @@ impl Recorder {
             http_status,
         })
     }
+}
+
+/// The markers of an exchange: REQUEST_SENT when any of the request was written, then
+/// REMOTE_RESPONSE_STARTED when the remote began answering.
+fn marker_events(
+    request_started: bool,
+    request_complete: bool,
+    response: Option<(Option<u16>, Option<String>)>,
+) -> Vec<EventBody> {
+    let mut events = Vec::with_capacity(3);
+    if request_started || request_complete {
+        events.push(EventBody::RequestSent {
+            headers_sent: request_started,
+            body_complete: request_complete,
+        });
+    }
+    if let Some((http_status, remote_request_id)) = response {
+        events.push(EventBody::RemoteResponseStarted {
+            http_status,
+            remote_request_id,
+        });
+    }
+    events
 }

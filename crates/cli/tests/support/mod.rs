@@ -62,6 +62,12 @@ pub fn config(base: &str) -> String {
 
 /// An HTTP target `name` at `base/v1` (credential `api-key`), no approval.
 pub fn target(name: &str, base: &str) -> String {
+    target_approved(name, base, "none")
+}
+
+/// An HTTP target `name` at `base/v1` (credential `api-key`) with approval mode
+/// `approval`.
+pub fn target_approved(name: &str, base: &str, approval: &str) -> String {
     format!(
         r#"
 [[http]]
@@ -70,7 +76,7 @@ base_url = "{base}/v1"
 methods = ["GET", "POST"]
 credential = "api-key"
 inject = {{ header = "Authorization", format = "Bearer {{secret}}" }}
-approval = "none"
+approval = "{approval}"
 idempotent_methods = ["GET"]
 timeout_ms = 5000
 "#

@@ -16,7 +16,7 @@ use super::transport::{
 };
 use super::validate::HOP_BY_HOP;
 use super::{Armed, Http, HttpOutcome, HttpResponse};
-use crate::contract::{Code, ConfidenceSource, Phase, Retry};
+use crate::contract::{Code, ConfidenceSource, Phase, Retry, Stage};
 use crate::invocation::{Attempt, CallContext, Exchange, Gate, GateShut, Response};
 use crate::journal::events::ResultFacts;
 use crate::journal::{ResultToStore, Settle};
@@ -44,6 +44,18 @@ pub(super) async fn attempt(
             &message,
         )
     };
+    // Validation accepted the method as an RFC 9110 token, which the HTTP stack takes.
+    let Ok(method) = reqwest::Method::from_bytes(p.http.method.as_bytes()) else {
+        return attempt.fail_field(
+            Phase::Validation,
+            Code::InvalidRequest,
+            Retry::AfterCorrection,
+            "The method is not a valid token.",
+            "method",
+        );
+    };
+    // One copy of the body for every connection-setup attempt (`Bytes` clones share it).
+    let body = Bytes::from(p.request.body.clone());
     for n in 1..=MAX_SETUP_ATTEMPTS {
         let probe = Arc::new(Probe::default());
         let gate_error: Arc<Mutex<Option<GateShut>>> = Arc::new(Mutex::new(None));
@@ -58,25 +70,13 @@ pub(super) async fn attempt(
             Ok(c) => c,
             Err(message) => return tls_setup_failed(message),
         };
-        let method = match reqwest::Method::from_bytes(p.http.method.as_bytes()) {
-            Ok(m) => m,
-            Err(_) => {
-                return attempt.fail_field(
-                    Phase::Validation,
-                    Code::InvalidRequest,
-                    Retry::AfterCorrection,
-                    "The method is not a valid token.",
-                    "method",
-                );
-            }
-        };
-        let mut builder = client.request(method, &armed.url);
+        let mut builder = client.request(method.clone(), &armed.url);
         for (name, value) in &armed.headers {
             builder = builder.header(name.as_str(), value.as_str());
         }
-        let body = MarkingBody::new(Bytes::from(p.request.body.clone()), probe.clone());
+        let marked = MarkingBody::new(body.clone(), probe.clone());
         let exchange = async {
-            let response = builder.body(reqwest::Body::wrap(body)).send().await?;
+            let response = builder.body(reqwest::Body::wrap(marked)).send().await?;
             Ok::<_, reqwest::Error>(response)
         };
         let deadline = tokio::time::sleep(bound.timeout);
@@ -141,17 +141,17 @@ pub(super) async fn attempt(
                 }
                 let (stage, setup_code) = if code == Code::RemoteTimeout {
                     let stage = if probe.tls().is_some() || (probe.connected() && https) {
-                        crate::contract::Stage::TlsHandshake
+                        Stage::TlsHandshake
                     } else if probe.dns().is_none()
                         && p.http.host.parse::<std::net::IpAddr>().is_err()
                     {
-                        crate::contract::Stage::Dns
+                        Stage::Dns
                     } else {
-                        crate::contract::Stage::TcpConnect
+                        Stage::TcpConnect
                     };
                     (stage, Code::ConnectTimeout)
                 } else {
-                    (crate::contract::Stage::TcpConnect, Code::CallerCancelled)
+                    (Stage::TcpConnect, Code::CallerCancelled)
                 };
                 if setup_code == Code::ConnectTimeout {
                     let _ = attempt.setup_stage_failed(n, stage, setup_code);
@@ -361,7 +361,6 @@ async fn read_response(
         .map(|secs| attempt.now_ms().saturating_add(secs.saturating_mul(1000)));
     let settlement = status::classify(status, bound.plan.repeat, retry_after.is_some());
     let location = header(&response, "location").map(|l| redactor.scrub_str(&l).0);
-    let facts_request_id = request_id.clone();
     let facts = ResultFacts {
         http_status: Some(status),
         remote_request_id: request_id.clone(),
@@ -402,7 +401,7 @@ async fn read_response(
         probe.headers_taken(),
         probe.body_taken(),
         status,
-        facts_request_id,
+        request_id,
         digest,
     );
     let response = HttpResponse {

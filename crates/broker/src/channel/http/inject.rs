@@ -13,6 +13,7 @@ use crate::config::{Config, HttpTarget, Injection};
 use crate::contract::{Code, Phase, Retry};
 use crate::invocation::{Bound, Failure};
 use crate::vault::Secret;
+use zeroize::Zeroizing;
 
 /// Trust roots per (target, ca_file): loading the system's roots costs milliseconds.
 pub(super) struct Trust {
@@ -84,17 +85,17 @@ pub(super) fn arm(
     // The broker owns the coding: what it cannot decode it cannot scrub.
     headers.push(("accept-encoding".into(), "identity".into()));
     // Every rendered form of the credential feeds the redactor.
-    let secret_text = String::from_utf8_lossy(secret.expose()).into_owned();
-    let mut rendered: Vec<Vec<u8>> = Vec::new();
+    let secret_text = Zeroizing::new(String::from_utf8_lossy(secret.expose()).into_owned());
+    let mut rendered: Zeroizing<Vec<Vec<u8>>> = Zeroizing::new(Vec::new());
     match &target.inject {
         Injection::Header { name, format } => {
-            let value = format.replace("{secret}", &secret_text);
+            let value = format.replace("{secret}", secret_text.as_str());
             rendered.push(value.clone().into_bytes());
             headers.push((name.clone(), value));
         }
         Injection::Basic { user } => {
             use base64::Engine;
-            let pair = format!("{user}:{secret_text}");
+            let pair = format!("{user}:{}", secret_text.as_str());
             let value = format!(
                 "Basic {}",
                 base64::engine::general_purpose::STANDARD.encode(pair.as_bytes())

@@ -113,13 +113,24 @@ pub struct Plan {
     repeat: Repeat,
 }
 
-/// One attempt's request with the credential in it.
+/// One attempt's request with the credential in it. The URL and header values that may
+/// carry it are wiped when the attempt ends.
 pub struct Armed {
     target: HttpTarget,
     url: String,
     headers: Vec<(String, String)>,
     redactor: Redactor,
     verifier: Option<std::sync::Arc<rustls::client::WebPkiServerVerifier>>,
+}
+
+impl Drop for Armed {
+    fn drop(&mut self) {
+        use zeroize::Zeroize;
+        self.url.zeroize();
+        for (_, value) in &mut self.headers {
+            value.zeroize();
+        }
+    }
 }
 
 /// HTTP's steps of the pipeline.

@@ -124,6 +124,10 @@ pub(super) async fn attempt(
             }
         };
     }
+    // russh reported an error at `stage`: the handshake failed there.
+    let handshake_failed = |attempt: &Attempt<'_, Ssh>, stage: Stage, e: russh::Error| {
+        setup_failed(attempt, stage, Code::SshHandshakeFailed, &e.to_string())
+    };
     let setup_stopped = |attempt: &Attempt<'_, Ssh>, stage: Stage, stop: Stop| match stop {
         Stop::Timeout => setup_failed(attempt, stage, Code::ConnectTimeout, ""),
         Stop::Cancelled => attempt.fail(
@@ -177,8 +181,8 @@ pub(super) async fn attempt(
     });
     let connected = bounded!(client::connect_stream(config, stream, handler));
     let seen = verdict.lock().ok().and_then(|g| g.clone());
-    let mut handle = match (connected, seen) {
-        (Ok(Ok(h)), Some(HostKeyVerdict::Matched { .. })) => h,
+    let (mut handle, host_key_fingerprint) = match (connected, seen) {
+        (Ok(Ok(h)), Some(HostKeyVerdict::Matched { fingerprint })) => (h, fingerprint),
         (_, Some(HostKeyVerdict::Mismatch { fingerprint })) => {
             return setup_failed(
                 &attempt,
@@ -192,12 +196,7 @@ pub(super) async fn attempt(
         }
         (Err(stop), _) => return setup_stopped(&attempt, Stage::SshKex, stop),
         (Ok(Err(e)), _) => {
-            return setup_failed(
-                &attempt,
-                Stage::SshKex,
-                Code::SshHandshakeFailed,
-                &e.to_string(),
-            );
+            return handshake_failed(&attempt, Stage::SshKex, e);
         }
         (Ok(Ok(_)), None) => {
             return setup_failed(
@@ -208,10 +207,6 @@ pub(super) async fn attempt(
             );
         }
     };
-    let host_key_fingerprint = match verdict.lock().ok().and_then(|g| g.clone()) {
-        Some(HostKeyVerdict::Matched { fingerprint }) => fingerprint,
-        _ => String::new(),
-    };
 
     // user_auth.
     let hash = if armed.key.algorithm().is_rsa() {
@@ -220,12 +215,7 @@ pub(super) async fn attempt(
             Ok(Ok(Some(Some(h)))) => Some(h),
             Ok(Ok(_)) => Some(HashAlg::Sha512),
             Ok(Err(e)) => {
-                return setup_failed(
-                    &attempt,
-                    Stage::UserAuth,
-                    Code::SshHandshakeFailed,
-                    &e.to_string(),
-                );
+                return handshake_failed(&attempt, Stage::UserAuth, e);
             }
             Err(stop) => return setup_stopped(&attempt, Stage::UserAuth, stop),
         }
@@ -242,12 +232,7 @@ pub(super) async fn attempt(
             return setup_failed(&attempt, Stage::UserAuth, Code::SshAuthFailed, "");
         }
         Ok(Err(e)) => {
-            return setup_failed(
-                &attempt,
-                Stage::UserAuth,
-                Code::SshHandshakeFailed,
-                &e.to_string(),
-            );
+            return handshake_failed(&attempt, Stage::UserAuth, e);
         }
         Err(stop) => return setup_stopped(&attempt, Stage::UserAuth, stop),
     }
