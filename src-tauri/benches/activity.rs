@@ -27,11 +27,7 @@ const INVOCATIONS: u64 = 1_000_000;
 fn build(path: &std::path::Path) {
     let journal = Journal::open(
         path,
-        JournalOptions {
-            clock: Arc::new(SystemClock),
-            signing_key: SigningKey::from_bytes(&[5u8; 32]),
-            checkpoint_every: 1024,
-        },
+        JournalOptions::new(Arc::new(SystemClock), SigningKey::from_bytes(&[5u8; 32])),
     )
     .unwrap();
     let per_batch = 20_000u64;

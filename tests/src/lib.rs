@@ -46,11 +46,7 @@ pub fn test_signing_key() -> SigningKey {
 pub fn open_journal(db: &Path) -> Result<Journal, JournalError> {
     Journal::open(
         db,
-        JournalOptions {
-            clock: Arc::new(SystemClock),
-            signing_key: test_signing_key(),
-            checkpoint_every: 8,
-        },
+        JournalOptions::new(Arc::new(SystemClock), test_signing_key()),
     )
 }
 

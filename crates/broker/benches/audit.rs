@@ -53,11 +53,7 @@ fn lifecycle(fp: &str) -> Vec<EventBody> {
 fn build(path: &std::path::Path) {
     let journal = Journal::open(
         path,
-        JournalOptions {
-            clock: Arc::new(SystemClock),
-            signing_key: SigningKey::from_bytes(&[9u8; 32]),
-            checkpoint_every: 1024,
-        },
+        JournalOptions::new(Arc::new(SystemClock), SigningKey::from_bytes(&[9u8; 32])),
     )
     .unwrap();
     let fp = format!("blake3:{}", "ab".repeat(32));

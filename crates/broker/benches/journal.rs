@@ -17,11 +17,7 @@ use postern_broker::journal::{Journal, JournalOptions};
 fn open(dir: &std::path::Path) -> Journal {
     Journal::open(
         &dir.join("journal.db"),
-        JournalOptions {
-            clock: Arc::new(SystemClock),
-            signing_key: SigningKey::from_bytes(&[1u8; 32]),
-            checkpoint_every: 1024,
-        },
+        JournalOptions::new(Arc::new(SystemClock), SigningKey::from_bytes(&[1u8; 32])),
     )
     .unwrap()
 }

@@ -17,7 +17,7 @@ use crate::channel::ssh::SshChannel;
 use crate::clock::{Clock, SystemClock};
 use crate::config::ConfigHandle;
 use crate::config::{Config, ConfigError, ConfigWarning};
-use crate::journal::{DEFAULT_CHECKPOINT_EVERY, Journal, JournalError, JournalOptions};
+use crate::journal::{Journal, JournalError, JournalOptions};
 use crate::vault::{Keychain, KeychainBackend, Vault, VaultError};
 
 /// The journal's file name inside the data dir.
@@ -53,6 +53,9 @@ pub struct BrokerOptions {
     pub service: String,
     /// The approval console, if one is attached.
     pub approver: Option<Arc<dyn Approver>>,
+    /// Where to keep the latest checkpoint outside the data dir (see
+    /// [`crate::audit::default_anchor`]); `None` keeps none.
+    pub anchor: Option<PathBuf>,
 }
 
 /// Something the operator should know about a broker that opened.
@@ -112,6 +115,7 @@ impl Broker {
             keychain,
             service,
             approver,
+            anchor,
         } = options;
         let mut warnings = Vec::new();
         let db = Broker::journal_path(&data_dir);
@@ -128,7 +132,7 @@ impl Broker {
             JournalOptions {
                 clock,
                 signing_key,
-                checkpoint_every: DEFAULT_CHECKPOINT_EVERY,
+                anchor,
             },
         )?;
         // What a crash interrupted is closed with what its evidence proves.

@@ -218,13 +218,20 @@ pub fn audit_verify(
     data_dir: &Path,
     backend: KeychainBackend,
     service: &str,
+    anchor: Option<&Path>,
     json: bool,
 ) -> common::Outcome {
     let (db, conn) =
         common::open_journal_read_only(data_dir).map_err(|f| f.with_json(json, "unreadable"))?;
     let key = audit_key(&conn, &db, backend, service).map_err(|f| f.with_json(json, "no_key"))?;
     drop(conn);
-    match audit::verify_file(&db, &key.verifying_key()) {
+    let outside = audit::Outside {
+        anchor: anchor
+            .map(Path::to_path_buf)
+            .or_else(|| audit::default_anchor(data_dir)),
+        heads: Vec::new(),
+    };
+    match audit::verify_file_with(&db, &key.verifying_key(), &outside) {
         Ok(report) => {
             if json {
                 let mut value = serde_json::to_value(&report).unwrap_or(Value::Null);
@@ -233,20 +240,24 @@ pub fn audit_verify(
                 }
                 println!("{value}");
             } else {
-                let checkpoint = report.last_checkpoint_seq.map_or_else(
-                    || "no signed checkpoint yet".to_string(),
-                    |s| format!("last signed checkpoint at {s}"),
-                );
-                println!(
-                    "verified: {} events, through sequence {}, {checkpoint}",
-                    report.events, report.verified_through
-                );
-                if let Some(s) = report.last_checkpoint_seq
-                    && s < report.verified_through
-                {
+                if report.events == 0 {
+                    println!("verified: the journal is empty");
+                } else {
                     println!(
-                        "note: events after sequence {s} are chained but not yet signed \
-                         (the broker signs at the next checkpoint or clean shutdown)"
+                        "verified: {} events, through sequence {}, every one signed \
+                         ({} checkpoints kept, the last at {}); Merkle root {}",
+                        report.events,
+                        report.verified_through,
+                        report.checkpoints,
+                        report.last_checkpoint_seq.unwrap_or(0),
+                        report.root_hex
+                    );
+                }
+                for late in &report.signed_late {
+                    println!(
+                        "note: events {}..={} were signed only when the broker next started \
+                         (sequence {}): the run that wrote them ended without signing them",
+                        late.first, late.last, late.at
                     );
                 }
             }

@@ -132,10 +132,21 @@ struct KeychainArgs {
     keychain_service: String,
 }
 
+/// Where the latest signed checkpoint is kept outside the data directory.
+#[derive(Args)]
+struct AnchorArg {
+    /// The audit anchor file [default: $XDG_STATE_HOME/postern/anchors/<hash of the data
+    /// dir>.checkpoint, or under ~/.local/state].
+    #[arg(long, value_name = "FILE")]
+    anchor: Option<PathBuf>,
+}
+
 #[derive(Args)]
 struct DaemonCmd {
     #[command(flatten)]
     data_dir: DataDirArg,
+    #[command(flatten)]
+    anchor: AnchorArg,
     /// The targets file.
     #[arg(long, value_name = "FILE")]
     config: PathBuf,
@@ -167,6 +178,8 @@ enum AuditCmd {
         data_dir: DataDirArg,
         #[command(flatten)]
         keychain: KeychainArgs,
+        #[command(flatten)]
+        anchor: AnchorArg,
         /// Print the report (or the failure) as JSON.
         #[arg(long)]
         json: bool,
@@ -329,6 +342,7 @@ fn run(cli: Cli) -> common::Outcome {
                 socket: cmd.socket,
                 keychain: cmd.keychain.keychain.choice(),
                 service: cmd.keychain.keychain_service,
+                anchor: cmd.anchor.anchor,
             };
             runtime()?
                 .block_on(postern_mcp::run_daemon(args))
@@ -354,11 +368,13 @@ fn run(cli: Cli) -> common::Outcome {
         Command::Audit(AuditCmd::Verify {
             data_dir,
             keychain,
+            anchor,
             json,
         }) => journal_cmds::audit_verify(
             &data_dir.resolve(),
             keychain.keychain.backend(),
             &keychain.keychain_service,
+            anchor.anchor.as_deref(),
             json,
         ),
         Command::Log(cmd) => journal_cmds::log(

@@ -363,15 +363,7 @@ fn log_rejects_unknown_filter_values_listing_the_allowed_ones() {
 }
 
 fn open_journal(db: &Path, clock: &ManualClock, key: ed25519_dalek::SigningKey) -> Journal {
-    Journal::open(
-        db,
-        JournalOptions {
-            clock: Arc::new(clock.clone()),
-            signing_key: key,
-            checkpoint_every: 4,
-        },
-    )
-    .unwrap()
+    Journal::open(db, JournalOptions::new(Arc::new(clock.clone()), key)).unwrap()
 }
 
 fn accept(journal: &Journal, id: &str, target: &str, session: Option<&str>) -> Recorder {

@@ -184,6 +184,10 @@ pub fn open_broker(
         },
         service: args.service.clone(),
         approver,
+        anchor: args
+            .anchor
+            .clone()
+            .or_else(|| postern_broker::audit::default_anchor(&args.data_dir)),
     })?;
     // Said loudly: earlier checkpoints verify only against the key that signed them, and
     // a target without a pinned host key waits for an approval a daemon cannot give.

@@ -36,6 +36,8 @@ pub struct DaemonArgs {
     pub keychain: KeychainChoice,
     /// Keychain service name (tests use their own; the product uses "postern").
     pub service: String,
+    /// The audit anchor outside the data dir [default: `audit::default_anchor`].
+    pub anchor: Option<PathBuf>,
 }
 
 /// `postern mcp` arguments.

@@ -188,7 +188,19 @@ pub enum EventBody {
         source_seq: u64,
         summary: serde_json::Value,
     },
+    /// Journal-level, not an invocation's: at open, the writer found events after the last
+    /// checkpoint (a run ended without signing them, or a version before per-batch
+    /// signing wrote them) and signs them now, saying so in the chain.
+    SigningResumed {
+        first_unsigned: u64,
+        last_unsigned: u64,
+        /// The newest checkpoint before them (0: none).
+        last_checkpoint: u64,
+    },
 }
+
+/// The `invocation_id` of journal-level events (not part of any invocation).
+pub const JOURNAL_SCOPE: &str = "journal";
 
 impl EventBody {
     /// A FAILED record for a stop before dispatch (nothing was sent).
@@ -230,6 +242,7 @@ impl EventBody {
             EventBody::RetryManifest { .. } => "RETRY_MANIFEST",
             EventBody::Reconciled { .. } => "RECONCILED",
             EventBody::ImportedEvidence { .. } => "IMPORTED_EVIDENCE",
+            EventBody::SigningResumed { .. } => crate::audit::SIGNING_RESUMED,
         }
     }
 
@@ -245,6 +258,7 @@ impl EventBody {
                 | EventBody::Failed { .. }
                 | EventBody::RetryManifest { .. }
                 | EventBody::Reconciled { .. }
+                | EventBody::SigningResumed { .. }
         )
     }
 }

@@ -40,14 +40,16 @@ use std::time::{Duration, Instant};
 use ed25519_dalek::SigningKey;
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::audit::{ChainHasher, ChainedRow, Checkpoint, GENESIS, witness_path};
+use crate::audit::merkle::{self, Frontier};
+use crate::audit::{
+    ChainHasher, ChainedRow, Checkpoint, GENESIS, SIGN_INTERVAL_MS, witness_path,
+    write_checkpoint_file,
+};
 use crate::clock::Clock;
-use events::{Channel, Event, EventBody};
+use events::{Channel, Event, EventBody, JOURNAL_SCOPE};
 use projection::{Projection, ProjectionError};
 pub use results::{ResultToStore, Settle, StoredResult};
 
-/// How many events between signed checkpoints, unless configured otherwise.
-pub const DEFAULT_CHECKPOINT_EVERY: u64 = 1024;
 /// Jobs drained into one transaction at most; bounds the latency of the first job.
 const MAX_BATCH: usize = 512;
 
@@ -128,7 +130,20 @@ pub struct JournalOptions {
     pub clock: Arc<dyn Clock>,
     /// Signs audit checkpoints. Kept in the OS keychain by the broker.
     pub signing_key: SigningKey,
-    pub checkpoint_every: u64,
+    /// Where to keep a copy of the latest durable checkpoint outside the data directory,
+    /// so a journal cut together with its checkpoint rows and witness file still fails
+    /// verification against it.
+    pub anchor: Option<PathBuf>,
+}
+
+impl JournalOptions {
+    pub fn new(clock: Arc<dyn Clock>, signing_key: SigningKey) -> Self {
+        JournalOptions {
+            clock,
+            signing_key,
+            anchor: None,
+        }
+    }
 }
 
 /// A handle to the journal; cheap to clone, shared by every channel and interface.
@@ -150,6 +165,8 @@ struct Inner {
     /// Invocations refused before their acceptance could be recorded, so `get_invocation`
     /// can still say what happened to them (in memory: nothing else could be written).
     unrecorded: Mutex<std::collections::VecDeque<Unrecorded>>,
+    /// Set by the writer after each fsynced commit that carried a checkpoint.
+    latest_durable: Arc<Mutex<Option<Checkpoint>>>,
 }
 
 /// An invocation whose acceptance never reached the journal.
@@ -196,11 +213,12 @@ struct Job {
     run: JobFn,
 }
 
-/// The chain position, saved and restored around each job.
-#[derive(Clone, Copy)]
+/// The chain position and the tree's right edge, saved and restored around each job.
+#[derive(Clone)]
 struct ChainPos {
     last_seq: u64,
     head: [u8; 32],
+    frontier: Frontier,
 }
 
 /// What a job sees inside the writer's transaction.
@@ -214,10 +232,9 @@ pub struct WriteCtx<'a> {
     touched: Vec<String>,
     pos: ChainPos,
     hasher: &'a mut ChainHasher,
+    /// Scratch for the tree hashes one append stores.
+    stored: &'a mut Vec<[u8; 32]>,
     now_ms: i64,
-    checkpoint_every: u64,
-    signing_key: &'a SigningKey,
-    checkpoint: Option<Checkpoint>,
     /// The disk is full: new invocations are refused, those in flight go on.
     low_space: bool,
 }
@@ -262,13 +279,18 @@ impl WriteCtx<'_> {
                 self.now_ms,
                 &hash[..]
             ])?;
-        self.pos = ChainPos {
-            last_seq: seq,
-            head: hash,
-        };
-        if self.checkpoint_every > 0 && seq.is_multiple_of(self.checkpoint_every) {
-            self.write_checkpoint()?;
+        self.pos
+            .frontier
+            .push(merkle::leaf_hash(seq, &hash), self.stored);
+        let base = tlog_tiles::tlog::stored_hash_index(0, seq - 1);
+        let mut insert = self
+            .conn
+            .prepare_cached("INSERT INTO merkle (idx, hash) VALUES (?1, ?2)")?;
+        for (k, h) in self.stored.iter().enumerate() {
+            insert.execute(params![(base + k as u64) as i64, &h[..]])?;
         }
+        self.pos.last_seq = seq;
+        self.pos.head = hash;
         Ok(seq)
     }
 
@@ -281,14 +303,6 @@ impl WriteCtx<'_> {
         body: &EventBody,
     ) -> Result<u64, JournalError> {
         self.append_raw(invocation_id, body)
-    }
-
-    fn write_checkpoint(&mut self) -> Result<(), JournalError> {
-        let ChainPos { last_seq, head } = self.pos;
-        let cp = Checkpoint::sign(self.signing_key, last_seq, head, last_seq, self.now_ms);
-        insert_checkpoint(self.conn, &cp)?;
-        self.checkpoint = Some(cp);
-        Ok(())
     }
 
     /// The invocation's current projection (cached, or folded from its events).
@@ -355,10 +369,11 @@ impl WriteCtx<'_> {
     }
 }
 
-fn insert_checkpoint(conn: &Connection, cp: &Checkpoint) -> Result<(), JournalError> {
+fn insert_checkpoint(conn: &Connection, cp: &Checkpoint) -> Result<(), rusqlite::Error> {
     conn.prepare_cached(
-        "INSERT OR REPLACE INTO checkpoints (seq, head, count, public_key, signature, made_at_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT OR REPLACE INTO checkpoints
+           (seq, head, count, public_key, signature, made_at_ms, root, note)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     )?
     .execute(params![
         cp.seq as i64,
@@ -366,9 +381,105 @@ fn insert_checkpoint(conn: &Connection, cp: &Checkpoint) -> Result<(), JournalEr
         cp.count as i64,
         &cp.public_key[..],
         &cp.signature[..],
-        cp.made_at_ms
+        cp.made_at_ms,
+        cp.root.as_ref().map(|r| &r[..]),
+        cp.note.as_deref(),
     ])?;
     Ok(())
+}
+
+/// The newest checkpoint row, if any.
+fn newest_checkpoint(conn: &Connection) -> Result<Option<Checkpoint>, rusqlite::Error> {
+    conn.query_row(
+        "SELECT seq, head, count, public_key, signature, made_at_ms, root, note
+         FROM checkpoints ORDER BY seq DESC LIMIT 1",
+        [],
+        |r| {
+            let fixed = |v: Vec<u8>| -> Option<Vec<u8>> { Some(v) };
+            let head: Vec<u8> = r.get(1)?;
+            let public_key: Vec<u8> = r.get(3)?;
+            let signature: Vec<u8> = r.get(4)?;
+            let root: Option<Vec<u8>> = r.get(6)?;
+            Ok((|| {
+                Some(Checkpoint {
+                    seq: u64::try_from(r.get::<_, i64>(0).ok()?).ok()?,
+                    head: fixed(head)?.try_into().ok()?,
+                    count: u64::try_from(r.get::<_, i64>(2).ok()?).ok()?,
+                    public_key: public_key.try_into().ok()?,
+                    signature: signature.try_into().ok()?,
+                    made_at_ms: r.get(5).ok()?,
+                    root: match root {
+                        None => None,
+                        Some(v) => Some(v.try_into().ok()?),
+                    },
+                    note: r.get(7).ok()?,
+                })
+            })())
+        },
+    )
+    .optional()
+    .map(Option::flatten)
+}
+
+/// The tree's right edge for the `last_seq` events: read from the stored hashes when
+/// they are complete and agree with the newest checkpoint, otherwise rebuilt from the
+/// events' chain values (a journal from before the tree, or a damaged table; the table
+/// is derived data, and verification never trusts it).
+fn load_or_rebuild_tree(
+    conn: &Connection,
+    path: &Path,
+    last_seq: u64,
+    newest: Option<&Checkpoint>,
+) -> Result<Frontier, JournalError> {
+    let damaged = |e: rusqlite::Error| JournalError::Damaged {
+        path: path.to_path_buf(),
+        detail: format!("rebuilding the Merkle tree failed: {e}"),
+    };
+    let expected = tlog_tiles::tlog::stored_hash_count(last_seq);
+    let (count, max): (i64, Option<i64>) = conn
+        .query_row("SELECT count(*), max(idx) FROM merkle", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .map_err(damaged)?;
+    let complete =
+        u64::try_from(count).ok() == Some(expected) && max.map_or(0, |m| m + 1) == expected as i64;
+    if complete
+        && let Ok(frontier) = Frontier::load(last_seq, &merkle::StoredHashes { conn })
+        && newest
+            .filter(|c| c.seq == last_seq)
+            .and_then(|c| c.root)
+            .is_none_or(|root| root == frontier.root())
+    {
+        return Ok(frontier);
+    }
+    conn.execute_batch("BEGIN IMMEDIATE; DELETE FROM merkle;")
+        .map_err(damaged)?;
+    let rebuilt = (|| -> Result<Frontier, rusqlite::Error> {
+        let mut frontier = Frontier::default();
+        let mut stored = Vec::new();
+        let mut insert = conn.prepare("INSERT INTO merkle (idx, hash) VALUES (?1, ?2)")?;
+        let mut stmt = conn.prepare("SELECT seq, hash FROM events ORDER BY seq")?;
+        let mut rows = stmt.query([])?;
+        while let Some(row) = rows.next()? {
+            let seq = u64::try_from(row.get::<_, i64>(0)?).unwrap_or(0);
+            let chain: [u8; 32] = row.get::<_, Vec<u8>>(1)?.try_into().map_err(|_| {
+                rusqlite::Error::InvalidColumnType(1, "hash".into(), rusqlite::types::Type::Blob)
+            })?;
+            frontier.push(merkle::leaf_hash(seq, &chain), &mut stored);
+            let base = tlog_tiles::tlog::stored_hash_index(0, seq - 1);
+            for (k, h) in stored.iter().enumerate() {
+                insert.execute(params![(base + k as u64) as i64, &h[..]])?;
+            }
+        }
+        Ok(frontier)
+    })();
+    match rebuilt.and_then(|f| conn.execute_batch("COMMIT").map(|_| f)) {
+        Ok(frontier) => Ok(frontier),
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(damaged(e))
+        }
+    }
 }
 
 pub(crate) fn load_events(
@@ -412,23 +523,41 @@ impl Journal {
             detail: format!("reading the end of the audit chain failed: {e}"),
         })?;
         verify_unsigned_tail(&conn, path, last_seq, &head)?;
+        let newest = newest_checkpoint(&conn).map_err(|e| JournalError::Damaged {
+            path: path.to_path_buf(),
+            detail: format!("reading the newest checkpoint failed: {e}"),
+        })?;
+        let frontier = load_or_rebuild_tree(&conn, path, last_seq, newest.as_ref())?;
+        let signed_through = newest.as_ref().map_or(0, |c| c.seq);
         let reader = schema::open_reader(path)?;
         let (sender, receiver) = mpsc::sync_channel::<Job>(4096);
         let verifying_key = options.signing_key.verifying_key();
         let reserve = space::reserve_path(path);
         let low_space = Arc::new(AtomicBool::new(!space::ensure_reserve(&reserve)));
+        let latest_durable = Arc::new(Mutex::new(newest.clone()));
         let state = WriterState {
             conn,
             cache: ProjectionCache::default(),
-            pos: ChainPos { last_seq, head },
+            pos: ChainPos {
+                last_seq,
+                head,
+                frontier,
+            },
             hasher: ChainHasher::new(),
+            stored: Vec::new(),
             clock: options.clock.clone(),
             signing_key: options.signing_key,
-            checkpoint_every: options.checkpoint_every,
+            retention: Retention {
+                retained: newest.as_ref().map(|c| (c.seq, c.made_at_ms)),
+                provisional: None,
+            },
             witness: witness_path(path),
-            last_checkpoint_seq: 0,
+            anchor: options.anchor,
             sync_full: None,
-            unsynced_witness: None,
+            unsynced: None,
+            outside_pending: None,
+            outside_written_at: None,
+            latest_durable: latest_durable.clone(),
             db: path.to_path_buf(),
             reserve,
             low_space: low_space.clone(),
@@ -442,7 +571,7 @@ impl Journal {
                 path: path.to_path_buf(),
                 detail: e.to_string(),
             })?;
-        Ok(Journal {
+        let journal = Journal {
             inner: Arc::new(Inner {
                 path: path.to_path_buf(),
                 sender: Mutex::new(Some(sender)),
@@ -452,8 +581,28 @@ impl Journal {
                 verifying_key,
                 low_space,
                 unrecorded: Mutex::new(std::collections::VecDeque::new()),
+                latest_durable,
             }),
-        })
+        };
+        if last_seq > signed_through {
+            // A previous run ended without signing these (or predates per-batch
+            // signing): sign them now, and say so in the chain.
+            let body = EventBody::SigningResumed {
+                first_unsigned: signed_through + 1,
+                last_unsigned: last_seq,
+                last_checkpoint: signed_through,
+            };
+            journal.write(true, move |ctx| {
+                ctx.append_raw(JOURNAL_SCOPE, &body).map(|_| ())
+            })?;
+        }
+        Ok(journal)
+    }
+
+    /// The newest checkpoint known to be on disk (fsynced): what may be shown to a
+    /// witness without a power loss later making the journal look cut.
+    pub fn latest_durable_checkpoint(&self) -> Option<Checkpoint> {
+        self.inner.latest_durable.lock().ok()?.clone()
     }
 
     /// Whether the disk is full and new invocations are refused (see [`space`]).
@@ -862,7 +1011,9 @@ impl Journal {
             let conn = self.inner.reader.lock().map_err(|_| JournalError::Closed)?;
             let mut stmt = conn.prepare(
                 "SELECT invocation_id FROM events WHERE seq IN
-                   (SELECT max(seq) FROM events GROUP BY invocation_id)
+                   (SELECT max(seq) FROM events
+                    WHERE invocation_id IN (SELECT id FROM invocations)
+                    GROUP BY invocation_id)
                  AND kind NOT IN ('RESULT_COMMITTED', 'RESULT_DELIVERED', 'DELIVERY_FAILED',
                                   'FAILED', 'RECONCILED', 'RETRY_MANIFEST', 'IMPORTED_EVIDENCE')
                  ORDER BY seq",
@@ -918,7 +1069,8 @@ impl Journal {
         Ok(closed)
     }
 
-    /// Stops the writer after it has drained, signing a final checkpoint.
+    /// Stops the writer after it has drained, with its last checkpoint on disk and
+    /// written to the witness file and the anchor.
     pub fn close(self) -> Result<(), JournalError> {
         self.inner.shutdown()
     }
@@ -943,7 +1095,7 @@ impl Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // A clean shutdown signs a final checkpoint; errors have nowhere to go here.
+        // A clean shutdown makes the last checkpoint durable; errors have nowhere to go.
         let _ = self.shutdown();
     }
 }
@@ -1192,21 +1344,38 @@ impl ProjectionCache {
     }
 }
 
+/// Which checkpoints are kept: the newest is provisional and is replaced by the next one
+/// made within [`SIGN_INTERVAL_MS`] of the last kept one, so the table holds about one
+/// checkpoint per interval of activity while every event is still covered within it.
+#[derive(Clone, Copy, Default)]
+struct Retention {
+    /// The last kept checkpoint: (seq, made_at_ms).
+    retained: Option<(u64, i64)>,
+    /// The newest checkpoint, kept only if the next one falls in a new window.
+    provisional: Option<(u64, i64)>,
+}
+
 struct WriterState {
     conn: Connection,
     cache: ProjectionCache,
     pos: ChainPos,
     hasher: ChainHasher,
+    stored: Vec<[u8; 32]>,
     clock: Arc<dyn Clock>,
     signing_key: SigningKey,
-    checkpoint_every: u64,
+    retention: Retention,
+    /// The witness file beside the database, and the anchor outside the data directory.
     witness: PathBuf,
-    last_checkpoint_seq: u64,
+    anchor: Option<PathBuf>,
     /// The synchronous mode currently set, to avoid re-issuing the pragma.
     sync_full: Option<bool>,
-    /// A checkpoint committed without fsync, waiting for a durable commit before it
-    /// goes to the witness file.
-    unsynced_witness: Option<Checkpoint>,
+    /// The newest checkpoint, committed but not yet fsynced.
+    unsynced: Option<Checkpoint>,
+    /// The newest fsynced checkpoint not yet written to the witness file and anchor
+    /// (written at most every [`SIGN_INTERVAL_MS`]: each write costs an fsync).
+    outside_pending: Option<Checkpoint>,
+    outside_written_at: Option<Instant>,
+    latest_durable: Arc<Mutex<Option<Checkpoint>>>,
     db: PathBuf,
     /// The disk-space reserve (see [`space`]).
     reserve: PathBuf,
@@ -1219,14 +1388,22 @@ struct WriterState {
 
 impl WriterState {
     fn run(mut self, receiver: Receiver<Job>) {
-        self.last_checkpoint_seq = self
-            .conn
-            .query_row("SELECT coalesce(max(seq), 0) FROM checkpoints", [], |r| {
-                r.get::<_, i64>(0)
-            })
-            .map(|s| u64::try_from(s).unwrap_or(0))
-            .unwrap_or(0);
-        while let Ok(first) = receiver.recv() {
+        loop {
+            let first = if self.outside_pending.is_some() {
+                match receiver.recv_timeout(self.outside_due_in()) {
+                    Ok(job) => job,
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        self.write_outside();
+                        continue;
+                    }
+                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                }
+            } else {
+                match receiver.recv() {
+                    Ok(job) => job,
+                    Err(_) => break,
+                }
+            };
             let mut batch = vec![first];
             while batch.len() < MAX_BATCH {
                 match receiver.try_recv() {
@@ -1236,34 +1413,17 @@ impl WriterState {
             }
             self.run_batch(batch);
         }
-        // Clean shutdown: sign where the chain ends, if anything is unsigned.
-        if self.pos.last_seq == self.last_checkpoint_seq
-            && let Some(cp) = self.unsynced_witness.take()
+        // Clean shutdown: the last checkpoint on disk, then outside.
+        if let Some(cp) = self.unsynced.take()
             && self.set_sync(true).is_ok()
             && self
                 .conn
                 .execute_batch("PRAGMA wal_checkpoint(FULL)")
                 .is_ok()
         {
-            self.write_witness(&cp);
+            self.published(cp);
         }
-        // Sign only a chain the file still holds: a file damaged under a running broker
-        // must not get a signature over what is left of it.
-        if self.pos.last_seq > self.last_checkpoint_seq
-            && verify_unsigned_tail(&self.conn, &self.db, self.pos.last_seq, &self.pos.head).is_ok()
-        {
-            let now = self.clock.now_ms();
-            let cp = Checkpoint::sign(
-                &self.signing_key,
-                self.pos.last_seq,
-                self.pos.head,
-                self.pos.last_seq,
-                now,
-            );
-            if self.set_sync(true).is_ok() && insert_checkpoint(&self.conn, &cp).is_ok() {
-                self.write_witness(&cp);
-            }
-        }
+        self.write_outside();
     }
 
     fn set_sync(&mut self, full: bool) -> Result<(), rusqlite::Error> {
@@ -1276,6 +1436,60 @@ impl WriterState {
         Ok(())
     }
 
+    /// Signs the tree the batch leaves, inside its transaction, and applies the
+    /// retention rule. Returns the checkpoint and the retention to adopt on commit.
+    fn seal(&self, now_ms: i64) -> Result<(Checkpoint, Retention), rusqlite::Error> {
+        let cp = Checkpoint::sign(
+            &self.signing_key,
+            self.pos.last_seq,
+            self.pos.head,
+            self.pos.frontier.root(),
+            now_ms,
+        );
+        insert_checkpoint(&self.conn, &cp)?;
+        let mut retention = self.retention;
+        if let Some((seq, made_at)) = retention.provisional {
+            let same_window = retention
+                .retained
+                .is_some_and(|(_, at)| now_ms < at.saturating_add(SIGN_INTERVAL_MS));
+            if same_window {
+                self.conn
+                    .prepare_cached("DELETE FROM checkpoints WHERE seq = ?1")?
+                    .execute([seq as i64])?;
+            } else {
+                retention.retained = Some((seq, made_at));
+            }
+        }
+        retention.provisional = Some((cp.seq, cp.made_at_ms));
+        Ok((cp, retention))
+    }
+
+    /// `cp` is on disk: witnesses may see it, and it goes outside when due.
+    fn published(&mut self, cp: Checkpoint) {
+        if let Ok(mut latest) = self.latest_durable.lock() {
+            *latest = Some(cp.clone());
+        }
+        self.outside_pending = Some(cp);
+    }
+
+    fn outside_due_in(&self) -> Duration {
+        let interval = Duration::from_millis(SIGN_INTERVAL_MS as u64);
+        self.outside_written_at
+            .map_or(Duration::ZERO, |t| interval.saturating_sub(t.elapsed()))
+    }
+
+    /// Writes the pending checkpoint to the witness file and the anchor. Best effort:
+    /// the signed rows in the database remain the primary record.
+    fn write_outside(&mut self) {
+        if let Some(cp) = self.outside_pending.take() {
+            let _ = write_checkpoint_file(&self.witness, &cp);
+            if let Some(anchor) = &self.anchor {
+                let _ = write_checkpoint_file(anchor, &cp);
+            }
+            self.outside_written_at = Some(Instant::now());
+        }
+    }
+
     fn run_batch(&mut self, batch: Vec<Job>) {
         if self.low_space.load(Ordering::Relaxed) {
             self.try_leave_low_space();
@@ -1283,10 +1497,9 @@ impl WriterState {
         let low_space = self.low_space.load(Ordering::Relaxed);
         let mut disk_full = false;
         let durable = batch.iter().any(|j| j.durable);
-        let start = self.pos;
+        let start = self.pos.clone();
         let now_ms = self.clock.now_ms();
         let mut finishes: Vec<Finish> = Vec::with_capacity(batch.len());
-        let mut checkpoint = None;
 
         let begun = self
             .set_sync(durable)
@@ -1304,34 +1517,25 @@ impl WriterState {
         }
 
         for job in batch {
-            let before = self.pos;
+            let before = self.pos.clone();
             let savepoint = self.conn.execute_batch("SAVEPOINT job");
             let mut ctx = WriteCtx {
                 conn: &self.conn,
                 cache: &mut self.cache,
                 touched: Vec::new(),
-                pos: before,
+                pos: before.clone(),
                 hasher: &mut self.hasher,
+                stored: &mut self.stored,
                 now_ms,
-                checkpoint_every: self.checkpoint_every,
-                signing_key: &self.signing_key,
-                checkpoint: None,
                 low_space,
             };
             let outcome = (job.run)(Some(&mut ctx));
             disk_full |= outcome.disk_full;
-            let (pos, cp, touched) = (
-                ctx.pos,
-                ctx.checkpoint.take(),
-                std::mem::take(&mut ctx.touched),
-            );
+            let (pos, touched) = (ctx.pos, ctx.touched);
             let kept =
                 savepoint.is_ok() && outcome.ok && self.conn.execute_batch("RELEASE job").is_ok();
             if kept {
                 self.pos = pos;
-                if cp.is_some() {
-                    checkpoint = cp;
-                }
             } else {
                 // Undo only this job's writes; the chain position stays where it was.
                 let _ = self.conn.execute_batch("ROLLBACK TO job; RELEASE job");
@@ -1343,16 +1547,25 @@ impl WriterState {
             finishes.push(outcome.finish);
         }
 
-        match self.conn.execute_batch("COMMIT") {
-            Ok(()) => {
-                if let Some(cp) = checkpoint {
-                    self.last_checkpoint_seq = cp.seq;
-                    self.unsynced_witness = Some(cp);
+        // Every commit that adds events carries a checkpoint over them.
+        let sealed = if self.pos.last_seq > start.last_seq {
+            self.seal(now_ms).map(Some)
+        } else {
+            Ok(None)
+        };
+        match sealed.and_then(|s| self.conn.execute_batch("COMMIT").map(|_| s)) {
+            Ok(sealed) => {
+                if let Some((cp, retention)) = sealed {
+                    self.retention = retention;
+                    self.unsynced = Some(cp);
                 }
-                // The witness must never be ahead of what is on disk, or a power loss
-                // would look like truncation: write it only after an fsynced commit.
-                if durable && let Some(cp) = self.unsynced_witness.take() {
-                    self.write_witness(&cp);
+                // Outside copies must never be ahead of what is on disk, or a power loss
+                // would look like truncation: only after an fsynced commit.
+                if durable && let Some(cp) = self.unsynced.take() {
+                    self.published(cp);
+                    if self.outside_due_in().is_zero() {
+                        self.write_outside();
+                    }
                 }
                 for finish in finishes {
                     finish(Ok(()));
@@ -1423,23 +1636,6 @@ impl WriterState {
         wal.push("-wal");
         if std::fs::metadata(&wal).is_ok_and(|m| m.len() > space::WAL_CHECKPOINT_AT) {
             let _ = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
-        }
-    }
-
-    /// Replaces the witness file atomically (write, fsync, rename). Best effort: the
-    /// signed checkpoint rows in the database remain the primary record.
-    fn write_witness(&self, cp: &Checkpoint) {
-        use std::io::Write;
-        let Ok(text) = serde_json::to_vec(cp) else {
-            return;
-        };
-        let tmp = self.witness.with_extension("checkpoint.tmp");
-        let written = std::fs::File::create(&tmp).and_then(|mut f| {
-            f.write_all(&text)?;
-            f.sync_all()
-        });
-        if written.is_ok() {
-            let _ = std::fs::rename(&tmp, &self.witness);
         }
     }
 }

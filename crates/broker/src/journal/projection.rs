@@ -500,6 +500,8 @@ impl Projection {
                 self.terminal = true;
             }
             EventBody::ImportedEvidence { .. } => {}
+            // Journal-level: never stored under an invocation's id.
+            EventBody::SigningResumed { .. } => {}
         }
         self.last_seq = seq;
         Ok(())

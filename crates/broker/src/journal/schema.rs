@@ -22,6 +22,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0004_status.sql"),
     include_str!("migrations/0005_search.sql"),
     include_str!("migrations/0006_search_index.sql"),
+    include_str!("migrations/0007_merkle.sql"),
 ];
 
 /// Bytes a checkpointed WAL is truncated to (see `configure`).

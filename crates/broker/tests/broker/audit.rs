@@ -1,15 +1,17 @@
-//! The audit chain against a real journal file: every test seals a journal written
-//! through the ordinary lifecycle, tampers with the SQLite file the way an attacker
-//! with file access would, and checks that `verify_file` names the first sequence
-//! number that stops verifying.
+//! The audit record against a real journal file, as a tamper matrix: every test seals
+//! a journal written through the ordinary lifecycle, tampers with the SQLite file (and
+//! the files beside and outside it) the way an attacker with file access would, and
+//! checks that verification names the first sequence number that stops verifying.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ed25519_dalek::{SigningKey, VerifyingKey};
+use postern_broker::audit::merkle::{self, Frontier, check_consistency, consistency_proof};
 use postern_broker::audit::{
-    AuditError, ChainHasher, ChainedRow, Checkpoint, GENESIS, Tamper, VerifyReport, verify_file,
-    witness_path,
+    AuditError, ChainHasher, ChainedRow, Checkpoint, GENESIS, Outside, SIGN_INTERVAL_MS,
+    SignedLate, Tamper, TreeHead, VerifyReport, verify_file, verify_file_with, verify_since,
+    witness_path, write_checkpoint_file,
 };
 use postern_broker::clock::ManualClock;
 use postern_broker::journal::{Journal, JournalError, JournalOptions};
@@ -20,37 +22,48 @@ use crate::support::*;
 /// Invocations written by [`sealed`]; each is `ready` (4 events) plus DISPATCH_STARTED.
 const INVOCATIONS: u64 = 8;
 const EVENTS: u64 = INVOCATIONS * 5;
-const EVERY: u64 = 16;
 
-/// A journal written and cleanly closed: checkpoints at 16 and 32 from the writer, and
-/// a final one at 40 (with the witness file) from `Journal::close`.
+/// A journal written and cleanly closed. The clock moves 3 s between invocations (more
+/// than the signing interval), so each invocation's last checkpoint is kept; within an
+/// invocation the clock stands still and checkpoints replace each other.
 struct Sealed {
     _dir: tempfile::TempDir,
     db: PathBuf,
     clock: ManualClock,
+    anchor: PathBuf,
 }
 
 fn sealed() -> Sealed {
-    let f = Fixture::with_checkpoints(EVERY);
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("journal.db");
+    // Outside the "data dir": its own directory.
+    let anchor = dir.path().join("outside").join("anchor.checkpoint");
+    let clock = ManualClock::new(T0);
+    let journal = open_anchored(&db, &clock, &anchor);
     for i in 0..INVOCATIONS {
-        let rec = ready(&f.journal, &format!("inv_{i}"), false, None);
+        let rec = ready(&journal, &format!("inv_{i}"), false, None);
         rec.dispatch_started(FP, Some(format!("conn-{i}")), None)
             .unwrap();
-        // Distinct timestamps, so recorded_at_ms is not the same value everywhere.
-        f.clock.advance_ms(1_000);
+        clock.advance_ms(3_000);
     }
-    let db = f.db();
-    let Fixture {
-        dir,
-        clock,
-        journal,
-    } = f;
     journal.close().unwrap();
     Sealed {
         _dir: dir,
         db,
         clock,
+        anchor,
     }
+}
+
+fn open_anchored(db: &Path, clock: &ManualClock, anchor: &Path) -> Journal {
+    Journal::open(
+        db,
+        JournalOptions {
+            anchor: Some(anchor.to_path_buf()),
+            ..JournalOptions::new(Arc::new(clock.clone()), signing_key())
+        },
+    )
+    .unwrap()
 }
 
 fn key() -> VerifyingKey {
@@ -119,6 +132,23 @@ fn hash_at(conn: &Connection, seq: u64) -> [u8; 32] {
     row(conn, seq).hash.try_into().unwrap()
 }
 
+fn checkpoint_seqs(conn: &Connection) -> Vec<u64> {
+    conn.prepare("SELECT seq FROM checkpoints ORDER BY seq")
+        .unwrap()
+        .query_map([], |r| r.get::<_, i64>(0))
+        .unwrap()
+        .map(|s| s.unwrap() as u64)
+        .collect()
+}
+
+/// The first kept checkpoint at or after `seq`.
+fn checkpoint_covering(conn: &Connection, seq: u64) -> u64 {
+    checkpoint_seqs(conn)
+        .into_iter()
+        .find(|&c| c >= seq)
+        .unwrap()
+}
+
 fn insert_row(conn: &Connection, r: &Row) {
     conn.execute(
         "INSERT INTO events (seq, invocation_id, kind, body, recorded_at_ms, hash)
@@ -154,6 +184,53 @@ fn rechain_from(conn: &Connection, from: u64) {
     }
 }
 
+/// The Merkle root over the events as stored (what a forger recomputes).
+fn tree_root_at(conn: &Connection, size: u64) -> [u8; 32] {
+    let mut frontier = Frontier::default();
+    for seq in 1..=size {
+        frontier.push_leaf(merkle::leaf_hash(seq, &hash_at(conn, seq)));
+    }
+    frontier.root()
+}
+
+/// An attacker holding the audit key: re-signs every checkpoint row over the rewritten
+/// events, and rewrites the witness file and the anchor to match.
+fn re_sign_everything(conn: &Connection, key: &SigningKey, db: &Path, anchor: &Path) {
+    let mut last = None;
+    for seq in checkpoint_seqs(conn) {
+        let made_at: i64 = conn
+            .query_row(
+                "SELECT made_at_ms FROM checkpoints WHERE seq = ?1",
+                [seq as i64],
+                |r| r.get(0),
+            )
+            .unwrap();
+        let cp = Checkpoint::sign(
+            key,
+            seq,
+            hash_at(conn, seq),
+            tree_root_at(conn, seq),
+            made_at,
+        );
+        conn.execute(
+            "UPDATE checkpoints SET head = ?1, root = ?2, public_key = ?3, signature = ?4
+             WHERE seq = ?5",
+            params![
+                &cp.head[..],
+                &cp.root.unwrap()[..],
+                &cp.public_key[..],
+                &cp.signature[..],
+                seq as i64
+            ],
+        )
+        .unwrap();
+        last = Some(cp);
+    }
+    let last = last.unwrap();
+    write_checkpoint_file(&witness_path(db), &last).unwrap();
+    write_checkpoint_file(anchor, &last).unwrap();
+}
+
 /// Flips one ASCII byte of the body of event `seq`, keeping it valid UTF-8.
 fn flip_body_byte(conn: &Connection, seq: u64) {
     let mut body = row(conn, seq).body.into_bytes();
@@ -171,11 +248,11 @@ fn flip_body_byte(conn: &Connection, seq: u64) {
 
 /// The verification failure, checked for consistency with `first_bad_seq()`.
 fn broken(db: &Path) -> (u64, Tamper) {
-    broken_with(db, &key())
+    broken_with(db, &key(), &Outside::default())
 }
 
-fn broken_with(db: &Path, key: &VerifyingKey) -> (u64, Tamper) {
-    let err = match verify_file(db, key) {
+fn broken_with(db: &Path, key: &VerifyingKey, outside: &Outside) -> (u64, Tamper) {
+    let err = match verify_file_with(db, key, outside) {
         Ok(report) => panic!("tampered journal verified: {report:?}"),
         Err(e) => e,
     };
@@ -195,6 +272,13 @@ fn broken_with(db: &Path, key: &VerifyingKey) -> (u64, Tamper) {
     (first_bad_seq, kind)
 }
 
+fn anchored(s: &Sealed) -> Outside {
+    Outside {
+        anchor: Some(s.anchor.clone()),
+        heads: Vec::new(),
+    }
+}
+
 fn verified(db: &Path) -> VerifyReport {
     match verify_file(db, &key()) {
         Ok(r) => r,
@@ -207,7 +291,7 @@ fn witness(db: &Path) -> Checkpoint {
 }
 
 // ---------------------------------------------------------------------------------
-// 1. The untouched journal.
+// 1. The untouched journal, and the signing policy.
 
 #[test]
 fn an_untouched_sealed_journal_verifies_through_its_last_event() {
@@ -215,30 +299,63 @@ fn an_untouched_sealed_journal_verifies_through_its_last_event() {
     let conn = rw(&s.db);
     let rows = count(&conn, "events");
     assert_eq!(rows, EVENTS);
-    let checkpoint_seqs: Vec<i64> = conn
-        .prepare("SELECT seq FROM checkpoints ORDER BY seq")
-        .unwrap()
-        .query_map([], |r| r.get(0))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
-    // Every 16 events, plus the final one signed by `close`.
-    assert_eq!(checkpoint_seqs, vec![16, 32, 40]);
+    let kept = checkpoint_seqs(&conn);
+    assert_eq!(kept.last(), Some(&EVENTS));
     let head = hash_at(&conn, EVENTS);
+    let root = tree_root_at(&conn, EVENTS);
     drop(conn);
 
-    let report = verified(&s.db);
+    let report = verify_file_with(&s.db, &key(), &anchored(&s)).unwrap();
     assert_eq!(report.events, rows);
     assert_eq!(report.verified_through, EVENTS);
     assert_eq!(report.last_checkpoint_seq, Some(EVENTS));
-    assert_eq!(report.checkpoints, 3);
+    assert_eq!(report.checkpoints, kept.len() as u64);
     assert_eq!(report.head_hex, hex::encode(head));
-    // The witness beside the database holds the final checkpoint, signed by the key.
-    let w = witness(&s.db);
-    assert_eq!((w.seq, w.count, w.head), (EVENTS, EVENTS, head));
-    assert!(w.signature_valid(&key()));
+    assert_eq!(report.root_hex, hex::encode(root));
+    assert!(report.signed_late.is_empty());
+    // The witness file and the anchor were both checked.
+    assert_eq!(report.outside_checked, 2);
+    // Both hold the final checkpoint, signed by the key, over the same tree.
+    for cp in [
+        witness(&s.db),
+        serde_json::from_slice(&std::fs::read(&s.anchor).unwrap()).unwrap(),
+    ] {
+        assert_eq!((cp.seq, cp.head, cp.root), (EVENTS, head, Some(root)));
+        assert!(cp.signature_valid(&key()));
+    }
     // Verifying is a read: doing it again gives the same answer.
-    assert_eq!(verified(&s.db), report);
+    assert_eq!(
+        verify_file_with(&s.db, &key(), &anchored(&s)).unwrap(),
+        report
+    );
+}
+
+#[test]
+fn every_commit_is_signed_and_checkpoints_are_kept_about_once_per_interval() {
+    let f = Fixture::new();
+    let conn = rw(&f.db());
+    // 30 commits in one interval: each is signed when it returns, and they replace one
+    // another, so the table stays small.
+    for i in 0..6 {
+        let rec = ready(&f.journal, &format!("inv_{i}"), false, None);
+        rec.dispatch_started(FP, None, None).unwrap();
+        let last: i64 = conn
+            .query_row("SELECT max(seq) FROM events", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(checkpoint_seqs(&conn).last(), Some(&(last as u64)));
+    }
+    assert!(
+        checkpoint_seqs(&conn).len() <= 2,
+        "{:?}",
+        checkpoint_seqs(&conn)
+    );
+    // A new interval keeps the last checkpoint of the one before.
+    let before = *checkpoint_seqs(&conn).last().unwrap();
+    f.clock.advance_ms(SIGN_INTERVAL_MS + 1);
+    ready(&f.journal, "inv_next", false, None);
+    assert!(checkpoint_seqs(&conn).contains(&before));
+    drop(conn);
+    assert!(verify_file(&f.db(), &key()).is_ok());
 }
 
 #[test]
@@ -255,21 +372,84 @@ fn the_stored_hashes_are_the_public_chain_algorithm_over_the_rows() {
 }
 
 #[test]
+fn every_kept_checkpoint_signs_the_rfc_6962_root_and_proofs_connect_them() {
+    let s = sealed();
+    let conn = rw(&s.db);
+    let kept = checkpoint_seqs(&conn);
+    assert!(kept.len() >= INVOCATIONS as usize, "{kept:?}");
+    let roots: Vec<(u64, [u8; 32])> = kept
+        .iter()
+        .map(|&seq| {
+            let root: Vec<u8> = conn
+                .query_row(
+                    "SELECT root FROM checkpoints WHERE seq = ?1",
+                    [seq as i64],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            let root: [u8; 32] = root.try_into().unwrap();
+            assert_eq!(root, tree_root_at(&conn, seq), "root at {seq}");
+            (seq, root)
+        })
+        .collect();
+    // A consistency proof from every kept size to every later one, read from the
+    // stored tree, checks out; a proof against a different old root does not.
+    for (i, &(old, old_root)) in roots.iter().enumerate() {
+        for &(new, new_root) in &roots[i..] {
+            let proof = consistency_proof(&conn, new, old).unwrap();
+            assert!(
+                check_consistency(&proof, new, new_root, old, old_root),
+                "{old}->{new}"
+            );
+            if old < new {
+                assert!(!check_consistency(&proof, new, new_root, old, [7; 32]));
+            }
+        }
+    }
+    // Asking for a proof past the tree is an error, not a panic.
+    assert!(consistency_proof(&conn, EVENTS + 5, 3).is_err());
+    assert!(consistency_proof(&conn, 3, 5).is_err());
+}
+
+#[test]
 fn a_journal_reopened_and_appended_to_still_verifies() {
     let s = sealed();
-    let journal = open(&s.db, &s.clock, EVERY);
+    let journal = open_anchored(&s.db, &s.clock, &s.anchor);
     let rec = ready(&journal, "inv_late", false, None);
     rec.dispatch_started(FP, None, None).unwrap();
     journal.close().unwrap();
 
-    let report = verified(&s.db);
+    let report = verify_file_with(&s.db, &key(), &anchored(&s)).unwrap();
     assert_eq!(report.events, EVENTS + 5);
-    assert_eq!(report.verified_through, EVENTS + 5);
-    // 16, 32 and 40 from the first run; 45 is not a multiple of 16, so the second
-    // close signs it.
     assert_eq!(report.last_checkpoint_seq, Some(EVENTS + 5));
-    assert_eq!(report.checkpoints, 4);
     assert_eq!(witness(&s.db).seq, EVENTS + 5);
+}
+
+#[test]
+fn a_journal_whose_tree_table_was_lost_is_rebuilt_at_open_with_the_same_roots() {
+    let s = sealed();
+    let conn = rw(&s.db);
+    let before: Vec<(i64, Vec<u8>)> = conn
+        .prepare("SELECT idx, hash FROM merkle ORDER BY idx")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    conn.execute("DELETE FROM merkle WHERE idx % 3 = 1", [])
+        .unwrap();
+    drop(conn);
+    let journal = open(&s.db, &s.clock);
+    journal.close().unwrap();
+    let conn = rw(&s.db);
+    let after: Vec<(i64, Vec<u8>)> = conn
+        .prepare("SELECT idx, hash FROM merkle ORDER BY idx")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(after, before);
 }
 
 #[test]
@@ -279,6 +459,43 @@ fn a_missing_witness_file_alone_is_not_tampering() {
     let report = verified(&s.db);
     assert_eq!(report.events, EVENTS);
     assert_eq!(report.last_checkpoint_seq, Some(EVENTS));
+}
+
+#[test]
+fn incremental_verification_goes_on_from_where_it_stopped() {
+    let s = sealed();
+    let conn = Connection::open(&s.db).unwrap();
+    let (first, prefix) = verify_since(&conn, &key(), None).unwrap();
+    assert_eq!(first.events, EVENTS);
+    assert_eq!(prefix.seq(), EVENTS);
+    drop(conn);
+    let journal = open(&s.db, &s.clock);
+    ready(&journal, "inv_more", false, None);
+    journal.close().unwrap();
+    let conn = Connection::open(&s.db).unwrap();
+    let (next, prefix2) = verify_since(&conn, &key(), Some(&prefix)).unwrap();
+    assert_eq!(next.events, EVENTS + 4);
+    assert_eq!(next.root_hex, verified(&s.db).root_hex);
+    // A change after the prefix is found; so is a change to the row it ended at.
+    flip_body_byte(&conn, EVENTS + 2);
+    assert_eq!(
+        verify_since(&conn, &key(), Some(&prefix))
+            .unwrap_err()
+            .first_bad_seq(),
+        Some(EVENTS + 2)
+    );
+    flip_body_byte(&conn, EVENTS + 2);
+    conn.execute(
+        "UPDATE events SET hash = zeroblob(32) WHERE seq = ?1",
+        [(EVENTS + 4) as i64],
+    )
+    .unwrap();
+    assert_eq!(
+        verify_since(&conn, &key(), Some(&prefix2))
+            .unwrap_err()
+            .first_bad_seq(),
+        Some(EVENTS + 4)
+    );
 }
 
 // ---------------------------------------------------------------------------------
@@ -429,8 +646,9 @@ fn an_inserted_row_with_the_whole_tail_rechained_is_caught_by_the_next_checkpoin
     let original = make_room_at(&conn, k);
     insert_row(&conn, &forged_at(k, &original));
     rechain_from(&conn, k);
+    let checkpoint = checkpoint_covering(&conn, k);
     drop(conn);
-    assert_eq!(broken(&s.db), (32, Tamper::CheckpointMismatch));
+    assert_eq!(broken(&s.db), (checkpoint, Tamper::CheckpointMismatch));
 }
 
 // ---------------------------------------------------------------------------------
@@ -487,10 +705,10 @@ fn swapped_whole_rows_with_their_hashes_are_reported_at_the_first_of_them() {
 
 #[test]
 fn a_modification_with_every_later_hash_recomputed_is_caught_by_the_signed_checkpoint() {
-    // (modified row, first checkpoint at or after it)
-    for (k, checkpoint) in [(5, 16), (16, 16), (20, 32), (33, 40), (EVENTS, 40)] {
+    for k in [5, 16, 20, 33, EVENTS] {
         let s = sealed();
         let conn = rw(&s.db);
+        let checkpoint = checkpoint_covering(&conn, k);
         flip_body_byte(&conn, k);
         rechain_from(&conn, k);
         drop(conn);
@@ -503,20 +721,56 @@ fn a_modification_with_every_later_hash_recomputed_is_caught_by_the_signed_check
 }
 
 #[test]
-fn a_recomputed_chain_with_the_checkpoint_rows_deleted_is_caught_by_the_witness() {
+fn a_full_rewrite_with_the_chain_recomputed_and_the_checkpoints_deleted_is_unsigned() {
     let s = sealed();
-    let k = 20;
     let conn = rw(&s.db);
-    flip_body_byte(&conn, k);
-    rechain_from(&conn, k);
-    conn.execute("DELETE FROM checkpoints WHERE seq >= ?1", [k as i64])
-        .unwrap();
+    flip_body_byte(&conn, 3);
+    rechain_from(&conn, 3);
+    conn.execute("DELETE FROM checkpoints", []).unwrap();
     drop(conn);
-    assert_eq!(broken(&s.db), (EVENTS, Tamper::CheckpointMismatch));
+    std::fs::remove_file(witness_path(&s.db)).unwrap();
+    assert_eq!(broken(&s.db), (1, Tamper::Unsigned));
+    // The anchor outside still holds the signed head of the original.
+    assert_eq!(
+        broken_with(&s.db, &key(), &anchored(&s)),
+        (EVENTS, Tamper::CheckpointMismatch)
+    );
+}
+
+#[test]
+fn a_rewrite_re_signed_with_the_stolen_audit_key_is_caught_only_by_a_witness() {
+    let s = sealed();
+    // What a witness cosigned before the theft: the tree at the last checkpoint.
+    let conn = rw(&s.db);
+    let cosigned = TreeHead {
+        size: EVENTS,
+        root: tree_root_at(&conn, EVENTS),
+        source: "witness w1".into(),
+    };
+    flip_body_byte(&conn, 12);
+    rechain_from(&conn, 12);
+    re_sign_everything(&conn, &signing_key(), &s.db, &s.anchor);
+    drop(conn);
+    // Everything local agrees with the forgery: the key is the broker's own.
+    verify_file_with(&s.db, &key(), &anchored(&s)).unwrap();
+    let outside = Outside {
+        anchor: Some(s.anchor.clone()),
+        heads: vec![cosigned],
+    };
+    let err = verify_file_with(&s.db, &key(), &outside).unwrap_err();
+    assert_eq!(err.first_bad_seq(), Some(EVENTS));
+    assert!(err.to_string().contains("witness w1"), "{err}");
+    assert!(matches!(
+        err,
+        AuditError::Broken {
+            kind: Tamper::CheckpointMismatch,
+            ..
+        }
+    ));
 }
 
 // ---------------------------------------------------------------------------------
-// 7. and 8. Truncation.
+// 7. and 8. Truncation, and checkpoints that vanish.
 
 #[test]
 fn a_truncated_tail_behind_a_checkpoint_is_reported_at_the_first_missing_sequence() {
@@ -534,8 +788,8 @@ fn a_truncated_tail_behind_a_checkpoint_is_reported_at_the_first_missing_sequenc
 }
 
 #[test]
-fn a_truncated_tail_with_its_checkpoint_rows_deleted_is_caught_by_the_witness() {
-    for keep in [36, 32, 30, 10] {
+fn a_truncated_tail_with_its_checkpoint_rows_deleted_is_caught_by_the_witness_file() {
+    for keep in [36, 30, 10] {
         let s = sealed();
         let conn = rw(&s.db);
         conn.execute("DELETE FROM events WHERE seq > ?1", [keep as i64])
@@ -549,7 +803,31 @@ fn a_truncated_tail_with_its_checkpoint_rows_deleted_is_caught_by_the_witness() 
 }
 
 #[test]
-fn a_journal_emptied_of_events_and_checkpoints_is_caught_by_the_witness() {
+fn a_tail_cut_at_a_checkpoint_with_the_witness_file_deleted_is_caught_by_the_anchor() {
+    let s = sealed();
+    let conn = rw(&s.db);
+    // Cut back to an earlier kept checkpoint, so what is left is signed throughout.
+    let keep = checkpoint_seqs(&conn)
+        .into_iter()
+        .rev()
+        .find(|&c| c < EVENTS - 5)
+        .unwrap();
+    conn.execute("DELETE FROM events WHERE seq > ?1", [keep as i64])
+        .unwrap();
+    conn.execute("DELETE FROM checkpoints WHERE seq > ?1", [keep as i64])
+        .unwrap();
+    drop(conn);
+    std::fs::remove_file(witness_path(&s.db)).unwrap();
+    // The data dir alone cannot tell: it is a shorter journal, signed throughout.
+    assert_eq!(verified(&s.db).events, keep);
+    assert_eq!(
+        broken_with(&s.db, &key(), &anchored(&s)),
+        (keep + 1, Tamper::Truncated)
+    );
+}
+
+#[test]
+fn a_journal_emptied_of_events_and_checkpoints_is_caught_by_the_witness_file() {
     let s = sealed();
     rw(&s.db)
         .execute_batch("DELETE FROM events; DELETE FROM checkpoints;")
@@ -557,62 +835,183 @@ fn a_journal_emptied_of_events_and_checkpoints_is_caught_by_the_witness() {
     assert_eq!(broken(&s.db), (1, Tamper::Truncated));
 }
 
+#[test]
+fn deleting_the_newest_checkpoints_leaves_unsigned_events() {
+    let s = sealed();
+    let conn = rw(&s.db);
+    let kept = checkpoint_seqs(&conn);
+    let previous = kept[kept.len() - 2];
+    conn.execute("DELETE FROM checkpoints WHERE seq > ?1", [previous as i64])
+        .unwrap();
+    drop(conn);
+    std::fs::remove_file(witness_path(&s.db)).unwrap();
+    let err = verify_file(&s.db, &key()).unwrap_err();
+    assert_eq!(err.first_bad_seq(), Some(previous + 1));
+    assert_eq!(err.unsigned_events(), Some(EVENTS - previous));
+    assert!(
+        err.to_string().contains(&format!(
+            "{} events after sequence {previous}",
+            EVENTS - previous
+        )),
+        "{err}"
+    );
+}
+
+#[test]
+fn checkpoints_removed_from_the_middle_are_a_late_signature() {
+    let s = sealed();
+    let conn = rw(&s.db);
+    let kept = checkpoint_seqs(&conn);
+    // Keep the first and the last; everything between them goes.
+    let (first, last) = (kept[0], *kept.last().unwrap());
+    conn.execute(
+        "DELETE FROM checkpoints WHERE seq > ?1 AND seq < ?2",
+        params![first as i64, last as i64],
+    )
+    .unwrap();
+    drop(conn);
+    // The last checkpoint still signs the whole tree, but it was made ~21 s after the
+    // events that follow the first one.
+    assert_eq!(broken(&s.db), (first + 1, Tamper::LateSignature));
+}
+
+#[test]
+fn a_tail_a_previous_run_left_unsigned_is_signed_at_the_next_start_and_said_so() {
+    let s = sealed();
+    let conn = rw(&s.db);
+    let kept = checkpoint_seqs(&conn);
+    let previous = kept[kept.len() - 2];
+    // What a run of an earlier version leaves after a crash: no checkpoint over the
+    // tail, and a witness file from before it.
+    conn.execute("DELETE FROM checkpoints WHERE seq > ?1", [previous as i64])
+        .unwrap();
+    drop(conn);
+    std::fs::remove_file(witness_path(&s.db)).unwrap();
+    s.clock.advance_ms(60_000);
+    let journal = open(&s.db, &s.clock);
+    journal.close().unwrap();
+    let report = verified(&s.db);
+    assert_eq!(report.events, EVENTS + 1);
+    assert_eq!(
+        report.signed_late,
+        vec![SignedLate {
+            first: previous + 1,
+            last: EVENTS,
+            at: EVENTS + 1,
+        }]
+    );
+    let r = row(&rw(&s.db), EVENTS + 1);
+    assert_eq!(
+        (r.invocation_id.as_str(), r.kind.as_str()),
+        ("journal", "SIGNING_RESUMED")
+    );
+}
+
+#[test]
+fn a_torn_last_page_is_damage_not_a_pass() {
+    let s = sealed();
+    // Fold the WAL in so the main file holds every page, then cut the last one short.
+    rw(&s.db)
+        .execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+        .unwrap();
+    let bytes = std::fs::read(&s.db).unwrap();
+    std::fs::write(&s.db, &bytes[..bytes.len() - 1000]).unwrap();
+    let err = verify_file(&s.db, &key()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            AuditError::Damaged { .. } | AuditError::Unreadable { .. }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("journal.db"), "{err}");
+}
+
 // ---------------------------------------------------------------------------------
 // 9. Keys and signatures.
+
+fn checkpoint_row(conn: &Connection, seq: u64) -> Checkpoint {
+    let (head, root, made_at_ms): (Vec<u8>, Vec<u8>, i64) = conn
+        .query_row(
+            "SELECT head, root, made_at_ms FROM checkpoints WHERE seq = ?1",
+            [seq as i64],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    Checkpoint::sign(
+        &signing_key(),
+        seq,
+        head.try_into().unwrap(),
+        root.try_into().unwrap(),
+        made_at_ms,
+    )
+}
 
 #[test]
 fn a_checkpoint_re_signed_by_another_key_is_a_bad_signature() {
     let s = sealed();
     let conn = rw(&s.db);
-    let (head, made_at_ms): (Vec<u8>, i64) = conn
-        .query_row(
-            "SELECT head, made_at_ms FROM checkpoints WHERE seq = 16",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .unwrap();
-    // Same statement, same head: only the signer differs.
-    let forged = Checkpoint::sign(&other_key(), 16, head.try_into().unwrap(), 16, made_at_ms);
+    let seq = checkpoint_seqs(&conn)[1];
+    let cp = checkpoint_row(&conn, seq);
+    // Same statement, same head and root: only the signer differs.
+    let forged = Checkpoint::sign(&other_key(), seq, cp.head, cp.root.unwrap(), cp.made_at_ms);
     conn.execute(
-        "UPDATE checkpoints SET public_key = ?1, signature = ?2 WHERE seq = 16",
-        params![&forged.public_key[..], &forged.signature[..]],
+        "UPDATE checkpoints SET public_key = ?1, signature = ?2 WHERE seq = ?3",
+        params![&forged.public_key[..], &forged.signature[..], seq as i64],
     )
     .unwrap();
     drop(conn);
-    assert_eq!(broken(&s.db), (16, Tamper::BadSignature));
+    assert_eq!(broken(&s.db), (seq, Tamper::BadSignature));
 }
 
 #[test]
 fn a_checkpoint_signed_by_another_key_but_claiming_the_audit_key_is_a_bad_signature() {
     let s = sealed();
     let conn = rw(&s.db);
-    let cp = Checkpoint::sign(&other_key(), 32, hash_at(&conn, 32), 32, T0);
+    let seq = checkpoint_seqs(&conn)[2];
+    let cp = checkpoint_row(&conn, seq);
+    let forged = Checkpoint::sign(&other_key(), seq, cp.head, cp.root.unwrap(), T0);
     conn.execute(
-        "UPDATE checkpoints SET signature = ?1, made_at_ms = ?2 WHERE seq = 32",
-        params![&cp.signature[..], cp.made_at_ms],
+        "UPDATE checkpoints SET signature = ?1, made_at_ms = ?2 WHERE seq = ?3",
+        params![&forged.signature[..], forged.made_at_ms, seq as i64],
     )
     .unwrap();
     drop(conn);
-    assert_eq!(broken(&s.db), (32, Tamper::BadSignature));
+    assert_eq!(broken(&s.db), (seq, Tamper::BadSignature));
 }
 
 #[test]
-fn an_edited_checkpoint_head_is_a_bad_signature() {
-    let s = sealed();
-    rw(&s.db)
-        .execute(
-            "UPDATE checkpoints SET head = zeroblob(32) WHERE seq = 32",
-            [],
+fn an_edited_checkpoint_head_root_or_time_is_a_bad_signature() {
+    for column in ["head", "root"] {
+        let s = sealed();
+        let conn = rw(&s.db);
+        let seq = checkpoint_seqs(&conn)[2];
+        conn.execute(
+            &format!("UPDATE checkpoints SET {column} = zeroblob(32) WHERE seq = ?1"),
+            [seq as i64],
         )
         .unwrap();
-    assert_eq!(broken(&s.db), (32, Tamper::BadSignature));
+        drop(conn);
+        assert_eq!(broken(&s.db), (seq, Tamper::BadSignature), "{column}");
+    }
+    // Moving a checkpoint's time back to hide a late signature breaks its signature.
+    let s = sealed();
+    let conn = rw(&s.db);
+    let seq = checkpoint_seqs(&conn)[2];
+    conn.execute(
+        "UPDATE checkpoints SET made_at_ms = made_at_ms - 1 WHERE seq = ?1",
+        [seq as i64],
+    )
+    .unwrap();
+    drop(conn);
+    assert_eq!(broken(&s.db), (seq, Tamper::BadSignature));
 }
 
 #[test]
-fn a_witness_signed_by_another_key_is_a_bad_signature() {
+fn a_witness_file_signed_by_another_key_is_a_bad_signature() {
     let s = sealed();
     let w = witness(&s.db);
-    let forged = Checkpoint::sign(&other_key(), w.seq, w.head, w.count, w.made_at_ms);
+    let forged = Checkpoint::sign(&other_key(), w.seq, w.head, w.root.unwrap(), w.made_at_ms);
     std::fs::write(witness_path(&s.db), serde_json::to_vec(&forged).unwrap()).unwrap();
     assert_eq!(broken(&s.db), (EVENTS, Tamper::BadSignature));
 }
@@ -620,9 +1019,10 @@ fn a_witness_signed_by_another_key_is_a_bad_signature() {
 #[test]
 fn an_untouched_journal_does_not_verify_against_another_key() {
     let s = sealed();
+    let first = checkpoint_seqs(&rw(&s.db))[0];
     assert_eq!(
-        broken_with(&s.db, &other_key().verifying_key()),
-        (16, Tamper::BadSignature)
+        broken_with(&s.db, &other_key().verifying_key(), &Outside::default()),
+        (first, Tamper::BadSignature)
     );
 }
 
@@ -633,11 +1033,7 @@ fn a_journal_signed_throughout_by_another_key_does_not_verify_against_the_audit_
     let clock = ManualClock::new(T0);
     let journal = Journal::open(
         &db,
-        JournalOptions {
-            clock: Arc::new(clock.clone()),
-            signing_key: other_key(),
-            checkpoint_every: EVERY,
-        },
+        JournalOptions::new(Arc::new(clock.clone()), other_key()),
     )
     .unwrap();
     for i in 0..4 {
@@ -647,18 +1043,15 @@ fn a_journal_signed_throughout_by_another_key_does_not_verify_against_the_audit_
     // Self-consistent under its own key.
     let own = verify_file(&db, &other_key().verifying_key()).unwrap();
     assert_eq!(own.events, 16);
-    assert_eq!(broken(&db), (16, Tamper::BadSignature));
+    let first = checkpoint_seqs(&rw(&db))[0];
+    assert_eq!(broken(&db), (first, Tamper::BadSignature));
 }
 
 // ---------------------------------------------------------------------------------
 // Bad input: files that are not (usable) Postern journals.
 
 fn options(clock: &ManualClock) -> JournalOptions {
-    JournalOptions {
-        clock: Arc::new(clock.clone()),
-        signing_key: signing_key(),
-        checkpoint_every: EVERY,
-    }
+    JournalOptions::new(Arc::new(clock.clone()), signing_key())
 }
 
 /// Opens `path` expecting a refusal; checks the file and its directory are left as
@@ -809,7 +1202,7 @@ fn bad_input_a_journal_from_a_newer_schema_is_refused_and_left_untouched() {
 fn bad_input_a_journal_cut_to_half_its_size_is_refused_without_panicking() {
     let s = sealed();
     // A larger file, so that half of it loses real pages.
-    let journal = open(&s.db, &s.clock, EVERY);
+    let journal = open(&s.db, &s.clock);
     for i in 0..40 {
         ready(&journal, &format!("inv_more_{i}"), false, None);
     }
@@ -874,11 +1267,11 @@ fn bad_input_a_malformed_checkpoint_row_is_a_bad_signature_not_a_panic() {
     let s = sealed();
     rw(&s.db)
         .execute(
-            "UPDATE checkpoints SET signature = x'00' WHERE seq = 32",
-            [],
+            "UPDATE checkpoints SET signature = x'00' WHERE seq = ?1",
+            [EVENTS as i64],
         )
         .unwrap();
-    assert_eq!(broken(&s.db), (32, Tamper::BadSignature));
+    assert_eq!(broken(&s.db), (EVENTS, Tamper::BadSignature));
 }
 
 #[test]
@@ -906,4 +1299,64 @@ fn the_audit_signing_key_is_created_once_in_the_keychain_and_reused() {
     }
     assert!(!bytes.windows(32).any(|w| w == first.to_bytes()));
     vault.remove("postern-audit-signing").unwrap();
+}
+
+// ---------------------------------------------------------------------------------
+// Journals from before the Merkle tree and per-batch signing.
+
+#[test]
+fn a_journal_from_before_the_tree_is_upgraded_at_open_and_its_old_checkpoints_still_count() {
+    let s = sealed();
+    let conn = rw(&s.db);
+    // What the previous version left: chain-only checkpoints every 16 events, an
+    // unsigned tail after the last one, no tree.
+    conn.execute_batch(
+        "DROP TABLE merkle; DROP TABLE cosignatures; DELETE FROM checkpoints;
+         ALTER TABLE checkpoints DROP COLUMN root; ALTER TABLE checkpoints DROP COLUMN note;
+         PRAGMA user_version = 6;",
+    )
+    .unwrap();
+    for seq in [16u64, 32] {
+        let cp = Checkpoint::sign_chain_only(&signing_key(), seq, hash_at(&conn, seq), T0);
+        conn.execute(
+            "INSERT INTO checkpoints (seq, head, count, public_key, signature, made_at_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![
+                seq as i64,
+                &cp.head[..],
+                seq as i64,
+                &cp.public_key[..],
+                &cp.signature[..],
+                T0
+            ],
+        )
+        .unwrap();
+    }
+    drop(conn);
+    std::fs::remove_file(witness_path(&s.db)).unwrap();
+    // Before the new broker opens it, the old tail is unsigned.
+    assert_eq!(broken(&s.db), (33, Tamper::Unsigned));
+
+    let journal = open(&s.db, &s.clock);
+    journal.close().unwrap();
+    let report = verified(&s.db);
+    assert_eq!(report.events, EVENTS + 1);
+    assert_eq!(
+        report.signed_late,
+        vec![SignedLate {
+            first: 33,
+            last: EVENTS,
+            at: EVENTS + 1
+        }]
+    );
+    // The tree now covers every event, old ones included.
+    let conn = rw(&s.db);
+    assert_eq!(
+        hex::encode(tree_root_at(&conn, EVENTS + 1)),
+        report.root_hex
+    );
+    // An edit to an old, chain-only-signed event is still found at its sequence.
+    flip_body_byte(&conn, 10);
+    drop(conn);
+    assert_eq!(broken(&s.db), (10, Tamper::HashMismatch));
 }

@@ -44,6 +44,7 @@ fn open(dir: &Path, service: &str) -> Result<Opened, OpenError> {
         keychain: KeychainBackend::SecretService,
         service: service.to_string(),
         approver: None,
+        anchor: None,
     })
 }
 

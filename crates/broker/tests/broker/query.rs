@@ -485,17 +485,19 @@ fn the_search_index_is_rebuilt_for_journals_written_before_it() {
     } = populated();
     journal.close().unwrap();
     let db = dir.path().join("journal.db");
-    // Undo migration 6 and the summary column's contents, as a journal written by an
-    // older build would be; reopening migrates it again.
+    // Undo migrations 7 and 6 and the summary column's contents, as a journal written
+    // by an older build would be; reopening migrates it again.
     let conn = Connection::open(&db).unwrap();
     conn.execute_batch(
-        "DROP TABLE invocation_search; UPDATE invocations SET summary = NULL;
+        "DROP TABLE merkle; DROP TABLE cosignatures;
+         ALTER TABLE checkpoints DROP COLUMN root; ALTER TABLE checkpoints DROP COLUMN note;
+         DROP TABLE invocation_search; UPDATE invocations SET summary = NULL;
          PRAGMA user_version = 5;",
     )
     .unwrap();
     drop(conn);
     let f = Fixture {
-        journal: open(&db, &clock, 16),
+        journal: open(&db, &clock),
         dir,
         clock,
     };

@@ -29,13 +29,9 @@ pub struct Fixture {
 
 impl Fixture {
     pub fn new() -> Fixture {
-        Fixture::with_checkpoints(16)
-    }
-
-    pub fn with_checkpoints(every: u64) -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         let clock = ManualClock::new(T0);
-        let journal = open(&dir.path().join("journal.db"), &clock, every);
+        let journal = open(&dir.path().join("journal.db"), &clock);
         Fixture {
             dir,
             clock,
@@ -47,7 +43,7 @@ impl Fixture {
         self.dir.path().join("journal.db")
     }
 
-    /// Closes the journal (signing a final checkpoint) and opens it again.
+    /// Closes the journal and opens it again.
     pub fn reopen(self) -> Fixture {
         let Fixture {
             dir,
@@ -55,7 +51,7 @@ impl Fixture {
             journal,
         } = self;
         journal.close().unwrap();
-        let journal = open(&dir.path().join("journal.db"), &clock, 16);
+        let journal = open(&dir.path().join("journal.db"), &clock);
         Fixture {
             dir,
             clock,
@@ -64,14 +60,10 @@ impl Fixture {
     }
 }
 
-pub fn open(path: &Path, clock: &ManualClock, every: u64) -> Journal {
+pub fn open(path: &Path, clock: &ManualClock) -> Journal {
     Journal::open(
         path,
-        JournalOptions {
-            clock: Arc::new(clock.clone()),
-            signing_key: signing_key(),
-            checkpoint_every: every,
-        },
+        JournalOptions::new(Arc::new(clock.clone()), signing_key()),
     )
     .unwrap()
 }

@@ -1,0 +1,958 @@
+//! The audit record: the journal's own `events` table, hash-chained with blake3, an
+//! RFC 6962 Merkle tree over the chain ([`merkle`]), and ed25519-signed checkpoints.
+//!
+//! We chain the journal itself rather than mirroring it into a second log: every
+//! transition is covered by construction, and there is no window in which an event is
+//! in the journal but not yet in the audit log. Each row's hash is
+//! `H_k(prev_hash ‖ seq ‖ len‖invocation_id ‖ len‖kind ‖ len‖body ‖ recorded_at_ms)` with
+//! a key derived from a fixed context string (domain separation), so no other blake3 use
+//! in the product can produce a colliding chain value. Known-answer vectors:
+//! `tests/vectors/audit_chain_v1.json`. The chain finds the first changed row; the tree
+//! lets a witness check that a later checkpoint extends an earlier one.
+//!
+//! Signing policy: every batch the journal writer commits carries a checkpoint over the
+//! tree it leaves, in the same transaction, so no committed event is ever unsigned. To
+//! keep the table small, a checkpoint is replaced by the next one while both fall in the
+//! same [`SIGN_INTERVAL_MS`] window, so every event is covered by a checkpoint made at
+//! most that long after it was recorded. `verify` holds the file to this: events past
+//! the last checkpoint, or signed later than the interval allows (a checkpoint between
+//! them was removed), fail, unless a `SIGNING_RESUMED` event in the chain says the
+//! previous run ended without signing them. The latest checkpoint is also written to a
+//! witness file beside the database and, when configured, to an anchor outside the data
+//! directory, and sent to witnesses that cosign it; a journal cut behind any of those
+//! fails as truncated.
+//!
+//! Writing lives in the journal writer; this module holds the hashing and the verifier,
+//! which only reads. A hash chain proves recorded events were not altered; it cannot
+//! prove every event was recorded.
+
+use std::path::{Path, PathBuf};
+
+use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
+use rusqlite::{Connection, OpenFlags};
+use serde::{Deserialize, Serialize};
+
+pub mod merkle;
+
+use merkle::Frontier;
+
+const EVENT_CONTEXT: &str = "postern 2026 audit-event v1";
+const CHECKPOINT_CONTEXT: &str = "postern 2026 audit-checkpoint v1";
+/// Checkpoints that also sign the Merkle root.
+const CHECKPOINT_CONTEXT_V2: &str = "postern 2026 audit-checkpoint v2";
+
+/// The longest an event waits for a checkpoint that is kept: checkpoints made within
+/// this window of the last kept one are replaced by the next.
+pub const SIGN_INTERVAL_MS: i64 = 2_000;
+
+/// What `verify` allows beyond [`SIGN_INTERVAL_MS`] between an event and the checkpoint
+/// that covers it (a slow commit, a clock stepped back).
+pub const SIGN_SLACK_MS: i64 = 5_000;
+
+/// The event kind the writer records when it signs events a previous run left unsigned.
+pub const SIGNING_RESUMED: &str = "SIGNING_RESUMED";
+
+/// The chain value before the first event.
+pub const GENESIS: [u8; 32] = [0u8; 32];
+
+/// The fields of a stored event that the chain covers.
+#[derive(Debug, Clone, Copy)]
+pub struct ChainedRow<'a> {
+    pub seq: u64,
+    pub invocation_id: &'a str,
+    pub kind: &'a str,
+    pub body: &'a str,
+    pub recorded_at_ms: i64,
+}
+
+/// Computes chain hashes; holds the derived key and a scratch buffer so verifying a
+/// million rows does not allocate per row.
+pub struct ChainHasher {
+    key: [u8; 32],
+    scratch: Vec<u8>,
+}
+
+impl Default for ChainHasher {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ChainHasher {
+    pub fn new() -> Self {
+        ChainHasher {
+            key: blake3::derive_key(EVENT_CONTEXT, b"chain"),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// The hash of `row` chained after `prev`.
+    pub fn link(&mut self, prev: &[u8; 32], row: &ChainedRow<'_>) -> [u8; 32] {
+        let buf = &mut self.scratch;
+        buf.clear();
+        buf.extend_from_slice(prev);
+        buf.extend_from_slice(&row.seq.to_le_bytes());
+        for field in [row.invocation_id, row.kind, row.body] {
+            buf.extend_from_slice(&(field.len() as u64).to_le_bytes());
+            buf.extend_from_slice(field.as_bytes());
+        }
+        buf.extend_from_slice(&row.recorded_at_ms.to_le_bytes());
+        *blake3::keyed_hash(&self.key, buf).as_bytes()
+    }
+}
+
+/// A signed statement that the chain had `count` events ending at `seq` with `head`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub seq: u64,
+    #[serde(with = "hex_bytes")]
+    pub head: [u8; 32],
+    pub count: u64,
+    #[serde(with = "hex_bytes")]
+    pub public_key: [u8; 32],
+    #[serde(with = "hex_bytes")]
+    pub signature: [u8; 64],
+    pub made_at_ms: i64,
+    /// The Merkle root of the tree of `seq` events. Absent on checkpoints made before
+    /// the tree existed (they sign the chain head only).
+    #[serde(
+        default,
+        with = "opt_hex_bytes",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub root: Option<[u8; 32]>,
+    /// The same tree in the C2SP signed-note checkpoint format, for witnesses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+fn checkpoint_message(
+    seq: u64,
+    head: &[u8; 32],
+    count: u64,
+    made_at_ms: i64,
+    root: Option<&[u8; 32]>,
+) -> [u8; 32] {
+    let context = match root {
+        None => CHECKPOINT_CONTEXT,
+        Some(_) => CHECKPOINT_CONTEXT_V2,
+    };
+    let mut h = blake3::Hasher::new_derive_key(context);
+    h.update(&seq.to_le_bytes());
+    h.update(head);
+    h.update(&count.to_le_bytes());
+    h.update(&made_at_ms.to_le_bytes());
+    if let Some(root) = root {
+        h.update(root);
+    }
+    *h.finalize().as_bytes()
+}
+
+impl Checkpoint {
+    /// Signs a checkpoint over the chain head and the Merkle root with the audit key.
+    pub fn sign(
+        key: &SigningKey,
+        seq: u64,
+        head: [u8; 32],
+        root: [u8; 32],
+        made_at_ms: i64,
+    ) -> Self {
+        let signature = key.sign(&checkpoint_message(
+            seq,
+            &head,
+            seq,
+            made_at_ms,
+            Some(&root),
+        ));
+        Checkpoint {
+            seq,
+            head,
+            count: seq,
+            public_key: key.verifying_key().to_bytes(),
+            signature: signature.to_bytes(),
+            made_at_ms,
+            root: Some(root),
+            note: None,
+        }
+    }
+
+    /// A checkpoint in the format used before the Merkle tree (chain head only). Only
+    /// for tests of journals written by earlier versions.
+    #[doc(hidden)]
+    pub fn sign_chain_only(key: &SigningKey, seq: u64, head: [u8; 32], made_at_ms: i64) -> Self {
+        let signature = key.sign(&checkpoint_message(seq, &head, seq, made_at_ms, None));
+        Checkpoint {
+            seq,
+            head,
+            count: seq,
+            public_key: key.verifying_key().to_bytes(),
+            signature: signature.to_bytes(),
+            made_at_ms,
+            root: None,
+            note: None,
+        }
+    }
+
+    /// Whether `key` signed exactly these fields.
+    pub fn signature_valid(&self, key: &VerifyingKey) -> bool {
+        let msg = checkpoint_message(
+            self.seq,
+            &self.head,
+            self.count,
+            self.made_at_ms,
+            self.root.as_ref(),
+        );
+        self.public_key == key.to_bytes()
+            && key
+                .verify(&msg, &Signature::from_bytes(&self.signature))
+                .is_ok()
+    }
+}
+
+/// The witness file kept beside a journal database.
+pub fn witness_path(db: &Path) -> PathBuf {
+    let mut name = db.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    name.push(".checkpoint");
+    db.with_file_name(name)
+}
+
+/// Where the broker keeps the anchor of the journal in `data_dir` unless told otherwise:
+/// `$XDG_STATE_HOME/postern/anchors/` (or `~/.local/state/...`), one file per data dir,
+/// named by a hash of its canonical path. Outside the data dir, so deleting or replacing
+/// that directory does not take the anchor with it.
+pub fn default_anchor(data_dir: &Path) -> Option<PathBuf> {
+    let state = std::env::var_os("XDG_STATE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| PathBuf::from(h).join(".local/state"))
+        })?;
+    let canonical = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
+    let name = blake3::hash(canonical.as_os_str().as_encoded_bytes());
+    Some(
+        state
+            .join("postern/anchors")
+            .join(format!("{}.checkpoint", &name.to_hex()[..16])),
+    )
+}
+
+/// What went wrong, at the first sequence number where the record stops verifying.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tamper {
+    /// A row's contents do not match its chain hash (modified, inserted or reordered).
+    HashMismatch,
+    /// A sequence number is missing (a row was deleted) or out of place.
+    SequenceGap,
+    /// A checkpoint, the witness file, the outside anchor or a witness names events that
+    /// are no longer there (tail truncated).
+    Truncated,
+    /// A checkpoint's head or root does not match the recomputed chain and tree at its
+    /// sequence, or a witness saw a different tree at that size.
+    CheckpointMismatch,
+    /// A checkpoint is not signed by the audit key.
+    BadSignature,
+    /// Events after the last checkpoint. Every batch the writer commits carries one, so
+    /// checkpoints were removed (or a run of a version before per-batch signing ended
+    /// without signing them, and no broker has opened the journal since).
+    Unsigned,
+    /// Events first covered by a checkpoint made longer after them than the signing
+    /// interval allows: the checkpoints between were removed.
+    LateSignature,
+}
+
+/// The audit record does not verify.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize)]
+pub enum AuditError {
+    #[error("audit chain broken at sequence {first_bad_seq}: {kind:?}: {detail}")]
+    Broken {
+        first_bad_seq: u64,
+        kind: Tamper,
+        detail: String,
+    },
+    #[error("cannot read the audit record in {path}: {detail}")]
+    Unreadable { path: String, detail: String },
+    /// The chain verifies, but the file around it does not: a damaged page, a cut-off
+    /// end. What such a file says cannot be trusted whole.
+    #[error("the journal file {path} is damaged: {detail}")]
+    Damaged { path: String, detail: String },
+}
+
+impl AuditError {
+    /// The first sequence number that fails, when the chain itself is broken.
+    pub fn first_bad_seq(&self) -> Option<u64> {
+        match self {
+            AuditError::Broken { first_bad_seq, .. } => Some(*first_bad_seq),
+            AuditError::Unreadable { .. } | AuditError::Damaged { .. } => None,
+        }
+    }
+
+    /// How many events are past the last checkpoint, when that is the failure.
+    pub fn unsigned_events(&self) -> Option<u64> {
+        match self {
+            AuditError::Broken {
+                kind: Tamper::Unsigned,
+                first_bad_seq,
+                detail,
+            } => detail
+                .split_whitespace()
+                .next()
+                .and_then(|n| n.parse().ok())
+                .or(Some(*first_bad_seq)),
+            _ => None,
+        }
+    }
+}
+
+/// A range of events a previous run left unsigned, signed when the journal was next
+/// opened (recorded by a `SIGNING_RESUMED` event).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignedLate {
+    pub first: u64,
+    pub last: u64,
+    /// The sequence of the `SIGNING_RESUMED` event that says so.
+    pub at: u64,
+}
+
+/// A successful verification.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VerifyReport {
+    pub events: u64,
+    /// Every event up to and including this sequence verifies.
+    pub verified_through: u64,
+    pub head_hex: String,
+    /// The Merkle root over every event.
+    pub root_hex: String,
+    pub checkpoints: u64,
+    /// The last signed checkpoint.
+    pub last_checkpoint_seq: Option<u64>,
+    /// Ranges a previous run ended without signing, signed at the next start.
+    pub signed_late: Vec<SignedLate>,
+    /// Records kept outside the journal's tables that it was checked against (witness
+    /// file, outside anchor, witnesses' cosigned tree heads).
+    pub outside_checked: u64,
+}
+
+/// A tree head held outside the journal (by a witness that cosigned it, say): the
+/// journal must still contain a tree of that size with that root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreeHead {
+    pub size: u64,
+    pub root: [u8; 32],
+    /// Who holds it, for the message.
+    pub source: String,
+}
+
+/// What `verify_file` checks the journal against besides its own tables.
+#[derive(Debug, Clone, Default)]
+pub struct Outside {
+    /// The anchor file kept outside the data directory (see [`write_checkpoint_file`]).
+    pub anchor: Option<PathBuf>,
+    /// Tree heads witnesses cosigned.
+    pub heads: Vec<TreeHead>,
+}
+
+fn broken(first_bad_seq: u64, kind: Tamper, detail: impl Into<String>) -> AuditError {
+    AuditError::Broken {
+        first_bad_seq,
+        kind,
+        detail: detail.into(),
+    }
+}
+
+/// Verifies the journal at `db` read-only against the audit public key: the chain, the
+/// Merkle tree, its signed checkpoints and the signing policy, then the integrity of the
+/// whole file (every page of every table and index, and its length against its header),
+/// since a damaged page outside the events would otherwise pass.
+pub fn verify_file(db: &Path, key: &VerifyingKey) -> Result<VerifyReport, AuditError> {
+    verify_file_with(db, key, &Outside::default())
+}
+
+/// [`verify_file`], also against records kept outside the journal.
+pub fn verify_file_with(
+    db: &Path,
+    key: &VerifyingKey,
+    outside: &Outside,
+) -> Result<VerifyReport, AuditError> {
+    let unreadable = |e: &dyn std::fmt::Display| AuditError::Unreadable {
+        path: db.display().to_string(),
+        detail: e.to_string(),
+    };
+    let damaged = |detail: String| AuditError::Damaged {
+        path: db.display().to_string(),
+        detail,
+    };
+    let conn = Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .map_err(|e| unreadable(&e))?;
+    let mut signed_outside = Vec::new();
+    if let Some(w) = read_checkpoint_file(&witness_path(db)).map_err(|e| unreadable(&e))? {
+        signed_outside.push(w);
+    }
+    if let Some(anchor) = &outside.anchor
+        && let Some(a) = read_checkpoint_file(anchor).map_err(|e| unreadable(&e))?
+    {
+        signed_outside.push(a);
+    }
+    let outside_checked = (signed_outside.len() + outside.heads.len()) as u64;
+    // A file shorter than its header says reads its missing pages as zeros: say what
+    // it is before the chain trips over them.
+    if let Err(crate::journal::JournalError::Damaged { detail, .. }) =
+        crate::journal::schema::check_length(db)
+    {
+        return Err(damaged(detail));
+    }
+    let report = in_snapshot(&conn, |conn| {
+        verify(conn, key, &signed_outside, &outside.heads, None).map(|(r, _)| r)
+    })
+    .map_err(|e| match e {
+        VerifyFailure::Audit(a) => a,
+        VerifyFailure::Sql(s)
+            if s.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseCorrupt) =>
+        {
+            damaged(s.to_string())
+        }
+        VerifyFailure::Sql(s) => unreadable(&s),
+    })?;
+    // quick_check reads every page of the file (it skips only the index-to-table
+    // cross-check of integrity_check, which costs a sort per index).
+    let mut problems: Vec<String> = Vec::new();
+    let checked = conn.prepare("PRAGMA quick_check(20)").and_then(|mut stmt| {
+        let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+        for row in rows {
+            problems.push(row?);
+        }
+        Ok(())
+    });
+    match checked {
+        Ok(()) if problems.len() == 1 && problems[0] == "ok" => Ok(VerifyReport {
+            outside_checked,
+            ..report
+        }),
+        Ok(()) => Err(damaged(problems.join("; "))),
+        Err(e) => Err(damaged(e.to_string())),
+    }
+}
+
+/// Where an incremental verification stopped: enough to go on from there without
+/// reading the events before it again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifiedPrefix {
+    seq: u64,
+    head: [u8; 32],
+    frontier: Frontier,
+    checkpoints: u64,
+    last_checkpoint_seq: Option<u64>,
+}
+
+impl VerifiedPrefix {
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+}
+
+/// Verifies the events after `from` (all of them when `None`), for a status display
+/// that checks often: the row `from` ended at must still carry the head it had, and
+/// every later row and checkpoint is checked as [`verify_file`] would. Rows before it
+/// are not read again, so a change to them shows only in a full verification.
+pub fn verify_since(
+    conn: &Connection,
+    key: &VerifyingKey,
+    from: Option<&VerifiedPrefix>,
+) -> Result<(VerifyReport, VerifiedPrefix), AuditError> {
+    in_snapshot(conn, |conn| verify(conn, key, &[], &[], from)).map_err(|e| match e {
+        VerifyFailure::Audit(a) => a,
+        VerifyFailure::Sql(s) => AuditError::Unreadable {
+            path: conn.path().unwrap_or("journal").to_string(),
+            detail: s.to_string(),
+        },
+    })
+}
+
+/// Runs `f` in one read transaction, so the events and the checkpoints it reads are
+/// the same commit's (the writer commits both together).
+fn in_snapshot<T>(
+    conn: &Connection,
+    f: impl FnOnce(&Connection) -> Result<T, VerifyFailure>,
+) -> Result<T, VerifyFailure> {
+    conn.execute_batch("BEGIN")?;
+    let result = f(conn);
+    let _ = conn.execute_batch("COMMIT");
+    result
+}
+
+fn read_checkpoint_file(path: &Path) -> Result<Option<Checkpoint>, String> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| format!("checkpoint file {}: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("checkpoint file {}: {e}", path.display())),
+    }
+}
+
+/// Replaces the checkpoint file at `path` atomically (write, fsync, rename), creating
+/// its directory (0700) if needed. Used for the witness file beside the journal and the
+/// anchor outside the data directory.
+pub fn write_checkpoint_file(path: &Path, cp: &Checkpoint) -> std::io::Result<()> {
+    use std::io::Write;
+    if let Some(dir) = path.parent()
+        && !dir.as_os_str().is_empty()
+        && !dir.exists()
+    {
+        let mut builder = std::fs::DirBuilder::new();
+        builder.recursive(true);
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+        builder.create(dir)?;
+    }
+    let text = serde_json::to_vec(cp).map_err(std::io::Error::other)?;
+    let mut tmp = path.as_os_str().to_os_string();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(&text)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+#[derive(Debug)]
+enum VerifyFailure {
+    Audit(AuditError),
+    Sql(rusqlite::Error),
+}
+
+impl From<rusqlite::Error> for VerifyFailure {
+    fn from(e: rusqlite::Error) -> Self {
+        VerifyFailure::Sql(e)
+    }
+}
+
+impl From<AuditError> for VerifyFailure {
+    fn from(e: AuditError) -> Self {
+        VerifyFailure::Audit(e)
+    }
+}
+
+/// The events since the last checkpoint that the signing policy holds to its interval.
+#[derive(Clone, Copy)]
+struct Segment {
+    first_seq: u64,
+    earliest_ms: i64,
+}
+
+fn verify(
+    conn: &Connection,
+    key: &VerifyingKey,
+    signed_outside: &[Checkpoint],
+    heads: &[TreeHead],
+    from: Option<&VerifiedPrefix>,
+) -> Result<(VerifyReport, VerifiedPrefix), VerifyFailure> {
+    let start = from.map_or(0, |p| p.seq);
+    let mut checkpoints = load_checkpoints(conn, start)?;
+    for w in signed_outside {
+        // Signed outside copies count like any checkpoint.
+        if !checkpoints.iter().any(|c| c == w) {
+            checkpoints.push(w.clone());
+        }
+    }
+    checkpoints.sort_by_key(|c| c.seq);
+    for c in &checkpoints {
+        if !c.signature_valid(key) || c.count != c.seq {
+            return Err(broken(
+                c.seq,
+                Tamper::BadSignature,
+                "checkpoint is not signed by the audit key",
+            )
+            .into());
+        }
+    }
+    // Checkpoints from before the Merkle tree (and per-batch signing) sign the chain
+    // head only; the policy holds from the last of them on.
+    let policy_from = checkpoints
+        .iter()
+        .filter(|c| c.root.is_none())
+        .map(|c| c.seq)
+        .max()
+        .unwrap_or(0);
+    let mut heads: Vec<&TreeHead> = heads.iter().collect();
+    heads.sort_by_key(|h| h.size);
+    let mut pending = checkpoints.iter().filter(|c| c.seq > start).peekable();
+    let mut pending_heads = heads.iter().filter(|h| h.size > start).peekable();
+
+    let (mut head, mut frontier) = match from {
+        None => (GENESIS, Frontier::default()),
+        Some(p) => {
+            let stored: Option<Vec<u8>> = conn
+                .query_row(
+                    "SELECT hash FROM events WHERE seq = ?1",
+                    [p.seq as i64],
+                    |r| r.get(0),
+                )
+                .ok();
+            if p.seq > 0 && stored.as_deref() != Some(&p.head[..]) {
+                return Err(broken(
+                    p.seq,
+                    Tamper::HashMismatch,
+                    "the event verified last time has changed or is gone",
+                )
+                .into());
+            }
+            (p.head, p.frontier.clone())
+        }
+    };
+    let mut hasher = ChainHasher::new();
+    let mut expected_seq = start + 1;
+    let mut segment: Option<Segment> = None;
+    let mut signed_late = Vec::new();
+    let mut last_checkpoint_seq = from.and_then(|p| p.last_checkpoint_seq);
+    let mut checkpoint_count = from.map_or(0, |p| p.checkpoints);
+    let mut stmt = conn.prepare(
+        "SELECT seq, invocation_id, kind, body, recorded_at_ms, hash FROM events
+         WHERE seq > ?1 ORDER BY seq",
+    )?;
+    let mut rows = stmt.query([start as i64])?;
+    while let Some(row) = rows.next()? {
+        let seq = u64::try_from(row.get::<_, i64>(0)?).unwrap_or(0);
+        if seq != expected_seq {
+            return Err(broken(
+                expected_seq,
+                Tamper::SequenceGap,
+                format!("expected sequence {expected_seq}, found {seq}"),
+            )
+            .into());
+        }
+        let invocation_id = row.get_ref(1)?.as_str().map_err(rusqlite::Error::from)?;
+        let kind = row.get_ref(2)?.as_str().map_err(rusqlite::Error::from)?;
+        let body = row.get_ref(3)?.as_str().map_err(rusqlite::Error::from)?;
+        let recorded_at_ms = row.get::<_, i64>(4)?;
+        let stored = row.get_ref(5)?.as_blob().map_err(rusqlite::Error::from)?;
+        let computed = hasher.link(
+            &head,
+            &ChainedRow {
+                seq,
+                invocation_id,
+                kind,
+                body,
+                recorded_at_ms,
+            },
+        );
+        if stored != computed {
+            return Err(broken(
+                seq,
+                Tamper::HashMismatch,
+                "row contents do not match the chain",
+            )
+            .into());
+        }
+        head = computed;
+        frontier.push_leaf(merkle::leaf_hash(seq, &head));
+        if kind == SIGNING_RESUMED
+            && let Some(late) = signed_late_range(body, seq)
+        {
+            // The chain itself says these were signed only at this start.
+            if segment.is_some_and(|s| s.first_seq >= late.first) {
+                segment = None;
+            }
+            signed_late.push(late);
+        }
+        if seq > policy_from {
+            segment = Some(match segment {
+                None => Segment {
+                    first_seq: seq,
+                    earliest_ms: recorded_at_ms,
+                },
+                Some(s) => Segment {
+                    earliest_ms: s.earliest_ms.min(recorded_at_ms),
+                    ..s
+                },
+            });
+        }
+        while let Some(c) = pending.next_if(|c| c.seq == seq) {
+            if c.head != head {
+                return Err(broken(
+                    seq,
+                    Tamper::CheckpointMismatch,
+                    "signed checkpoint head differs from the chain",
+                )
+                .into());
+            }
+            if let Some(root) = c.root
+                && root != frontier.root()
+            {
+                return Err(broken(
+                    seq,
+                    Tamper::CheckpointMismatch,
+                    "signed checkpoint root differs from the Merkle tree",
+                )
+                .into());
+            }
+            if c.root.is_some()
+                && let Some(s) = segment
+                && c.made_at_ms > s.earliest_ms + SIGN_INTERVAL_MS + SIGN_SLACK_MS
+            {
+                return Err(broken(
+                    s.first_seq,
+                    Tamper::LateSignature,
+                    format!(
+                        "events {}..={seq} were first signed {} ms after they were recorded \
+                         (the policy keeps a checkpoint within {SIGN_INTERVAL_MS} ms): the \
+                         checkpoints between them were removed",
+                        s.first_seq,
+                        c.made_at_ms - s.earliest_ms
+                    ),
+                )
+                .into());
+            }
+            segment = None;
+            last_checkpoint_seq = Some(seq);
+            checkpoint_count += 1;
+        }
+        while let Some(h) = pending_heads.next_if(|h| h.size == seq) {
+            if h.root != frontier.root() {
+                return Err(broken(
+                    seq,
+                    Tamper::CheckpointMismatch,
+                    format!(
+                        "{} holds a different tree at size {seq}: the journal was rewritten",
+                        h.source
+                    ),
+                )
+                .into());
+            }
+        }
+        expected_seq += 1;
+    }
+    let last = expected_seq - 1;
+    if let Some(c) = pending.next() {
+        return Err(broken(
+            last + 1,
+            Tamper::Truncated,
+            format!(
+                "checkpoint at sequence {} but the journal ends at {last}",
+                c.seq
+            ),
+        )
+        .into());
+    }
+    if let Some(h) = pending_heads.next() {
+        return Err(broken(
+            last + 1,
+            Tamper::Truncated,
+            format!(
+                "{} saw {} events but the journal ends at {last}",
+                h.source, h.size
+            ),
+        )
+        .into());
+    }
+    let signed_through = last_checkpoint_seq.unwrap_or(0);
+    if last > signed_through {
+        let n = last - signed_through;
+        return Err(broken(
+            signed_through + 1,
+            Tamper::Unsigned,
+            format!(
+                "{n} events after sequence {signed_through} are not signed: every commit \
+                 carries a checkpoint, so checkpoints were removed (or the broker that wrote \
+                 them predates per-batch signing and has not opened the journal since)"
+            ),
+        )
+        .into());
+    }
+    let prefix = VerifiedPrefix {
+        seq: last,
+        head,
+        frontier: frontier.clone(),
+        checkpoints: checkpoint_count,
+        last_checkpoint_seq,
+    };
+    Ok((
+        VerifyReport {
+            events: last,
+            verified_through: last,
+            head_hex: hex::encode(head),
+            root_hex: hex::encode(frontier.root()),
+            checkpoints: checkpoint_count,
+            last_checkpoint_seq,
+            signed_late,
+            outside_checked: 0,
+        },
+        prefix,
+    ))
+}
+
+/// The range a `SIGNING_RESUMED` event at `seq` names, if it is well formed and lies
+/// before it.
+fn signed_late_range(body: &str, seq: u64) -> Option<SignedLate> {
+    #[derive(Deserialize)]
+    struct Body {
+        first_unsigned: u64,
+        last_unsigned: u64,
+    }
+    let b: Body = serde_json::from_str(body).ok()?;
+    (b.first_unsigned <= b.last_unsigned && b.last_unsigned < seq).then_some(SignedLate {
+        first: b.first_unsigned,
+        last: b.last_unsigned,
+        at: seq,
+    })
+}
+
+fn load_checkpoints(conn: &Connection, after: u64) -> Result<Vec<Checkpoint>, VerifyFailure> {
+    // A journal no broker of this version has opened yet has no tree columns.
+    let has_tree: bool = conn.query_row(
+        "SELECT count(*) FROM pragma_table_info('checkpoints') WHERE name = 'root'",
+        [],
+        |r| r.get::<_, i64>(0).map(|n| n > 0),
+    )?;
+    let mut stmt = conn.prepare(if has_tree {
+        "SELECT seq, head, count, public_key, signature, made_at_ms, root, note FROM checkpoints
+         WHERE seq > ?1 ORDER BY seq"
+    } else {
+        "SELECT seq, head, count, public_key, signature, made_at_ms, NULL, NULL FROM checkpoints
+         WHERE seq > ?1 ORDER BY seq"
+    })?;
+    let mut out = Vec::new();
+    let mut rows = stmt.query([after as i64])?;
+    while let Some(row) = rows.next()? {
+        let seq = u64::try_from(row.get::<_, i64>(0)?).unwrap_or(0);
+        let malformed = |what: &str| {
+            VerifyFailure::Audit(broken(
+                seq,
+                Tamper::BadSignature,
+                format!("malformed checkpoint {what}"),
+            ))
+        };
+        let head: [u8; 32] = row
+            .get::<_, Vec<u8>>(1)?
+            .try_into()
+            .map_err(|_| malformed("head"))?;
+        let public_key: [u8; 32] = row
+            .get::<_, Vec<u8>>(3)?
+            .try_into()
+            .map_err(|_| malformed("key"))?;
+        let signature: [u8; 64] = row
+            .get::<_, Vec<u8>>(4)?
+            .try_into()
+            .map_err(|_| malformed("signature"))?;
+        let root = match row.get::<_, Option<Vec<u8>>>(6)? {
+            None => None,
+            Some(r) => Some(<[u8; 32]>::try_from(r).map_err(|_| malformed("root"))?),
+        };
+        out.push(Checkpoint {
+            seq,
+            head,
+            count: u64::try_from(row.get::<_, i64>(2)?).unwrap_or(0),
+            public_key,
+            signature,
+            made_at_ms: row.get(5)?,
+            root,
+            note: row.get(7)?,
+        });
+    }
+    Ok(out)
+}
+
+mod opt_hex_bytes {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(b: &Option<[u8; 32]>, s: S) -> Result<S::Ok, S::Error> {
+        match b {
+            Some(b) => s.serialize_str(&hex::encode(b)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<[u8; 32]>, D::Error> {
+        let Some(text) = Option::<String>::deserialize(d)? else {
+            return Ok(None);
+        };
+        let bytes = hex::decode(text).map_err(serde::de::Error::custom)?;
+        bytes
+            .try_into()
+            .map(Some)
+            .map_err(|_| serde::de::Error::custom("expected 32 bytes"))
+    }
+}
+
+mod hex_bytes {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer, const N: usize>(b: &[u8; N], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&hex::encode(b))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>, const N: usize>(
+        d: D,
+    ) -> Result<[u8; N], D::Error> {
+        let text = String::deserialize(d)?;
+        let bytes = hex::decode(text).map_err(serde::de::Error::custom)?;
+        bytes
+            .try_into()
+            .map_err(|_| serde::de::Error::custom(format!("expected {N} bytes")))
+    }
+}
+
+/// The keychain entry holding the audit signing key.
+pub const AUDIT_KEY_ID: &str = "postern-audit-signing";
+
+/// Why the audit key could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum AuditKeyError {
+    #[error(transparent)]
+    Vault(#[from] crate::vault::VaultError),
+    #[error(transparent)]
+    Journal(#[from] crate::journal::JournalError),
+    #[error("the audit signing key in the keychain is not a 32-byte ed25519 seed")]
+    Malformed,
+}
+
+/// Loads the audit signing key from the vault, creating and storing one on first use.
+/// The seed itself exists only in the keychain and in the returned key.
+pub fn signing_key_from_vault(
+    vault: &crate::vault::Vault,
+    now_ms: i64,
+) -> Result<SigningKey, AuditKeyError> {
+    use crate::vault::{CredentialId, CredentialKind, Secret, VaultError};
+    let id = CredentialId::new(AUDIT_KEY_ID)?;
+    let secret = match vault.read_for_injection(&id, now_ms) {
+        Ok((_, secret)) => secret,
+        Err(VaultError::Missing { .. }) => {
+            let mut seed = vec![0u8; 32];
+            getrandom::fill(&mut seed).map_err(|e| {
+                AuditKeyError::Journal(crate::journal::JournalError::Storage(format!(
+                    "no randomness for the audit key: {e}"
+                )))
+            })?;
+            let secret = Secret::new(seed);
+            vault.set(&id, CredentialKind::SigningKey, &secret, now_ms)?;
+            secret
+        }
+        Err(e) => return Err(e.into()),
+    };
+    signing_key_from_secret(&secret)
+}
+
+/// The audit key from the keychain entry's bytes (a 32-byte ed25519 seed).
+pub fn signing_key_from_secret(secret: &crate::vault::Secret) -> Result<SigningKey, AuditKeyError> {
+    let seed: [u8; 32] = secret
+        .expose()
+        .try_into()
+        .map_err(|_| AuditKeyError::Malformed)?;
+    Ok(SigningKey::from_bytes(&seed))
+}
+
+/// The public key of the newest signed checkpoint in the journal at `db`, if any: lets
+/// a broker notice that the audit key it loaded is not the one that signed the past.
+pub fn last_checkpoint_key(db: &Path) -> Option<[u8; 32]> {
+    let conn = Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY).ok()?;
+    let key: Vec<u8> = conn
+        .query_row(
+            "SELECT public_key FROM checkpoints ORDER BY seq DESC LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .ok()?;
+    key.try_into().ok()
+}
