@@ -25,7 +25,10 @@ step "cargo build (tests)"
 cargo test --workspace --locked --no-run
 
 step "cargo test (private D-Bus session + gnome-keyring + keyutils session)"
+# Audit anchors go to a private state directory, never the user's own.
+state_dir="$(mktemp -d)"
+trap 'rm -rf "$state_dir"' EXIT
 # dbus-run-session ends the bus when its child exits; the wrappers stop the keyring
 # daemon, Xvfb and tauri-driver they started, by PID.
-dbus-run-session -- keyctl session - bash scripts/with-keyring.sh \
+XDG_STATE_HOME="$state_dir" dbus-run-session -- keyctl session - bash scripts/with-keyring.sh \
     bash scripts/with-display.sh cargo test --workspace --locked

@@ -186,8 +186,9 @@ pub async fn watch_approvals<R: Runtime>(app: tauri::AppHandle<R>, console: Arc<
 }
 
 /// Tells the webview when the journal grows, so open views refresh, and keeps the
-/// integrity banner current: the whole file is re-verified at start, after changes
-/// (at most every second, and never more than a tenth of the time), and every minute.
+/// integrity banner current: the whole file is re-verified at start and every minute,
+/// and what is new is verified after changes (at most every second, and never more than
+/// a tenth of the time).
 pub async fn watch_journal<R: Runtime>(app: tauri::AppHandle<R>, console: Arc<Console>) {
     let mut last_seen = 0u64;
     let mut verified_seq = None::<u64>;
@@ -212,7 +213,16 @@ pub async fn watch_journal<R: Runtime>(app: tauri::AppHandle<R>, console: Arc<Co
         if due {
             let c = console.clone();
             let started = std::time::Instant::now();
-            if let Ok(state) = tauri::async_runtime::spawn_blocking(move || c.verify_now()).await {
+            // A full check at start and every minute; in between, only what is new.
+            let full = since.is_none_or(|s| s >= Duration::from_secs(60));
+            let check = move || {
+                if full {
+                    c.verify_now()
+                } else {
+                    c.verify_incremental()
+                }
+            };
+            if let Ok(state) = tauri::async_runtime::spawn_blocking(check).await {
                 let _ = app.emit(INTEGRITY_CHANGED, state);
             }
             verify_cost = started.elapsed();

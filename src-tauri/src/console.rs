@@ -58,6 +58,8 @@ pub struct Console {
     pub operator: String,
     reader: Mutex<Option<Connection>>,
     integrity: Mutex<IntegrityState>,
+    /// Where the last verification ended, for incremental checks.
+    verified_prefix: Mutex<Option<audit::VerifiedPrefix>>,
     /// Serializes target edits (read, edit, validate, rename, reload).
     edit: Mutex<()>,
 }
@@ -86,15 +88,8 @@ impl Console {
             paths,
             operator: format!("console:{user}"),
             reader: Mutex::new(None),
-            integrity: Mutex::new(IntegrityState {
-                state: "checking".into(),
-                through_seq: None,
-                checked_at_ms: None,
-                events: 0,
-                checkpoints: 0,
-                failure: None,
-                first_bad_seq: None,
-            }),
+            integrity: Mutex::new(IntegrityState::checking()),
+            verified_prefix: Mutex::new(None),
             edit: Mutex::new(()),
         }
     }
@@ -714,39 +709,106 @@ impl Console {
             .map(|s| s.clone())
             .unwrap_or_else(|_| IntegrityState {
                 state: "failed".into(),
-                through_seq: None,
-                checked_at_ms: None,
-                events: 0,
-                checkpoints: 0,
                 failure: Some("the integrity state was poisoned".into()),
-                first_bad_seq: None,
+                ..IntegrityState::checking()
             })
     }
 
-    /// Verifies the journal file's chain and checkpoints against this broker's key and
-    /// stores the result for the banner. Blocking: run it off the UI thread.
+    /// Verifies the whole journal file (chain, tree, checkpoints, signing policy, and
+    /// the anchor outside the data dir) against this broker's key and stores the result
+    /// for the banner. Blocking: run it off the UI thread.
     pub fn verify_now(&self) -> IntegrityState {
         let db = self.broker.journal.path().to_path_buf();
         let key = self.broker.journal.verifying_key();
+        let outside = audit::Outside {
+            anchor: audit::default_anchor(&self.paths.data_dir),
+            heads: Vec::new(),
+        };
+        let result = audit::verify_file_prefix(&db, &key, &outside);
+        // The prefix the incremental checks go on from.
+        if let Ok(mut p) = self.verified_prefix.lock() {
+            *p = result.as_ref().ok().map(|(_, prefix)| prefix.clone());
+        }
+        self.store_integrity(result.map(|(r, _)| r), "full")
+    }
+
+    /// Verifies only what the journal gained since the last check (a full one when
+    /// there is none to go on from). Cheap enough to run after every change.
+    pub fn verify_incremental(&self) -> IntegrityState {
+        let db = self.broker.journal.path().to_path_buf();
+        let key = self.broker.journal.verifying_key();
+        let from = self.verified_prefix.lock().ok().and_then(|p| p.clone());
+        let Some(from) = from else {
+            return self.verify_now();
+        };
+        let Some(conn) = self.open_verifier(&db) else {
+            return self.verify_now();
+        };
+        let result = audit::verify_since(&conn, &key, Some(&from));
+        if let Ok(mut p) = self.verified_prefix.lock() {
+            *p = result.as_ref().ok().map(|(_, prefix)| prefix.clone());
+        }
+        self.store_integrity(result.map(|(r, _)| r), "incremental")
+    }
+
+    fn open_verifier(&self, db: &Path) -> Option<Connection> {
+        Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY).ok()
+    }
+
+    fn store_integrity(
+        &self,
+        result: Result<audit::VerifyReport, audit::AuditError>,
+        scope: &str,
+    ) -> IntegrityState {
         let checked_at_ms = Some(self.now());
-        let state = match audit::verify_file(&db, &key) {
+        let state = match result {
             Ok(report) => IntegrityState {
-                state: "verified".into(),
+                // Nothing signed is never "verified".
+                state: if report.events == 0 {
+                    "empty".into()
+                } else {
+                    "verified".into()
+                },
                 through_seq: Some(report.verified_through),
                 checked_at_ms,
                 events: report.events,
                 checkpoints: report.checkpoints,
                 failure: None,
                 first_bad_seq: None,
+                unsigned_events: 0,
+                notes: report
+                    .signed_late
+                    .iter()
+                    .map(|l| {
+                        format!(
+                            "events {}..={} were signed only when the broker next started \
+                             (sequence {}): the run that wrote them ended without signing them",
+                            l.first, l.last, l.at
+                        )
+                    })
+                    .collect(),
+                scope: scope.into(),
             },
-            Err(e) => IntegrityState {
-                state: "failed".into(),
-                through_seq: e.first_bad_seq().map(|s| s.saturating_sub(1)),
-                checked_at_ms,
-                events: 0,
-                checkpoints: 0,
-                first_bad_seq: e.first_bad_seq(),
-                failure: Some(e.to_string()),
+            Err(e) => match e.unsigned_events() {
+                Some(n) => IntegrityState {
+                    state: "unsigned".into(),
+                    through_seq: e.first_bad_seq().map(|s| s.saturating_sub(1)),
+                    checked_at_ms,
+                    unsigned_events: n,
+                    failure: Some(e.to_string()),
+                    first_bad_seq: e.first_bad_seq(),
+                    scope: scope.into(),
+                    ..IntegrityState::checking()
+                },
+                None => IntegrityState {
+                    state: "failed".into(),
+                    through_seq: e.first_bad_seq().map(|s| s.saturating_sub(1)),
+                    checked_at_ms,
+                    first_bad_seq: e.first_bad_seq(),
+                    failure: Some(e.to_string()),
+                    scope: scope.into(),
+                    ..IntegrityState::checking()
+                },
             },
         };
         if let Ok(mut s) = self.integrity.lock() {

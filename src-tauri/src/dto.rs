@@ -328,7 +328,8 @@ pub struct TargetEdit {
 /// The audit chain's state, for the integrity banner.
 #[derive(Debug, Clone, Serialize, TS)]
 pub struct IntegrityState {
-    /// `verified`, `failed` or `checking`.
+    /// `verified` (every event signed and checked), `unsigned` (events past the last
+    /// checkpoint: never shown as verified), `empty`, `failed` or `checking`.
     pub state: String,
     /// Verified through this sequence.
     #[ts(type = "number | null")]
@@ -343,6 +344,31 @@ pub struct IntegrityState {
     pub failure: Option<String>,
     #[ts(type = "number | null")]
     pub first_bad_seq: Option<u64>,
+    /// Events after the last signed checkpoint.
+    #[ts(type = "number")]
+    pub unsigned_events: u64,
+    /// Ranges a previous run ended without signing, signed at the next start.
+    pub notes: Vec<String>,
+    /// `full` (the whole file, with the anchor outside the data dir) or `incremental`
+    /// (only what came since the last full check).
+    pub scope: String,
+}
+
+impl IntegrityState {
+    pub fn checking() -> IntegrityState {
+        IntegrityState {
+            state: "checking".into(),
+            through_seq: None,
+            checked_at_ms: None,
+            events: 0,
+            checkpoints: 0,
+            failure: None,
+            first_bad_seq: None,
+            unsigned_events: 0,
+            notes: Vec::new(),
+            scope: "full".into(),
+        }
+    }
 }
 
 /// The stable code of a [`CommandError`]: one of the console's own, or a code of the

@@ -616,10 +616,24 @@ fn the_integrity_banner_reports_verification_and_the_first_bad_sequence() {
     assert_eq!(state["state"], "verified", "{state}");
     let through = state["through_seq"].as_u64().unwrap();
     assert!(through >= 5);
+    // Verified means signed: every commit carried a checkpoint.
+    assert!(state["checkpoints"].as_u64().unwrap() >= 1, "{state}");
+    assert_eq!(state["unsigned_events"], 0);
     assert_eq!(
         f.ok("integrity", json!({"recheck": false}))["state"],
         "verified"
     );
+
+    // Checkpoints removed (rows and the witness file): counted, never "verified".
+    let db = f.console.broker.journal.path().to_path_buf();
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute("DELETE FROM checkpoints", []).unwrap();
+    drop(conn);
+    std::fs::remove_file(postern_broker::audit::witness_path(&db)).unwrap();
+    let state = f.ok("integrity", json!({"recheck": true}));
+    assert_eq!(state["state"], "unsigned", "{state}");
+    assert_eq!(state["unsigned_events"].as_u64(), Some(through), "{state}");
+    assert_eq!(state["first_bad_seq"], 1, "{state}");
 
     // Tamper with one event's body on disk.
     let conn = rusqlite::Connection::open(f.console.broker.journal.path()).unwrap();

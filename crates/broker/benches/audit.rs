@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use ed25519_dalek::SigningKey;
-use postern_broker::audit::verify_file;
+use postern_broker::audit::{verify_file, verify_since};
 use postern_broker::clock::SystemClock;
 use postern_broker::contract::{ConfidenceSource, Outcome, Retry};
 use postern_broker::journal::events::{Channel, EventBody, ResultFacts};
@@ -77,6 +77,26 @@ fn build(path: &std::path::Path) {
     journal.close().unwrap();
 }
 
+fn append(path: &std::path::Path, n: u64) {
+    let journal = Journal::open(
+        path,
+        JournalOptions::new(Arc::new(SystemClock), SigningKey::from_bytes(&[9u8; 32])),
+    )
+    .unwrap();
+    let fp = format!("blake3:{}", "ab".repeat(32));
+    let bodies = lifecycle(&fp);
+    journal
+        .write(false, move |ctx| {
+            for i in 0..n {
+                let body = &bodies[(i % bodies.len() as u64) as usize];
+                ctx.append_unchecked_for_bench(&format!("inv_more_{:08x}", i / 5), body)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    journal.close().unwrap();
+}
+
 fn bench(c: &mut Criterion) {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let db = dir.path().join("journal.db");
@@ -90,6 +110,34 @@ fn bench(c: &mut Criterion) {
     group.sample_size(10);
     group.measurement_time(Duration::from_secs(20));
     group.bench_function("1m_events", |b| b.iter(|| verify_file(&db, &key).unwrap()));
+    group.finish();
+
+    // The console's banner: from the last verified prefix, over what came since.
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let (_, prefix) = verify_since(&conn, &key, None).unwrap();
+    drop(conn);
+    append(&db, 1_000);
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let mut group = c.benchmark_group("audit_verify_incremental");
+    group.throughput(Throughput::Elements(1_000));
+    group.bench_function("1k_new_after_1m", |b| {
+        b.iter(|| verify_since(&conn, &key, Some(&prefix)).unwrap())
+    });
+    group.finish();
+
+    // Signing one checkpoint: what every commit now pays (Merkle root from the
+    // frontier, ed25519 over head and root).
+    let signing = SigningKey::from_bytes(&[9u8; 32]);
+    let mut frontier = postern_broker::audit::merkle::Frontier::default();
+    for i in 0..EVENTS {
+        frontier.push_leaf(postern_broker::audit::merkle::leaf_hash(i + 1, &[3; 32]));
+    }
+    let mut group = c.benchmark_group("audit_checkpoint");
+    group.bench_function("sign_one", |b| {
+        b.iter(|| {
+            postern_broker::audit::Checkpoint::sign(&signing, EVENTS, [1; 32], frontier.root(), 0)
+        })
+    });
     group.finish();
 }
 

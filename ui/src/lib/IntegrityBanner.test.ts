@@ -30,6 +30,38 @@ describe("Integrity banner", () => {
     expect(banner.textContent).toContain("First bad sequence: 57");
   });
 
+  test("unsigned events are counted and never shown as verified", async () => {
+    const failure = "audit chain broken at sequence 41: Unsigned: 9 events after sequence 40 are not signed";
+    mockBackend({
+      integrity: integrity({ state: "unsigned", unsigned_events: 9, through_seq: 40, first_bad_seq: 41, failure }),
+    });
+    render(IntegrityBanner);
+    await settle();
+    const banner = screen.getByTestId("integrity-banner");
+    expect(banner.dataset.state).toBe("unsigned");
+    expect(banner.getAttribute("role")).toBe("alert");
+    expect(screen.getByTestId("integrity-unsigned").textContent).toMatch(/9 events not yet signed/);
+    expect(banner.textContent).not.toMatch(/verified/i);
+    expect(screen.getByTestId("integrity-failure").textContent).toBe(failure);
+  });
+
+  test("an empty journal is not called verified", async () => {
+    mockBackend({ integrity: integrity({ state: "empty", events: 0, checkpoints: 0, through_seq: 0 }) });
+    render(IntegrityBanner);
+    await settle();
+    const banner = screen.getByTestId("integrity-banner");
+    expect(banner.dataset.state).toBe("empty");
+    expect(banner.textContent).not.toMatch(/verified/i);
+  });
+
+  test("ranges signed late are shown beside a verified chain", async () => {
+    const note = "events 33..=40 were signed only when the broker next started (sequence 41)";
+    mockBackend({ integrity: integrity({ notes: [note] }) });
+    render(IntegrityBanner);
+    await settle();
+    expect(screen.getByTestId("integrity-note").textContent).toBe(note);
+  });
+
   test("checking while the first answer is pending", async () => {
     mockBackend({ integrity: () => new Promise(() => {}) });
     render(IntegrityBanner);

@@ -215,7 +215,8 @@ toml: string, };
 
 export type IntegrityState = { 
 /**
- * `verified`, `failed` or `checking`.
+ * `verified` (every event signed and checked), `unsigned` (events past the last
+ * checkpoint: never shown as verified), `empty`, `failed` or `checking`.
  */
 state: string, 
 /**
@@ -225,7 +226,20 @@ through_seq: number | null, checked_at_ms: number | null, events: number, checkp
 /**
  * The exact failure, when the chain does not verify.
  */
-failure: string | null, first_bad_seq: number | null, };
+failure: string | null, first_bad_seq: number | null, 
+/**
+ * Events after the last signed checkpoint.
+ */
+unsigned_events: number, 
+/**
+ * Ranges a previous run ended without signing, signed at the next start.
+ */
+notes: Array<string>, 
+/**
+ * `full` (the whole file, with the anchor outside the data dir) or `incremental`
+ * (only what came since the last full check).
+ */
+scope: string, };
 
 export type ErrorCode = "INVALID_INPUT" | "JOURNAL_UNREADABLE" | "JOURNAL_REFUSED" | "NOT_PENDING" | "UNKNOWN_INVOCATION" | "NOT_UNKNOWN" | "NO_RECONCILE_QUERY" | "RECONCILE_INCONCLUSIVE" | "EXPORT_FAILED" | "CONFIG_UNREADABLE" | "CONFIG_INVALID" | "INTERNAL" | Code;
 

@@ -136,6 +136,9 @@ export function integrity(overrides: Partial<IntegrityState> = {}): IntegritySta
     checkpoints: 12,
     failure: null,
     first_bad_seq: null,
+    unsigned_events: 0,
+    notes: [],
+    scope: "full",
     ...overrides,
   };
 }

@@ -376,6 +376,16 @@ pub fn verify_file_with(
     key: &VerifyingKey,
     outside: &Outside,
 ) -> Result<VerifyReport, AuditError> {
+    verify_file_prefix(db, key, outside).map(|(report, _)| report)
+}
+
+/// [`verify_file_with`], also returning where it ended, for [`verify_since`] to go on
+/// from.
+pub fn verify_file_prefix(
+    db: &Path,
+    key: &VerifyingKey,
+    outside: &Outside,
+) -> Result<(VerifyReport, VerifiedPrefix), AuditError> {
     let unreadable = |e: &dyn std::fmt::Display| AuditError::Unreadable {
         path: db.display().to_string(),
         detail: e.to_string(),
@@ -403,8 +413,8 @@ pub fn verify_file_with(
     {
         return Err(damaged(detail));
     }
-    let report = in_snapshot(&conn, |conn| {
-        verify(conn, key, &signed_outside, &outside.heads, None).map(|(r, _)| r)
+    let (report, prefix) = in_snapshot(&conn, |conn| {
+        verify(conn, key, &signed_outside, &outside.heads, None)
     })
     .map_err(|e| match e {
         VerifyFailure::Audit(a) => a,
@@ -426,10 +436,13 @@ pub fn verify_file_with(
         Ok(())
     });
     match checked {
-        Ok(()) if problems.len() == 1 && problems[0] == "ok" => Ok(VerifyReport {
-            outside_checked,
-            ..report
-        }),
+        Ok(()) if problems.len() == 1 && problems[0] == "ok" => Ok((
+            VerifyReport {
+                outside_checked,
+                ..report
+            },
+            prefix,
+        )),
         Ok(()) => Err(damaged(problems.join("; "))),
         Err(e) => Err(damaged(e.to_string())),
     }
