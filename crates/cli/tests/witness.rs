@@ -402,3 +402,26 @@ fn serve_refuses_a_key_file_others_can_read() {
     assert!(stderr.contains("0600"), "{stderr}");
     assert!(out.stdout.is_empty());
 }
+
+#[test]
+fn every_witness_subcommand_help_shows_an_example() {
+    for command in [
+        &["witness"][..],
+        &["witness", "init"],
+        &["witness", "add-log"],
+        &["witness", "serve"],
+    ] {
+        let out = Command::new(POSTERN)
+            .args(command)
+            .arg("--help")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{command:?}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            text.contains("Example"),
+            "{command:?} help has no example:\n{text}"
+        );
+        assert!(text.contains("postern witness "), "{command:?}:\n{text}");
+    }
+}

@@ -808,6 +808,35 @@ mod tests {
     }
 
     #[test]
+    fn concurrent_submissions_from_the_same_old_size_cosign_exactly_one() {
+        let f = fixture();
+        let tree = Tree::with_leaves(16, None);
+        f.submit(0, &[], &f.note(&tree, 4)).unwrap();
+        let bodies: Vec<Vec<u8>> = (5..=16)
+            .map(|size| encode_add_checkpoint(4, &tree.proof(4, size), &f.note(&tree, size)))
+            .collect();
+        let results: Vec<Result<Vec<Signature>, AddError>> = std::thread::scope(|s| {
+            let handles: Vec<_> = bodies
+                .iter()
+                .map(|body| s.spawn(|| f.witness.add_checkpoint(body)))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let winners: Vec<u64> = results
+            .iter()
+            .zip(5..=16u64)
+            .filter(|(r, _)| r.is_ok())
+            .map(|(_, size)| size)
+            .collect();
+        assert_eq!(winners.len(), 1, "{results:?}");
+        for r in results.iter().filter_map(|r| r.as_ref().err()) {
+            assert!(matches!(r, AddError::Conflict { old: 4, .. }), "{r}");
+        }
+        // Whatever won is what is stored: no later write rolled it back.
+        assert_eq!(f.witness.latest(ORIGIN).unwrap().unwrap().size, winners[0]);
+    }
+
+    #[test]
     fn unknown_origins_bad_signatures_and_proofs_from_zero_are_refused() {
         let f = fixture();
         let tree = Tree::with_leaves(5, None);
