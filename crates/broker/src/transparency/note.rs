@@ -364,7 +364,9 @@ pub fn verify_note_signature(
                 id: verifier.key_id(),
             });
         }
-        verified.push(sig);
+        if !verified.contains(&sig) {
+            verified.push(sig);
+        }
     }
     if verified.is_empty() {
         return Err(NoteError::NotSigned {
@@ -459,6 +461,20 @@ pub fn verify_cosignature(
 pub fn parse_signature_line(line: &[u8]) -> Result<Signature, NoteError> {
     let line = line.strip_suffix(b"\n").unwrap_or(line);
     Signature::from_bytes(line).map_err(|_| NoteError::Malformed("not a note signature line"))
+}
+
+/// `note` with `extra` signature lines (e.g. verified cosignatures) appended, as one
+/// signed note; a line identical to one already there is not repeated.
+pub fn append_signatures(note: &[u8], extra: &[Signature]) -> Result<Vec<u8>, NoteError> {
+    let parsed = parse_note(note)?;
+    let mut sigs = sigs_of(&parsed);
+    for sig in extra {
+        if !sigs.contains(sig) {
+            sigs.push(sig.clone());
+        }
+    }
+    let joined = Note::new(parsed.text(), &sigs).map_err(|_| NoteError::Malformed("note text"))?;
+    Ok(joined.to_bytes())
 }
 
 /// A checkpoint signed by its log and cosigned by a witness, both verified.
@@ -735,10 +751,14 @@ mod tests {
 
     #[test]
     fn open_cosigned_checks_both_signatures() {
-        let mut both = NOTE.to_string();
-        both.push_str(COSIG_LINE);
+        let line = parse_signature_line(COSIG_LINE.as_bytes()).unwrap();
+        let both = append_signatures(NOTE.as_bytes(), &[line.clone(), line]).unwrap();
+        assert_eq!(
+            String::from_utf8(both.clone()).unwrap(),
+            format!("{NOTE}{COSIG_LINE}")
+        );
         let cosigned = open_cosigned(
-            both.as_bytes(),
+            &both,
             LOG_NAME,
             LOG_NAME,
             &log_key().verifying_key(),
