@@ -911,7 +911,7 @@ mod tests {
             x ^= x << 17;
             x
         };
-        for _ in 0..300 {
+        for _ in 0..120 {
             let size = match next() % 4 {
                 0 => 3 + next() % 8,
                 1 => MAX_TREE_SIZE - next() % 4,
