@@ -39,6 +39,10 @@
 //!   status `get_invocation` and the console show, operator attestations.
 //! - [`retry`]: `decide()` and the retry manifest.
 //! - [`audit`]: the hash chain over the journal, signed checkpoints and the verifier.
+//! - [`transparency`]: witness cosigning (C2SP tlog-witness): checkpoint notes and
+//!   cosignatures ([`transparency::note`]), the witness and its store
+//!   ([`transparency::witness`], [`transparency::store`], [`transparency::server`]) and
+//!   the client a log submits through ([`transparency::client`]).
 //! - [`display`]: agent-written text made safe to show (escaping, body previews).
 //! - [`clock`]: time passed in, so expiry and leases are deterministic in tests.
 
@@ -56,6 +60,7 @@ pub mod evidence;
 pub mod invocation;
 pub mod journal;
 pub mod retry;
+pub mod transparency;
 pub mod vault;
 
 /// The whole of `docs/errors.md`: every code, then the HTTP status mapping. Generated so

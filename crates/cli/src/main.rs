@@ -1,5 +1,5 @@
 //! The `postern` binary: the headless daemon, the stdio MCP bridge an agent's client
-//! launches, and the operator commands (audit, log, stats, vault, config).
+//! launches, the operator commands (audit, log, stats, vault, config) and a witness.
 //!
 //! Exit status: 0 success; 1 a check failed or an operation was refused (audit chain
 //! broken, config invalid, vault refused); 2 the command could not run (no journal,
@@ -10,6 +10,7 @@ mod config_cmd;
 mod journal_cmds;
 mod timefmt;
 mod vault_cmd;
+mod witness_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -83,6 +84,14 @@ enum Command {
             postern config pin-host-key targets.toml web1 --key \"ssh-ed25519 AAAA...\""
     )]
     Config(ConfigCmd),
+    /// A transparency-log witness that cosigns the audit log's checkpoints.
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  postern witness init --data-dir DIR --name witness.example/w1\n  \
+            postern witness add-log --data-dir DIR --origin ORIGIN --key VKEY\n  \
+            postern witness serve --data-dir DIR --listen 127.0.0.1:7380"
+    )]
+    Witness(witness_cmd::WitnessCmd),
 }
 
 #[derive(Args)]
@@ -451,6 +460,7 @@ fn run(cli: Cli) -> common::Outcome {
             };
             config_cmd::pin_host_key_command(&file, &target, &source, replace)
         }
+        Command::Witness(cmd) => witness_cmd::run(cmd),
     }
 }
 
