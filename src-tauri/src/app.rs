@@ -292,6 +292,7 @@ pub fn main_entry() -> i32 {
             });
             tauri::async_runtime::spawn(watch_approvals(handle.clone(), console.clone()));
             tauri::async_runtime::spawn(watch_journal(handle, console.clone()));
+            tauri::async_runtime::spawn(console.broker.witnessing.clone().run());
             Ok(())
         })
         .build(tauri::generate_context!("../tauri.conf.json"));

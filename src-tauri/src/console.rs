@@ -720,9 +720,18 @@ impl Console {
     pub fn verify_now(&self) -> IntegrityState {
         let db = self.broker.journal.path().to_path_buf();
         let key = self.broker.journal.verifying_key();
+        let witnesses = self.broker.config.current().witnesses.clone();
+        let heads = match self
+            .open_verifier(&db)
+            .map(|conn| audit::witnessing::cosigned_heads(&conn, &key, &witnesses))
+        {
+            Some(Err(e)) => return self.store_integrity(Err(e), "full"),
+            Some(Ok(heads)) => heads,
+            None => Vec::new(),
+        };
         let outside = audit::Outside {
             anchor: audit::default_anchor(&self.paths.data_dir),
-            heads: Vec::new(),
+            heads,
         };
         let result = audit::verify_file_prefix(&db, &key, &outside);
         // The prefix the incremental checks go on from.
@@ -761,6 +770,13 @@ impl Console {
         scope: &str,
     ) -> IntegrityState {
         let checked_at_ms = Some(self.now());
+        // A witness that refused the journal's history outranks a local pass.
+        let result = match (result, self.broker.witnessing.alarms().first()) {
+            (Ok(_), Some(alarm)) => Err(audit::AuditError::Refuted {
+                detail: alarm.clone(),
+            }),
+            (result, _) => result,
+        };
         let state = match result {
             Ok(report) => IntegrityState {
                 // Nothing signed is never "verified".

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::approvals::Approver;
+use crate::audit::witnessing::Witnessing;
 use crate::audit::{AuditKeyError, last_checkpoint_key, signing_key_from_vault};
 use crate::channel::http::HttpChannel;
 use crate::channel::ssh::SshChannel;
@@ -38,6 +39,9 @@ pub struct Broker {
     /// The credential store: read by the pipeline for injection, written only from the
     /// operator side (the console's credentials screen); no agent tool reaches it.
     pub vault: Arc<Vault>,
+    /// Sends checkpoints to the configured witnesses; the front end spawns
+    /// [`Witnessing::run`] on its runtime.
+    pub witnessing: Arc<Witnessing>,
 }
 
 /// What [`Broker::open`] needs.
@@ -142,6 +146,7 @@ impl Broker {
         let config = ConfigHandle::new(loaded);
         let http = HttpChannel::new(journal.clone(), vault.clone(), config.clone());
         let ssh = SshChannel::new(journal.clone(), vault.clone(), config.clone());
+        let witnessing = Arc::new(Witnessing::new(journal.clone(), config.clone()));
         Ok(Opened {
             broker: Broker {
                 http,
@@ -150,6 +155,7 @@ impl Broker {
                 config,
                 approver,
                 vault,
+                witnessing,
             },
             warnings,
         })

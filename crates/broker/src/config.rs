@@ -70,8 +70,23 @@ const SECRET_PLACEHOLDER: &str = "{secret}";
 pub struct Config {
     pub http: Vec<HttpTarget>,
     pub ssh: Vec<SshTarget>,
+    /// Witnesses that cosign the journal's checkpoints (`[[witness]]`).
+    pub witnesses: Vec<WitnessConfig>,
     /// The file this configuration came from.
     pub source: PathBuf,
+}
+
+/// A witness (c2sp.org/tlog-witness) the broker sends its checkpoints to, and whose
+/// cosignatures `audit verify` checks: `[[witness]] url = "…", key = "<verifier key>"`.
+/// Checkpoints are public, so plain http is allowed; what the witness returns is
+/// checked against `key`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WitnessConfig {
+    /// The witness's key name (from `key`).
+    pub name: String,
+    pub url: String,
+    /// A cosignature/v1 verifier key, as `postern witness init` prints it.
+    pub key: crate::transparency::note::VerifierKey,
 }
 
 /// How the secret is attached to an HTTP request.
@@ -236,6 +251,7 @@ impl fmt::Display for TargetVersion {
 pub enum Section {
     Http,
     Ssh,
+    Witness,
 }
 
 /// A target as a person finds it in the file: by name, or by position when the name
@@ -253,6 +269,7 @@ impl fmt::Display for TargetRef {
         let section = match self.section {
             Section::Http => "[[http]]",
             Section::Ssh => "[[ssh]]",
+            Section::Witness => "[[witness]]",
         };
         match &self.name {
             Some(name) => write!(f, "{section} \"{name}\""),
@@ -282,6 +299,8 @@ pub enum Problem {
     SamePrefix { other: String },
     #[error("must not be empty")]
     Empty,
+    #[error("not a cosignature/v1 verifier key (as `postern witness init` prints): {reason}")]
+    InvalidWitnessKey { reason: String },
     #[error("`{value}` is not an uppercase RFC 9110 method token")]
     InvalidMethod { value: String },
     #[error("not a valid RFC 9110 field name")]
@@ -403,6 +422,15 @@ struct RawConfig {
     http: Vec<RawHttp>,
     #[serde(default)]
     ssh: Vec<RawSsh>,
+    #[serde(default)]
+    witness: Vec<RawWitness>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWitness {
+    url: String,
+    key: String,
 }
 
 #[derive(Deserialize)]
@@ -597,9 +625,16 @@ impl Config {
             };
             ssh.push(validate_ssh(&Ctx { file: path, target }, t)?);
         }
+        let witnesses = raw
+            .witness
+            .iter()
+            .enumerate()
+            .map(|(index, w)| validate_witness(path, index, w))
+            .collect::<Result<_, _>>()?;
         Ok(Self {
             http,
             ssh,
+            witnesses,
             source: path.to_path_buf(),
         })
     }
@@ -883,6 +918,61 @@ fn is_loopback(host: &url::Host<&str>) -> bool {
         url::Host::Ipv4(ip) => ip.is_loopback(),
         url::Host::Ipv6(ip) => ip.is_loopback(),
     }
+}
+
+fn validate_witness(
+    path: &Path,
+    index: usize,
+    raw: &RawWitness,
+) -> Result<WitnessConfig, ConfigError> {
+    use crate::transparency::note::{KeyAlg, VerifierKey};
+    let mut target = TargetRef {
+        section: Section::Witness,
+        index,
+        name: None,
+    };
+    let key_problem = |reason: String| Problem::InvalidWitnessKey { reason };
+    let key = VerifierKey::parse(raw.key.trim()).map_err(|e| {
+        Ctx {
+            file: path,
+            target: target.clone(),
+        }
+        .err("key", key_problem(e.to_string()))
+    })?;
+    if key.alg != KeyAlg::CosignatureV1 {
+        let problem = key_problem("the key is not of type 0x04 (cosignature/v1)".into());
+        return Err(Ctx { file: path, target }.err("key", problem));
+    }
+    target.name = Some(key.name.clone());
+    let ctx = Ctx { file: path, target };
+    let url = Url::parse(&raw.url).map_err(|e| {
+        ctx.err(
+            "url",
+            Problem::InvalidUrl {
+                reason: e.to_string(),
+            },
+        )
+    })?;
+    if !matches!(url.scheme(), "http" | "https") {
+        let problem = Problem::UnsupportedScheme {
+            scheme: url.scheme().to_owned(),
+        };
+        return Err(ctx.err("url", problem));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(ctx.err("url", Problem::UserinfoInUrl));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        let problem = Problem::InvalidUrl {
+            reason: "no host".to_owned(),
+        };
+        return Err(ctx.err("url", problem));
+    }
+    Ok(WitnessConfig {
+        name: key.name.clone(),
+        url: raw.url.trim_end_matches('/').to_owned(),
+        key,
+    })
 }
 
 fn check_base_url(ctx: &Ctx<'_>, raw: &str) -> Result<Url, ConfigError> {

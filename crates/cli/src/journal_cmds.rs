@@ -176,6 +176,34 @@ pub fn stats(data_dir: &Path, json: bool) -> common::Outcome {
     Ok(())
 }
 
+/// Prints the journal's checkpoint origin and the audit key as a signed-note verifier
+/// key, what a witness needs (`postern witness add-log --origin … --key …`). Public
+/// values only; nothing is created or written.
+pub fn audit_key_print(
+    data_dir: &Path,
+    backend: KeychainBackend,
+    service: &str,
+    json: bool,
+) -> common::Outcome {
+    use postern_broker::transparency::note::{KeyAlg, VerifierKey};
+    let (db, conn) =
+        common::open_journal_read_only(data_dir).map_err(|f| f.with_json(json, "unreadable"))?;
+    let key = audit_key(&conn, &db, backend, service)
+        .map_err(|f| f.with_json(json, "no_key"))?
+        .verifying_key();
+    let origin = audit::log_origin(&key);
+    let vkey = VerifierKey::new(&origin, KeyAlg::Ed25519, key)
+        .map_err(|e| Failure::unavailable(e.to_string()))?
+        .encode();
+    if json {
+        println!("{}", json!({ "origin": origin, "key": vkey }));
+    } else {
+        println!("origin: {origin}");
+        println!("key: {vkey}");
+    }
+    Ok(())
+}
+
 /// Reads the audit signing key without creating one and without writing anything:
 /// the metadata is read on the read-only connection, the seed straight from the
 /// keychain entry it names.
@@ -214,24 +242,67 @@ fn audit_key(
     audit::signing_key_from_secret(&secret).map_err(|e| Failure::unavailable(e.to_string()))
 }
 
+/// What `audit verify` holds the journal to besides its own file.
+pub struct VerifyAgainst<'a> {
+    /// The anchor file [default: `audit::default_anchor`].
+    pub anchor: Option<&'a Path>,
+    /// The targets file whose `[[witness]]` keys check the stored cosignatures.
+    pub config: Option<&'a Path>,
+    /// Also ask every configured witness what it last cosigned.
+    pub ask_witnesses: bool,
+}
+
 pub fn audit_verify(
     data_dir: &Path,
     backend: KeychainBackend,
     service: &str,
-    anchor: Option<&Path>,
+    against: &VerifyAgainst<'_>,
     json: bool,
 ) -> common::Outcome {
     let (db, conn) =
         common::open_journal_read_only(data_dir).map_err(|f| f.with_json(json, "unreadable"))?;
     let key = audit_key(&conn, &db, backend, service).map_err(|f| f.with_json(json, "no_key"))?;
-    drop(conn);
-    let outside = audit::Outside {
-        anchor: anchor
-            .map(Path::to_path_buf)
-            .or_else(|| audit::default_anchor(data_dir)),
-        heads: Vec::new(),
+    let log_key = key.verifying_key();
+    let witnesses = match against.config {
+        None => Vec::new(),
+        Some(file) => {
+            postern_broker::config::Config::load(file)
+                .map_err(|e| Failure::unavailable(e.to_string()).with_json(json, "config"))?
+                .witnesses
+        }
     };
-    match audit::verify_file_with(&db, &key.verifying_key(), &outside) {
+    if against.ask_witnesses && witnesses.is_empty() {
+        return Err(Failure::unavailable(
+            "--ask-witnesses needs --config naming a targets file with [[witness]] entries",
+        )
+        .with_json(json, "config"));
+    }
+    // Stored cosignatures, checked with the configured witness keys; then, if asked,
+    // what each witness holds now.
+    let stored = audit::witnessing::cosigned_heads(&conn, &log_key, &witnesses);
+    drop(conn);
+    let result = match stored {
+        Err(e) => Err(e),
+        Ok(mut heads) => {
+            if against.ask_witnesses {
+                let asked = crate::runtime()?
+                    .block_on(audit::witnessing::ask_witnesses(&log_key, &witnesses));
+                match asked {
+                    Ok(live) => heads.extend(live),
+                    Err(e) => return Err(Failure::unavailable(e).with_json(json, "witness")),
+                }
+            }
+            let outside = audit::Outside {
+                anchor: against
+                    .anchor
+                    .map(Path::to_path_buf)
+                    .or_else(|| audit::default_anchor(data_dir)),
+                heads,
+            };
+            audit::verify_file_with(&db, &log_key, &outside)
+        }
+    };
+    match result {
         Ok(report) => {
             if json {
                 let mut value = serde_json::to_value(&report).unwrap_or(Value::Null);
@@ -299,6 +370,17 @@ pub fn audit_verify(
                 );
             } else {
                 println!("audit FAILED: the journal file {path} is damaged: {detail}");
+            }
+            Err(Failure::silent(common::EXIT_FAILED))
+        }
+        Err(AuditError::Refuted { detail }) => {
+            if json {
+                println!(
+                    "{}",
+                    json!({ "ok": false, "error": "refuted", "detail": detail })
+                );
+            } else {
+                println!("audit FAILED: a witness refutes this journal: {detail}");
             }
             Err(Failure::silent(common::EXIT_FAILED))
         }

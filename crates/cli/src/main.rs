@@ -176,6 +176,20 @@ struct McpCmd {
 
 #[derive(Subcommand)]
 enum AuditCmd {
+    /// Print the journal's checkpoint origin and the audit public key, as a witness
+    /// needs them (public values; nothing is created).
+    #[command(after_help = "Example:\n  \
+        postern audit key --data-dir ~/.local/share/postern\n  \
+        postern witness add-log --data-dir W --origin ORIGIN --key KEY")]
+    Key {
+        #[command(flatten)]
+        data_dir: DataDirArg,
+        #[command(flatten)]
+        keychain: KeychainArgs,
+        /// Print {"origin": …, "key": …} as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Verify the hash chain and signed checkpoints; exit 1 with the first bad sequence.
     #[command(after_help = "Examples:\n  \
         postern audit verify --data-dir ~/.local/share/postern\n  \
@@ -189,6 +203,14 @@ enum AuditCmd {
         keychain: KeychainArgs,
         #[command(flatten)]
         anchor: AnchorArg,
+        /// The targets file: its [[witness]] keys check the cosignatures the journal
+        /// stored.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Also ask each configured witness what it last cosigned (needs --config); a
+        /// journal cut or rewritten behind it fails.
+        #[arg(long)]
+        ask_witnesses: bool,
         /// Print the report (or the failure) as JSON.
         #[arg(long)]
         json: bool,
@@ -335,7 +357,7 @@ enum ConfigCmd {
     },
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -374,16 +396,32 @@ fn run(cli: Cli) -> common::Outcome {
             runtime.shutdown_background();
             result.map_err(|e| Failure::failed(format!("mcp: {e}")))
         }
+        Command::Audit(AuditCmd::Key {
+            data_dir,
+            keychain,
+            json,
+        }) => journal_cmds::audit_key_print(
+            &data_dir.resolve(),
+            keychain.keychain.backend(),
+            &keychain.keychain_service,
+            json,
+        ),
         Command::Audit(AuditCmd::Verify {
             data_dir,
             keychain,
             anchor,
+            config,
+            ask_witnesses,
             json,
         }) => journal_cmds::audit_verify(
             &data_dir.resolve(),
             keychain.keychain.backend(),
             &keychain.keychain_service,
-            anchor.anchor.as_deref(),
+            &journal_cmds::VerifyAgainst {
+                anchor: anchor.anchor.as_deref(),
+                config: config.as_deref(),
+                ask_witnesses,
+            },
             json,
         ),
         Command::Log(cmd) => journal_cmds::log(

@@ -614,6 +614,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     check_socket_path(&socket)?;
     let broker = open_broker(&args, None)?;
     let listener = bind(&socket).await?;
+    let witnessing = tokio::spawn(broker.witnessing.clone().run());
     let bound = file_identity(&socket);
     eprintln!("postern: broker listening on {}", socket.display());
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -634,6 +635,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         stop,
     )
     .await;
+    witnessing.abort();
     // Remove the socket only if it is still the one this daemon bound.
     if bound.is_some() && file_identity(&socket) == bound {
         let _ = std::fs::remove_file(&socket);

@@ -33,6 +33,7 @@ use rusqlite::{Connection, OpenFlags};
 use serde::{Deserialize, Serialize};
 
 pub mod merkle;
+pub mod witnessing;
 
 use merkle::Frontier;
 
@@ -176,6 +177,18 @@ impl Checkpoint {
         }
     }
 
+    /// The same checkpoint as a C2SP signed note ([`log_origin`], size, root), signed by
+    /// `key`, for witnesses. A checkpoint without a root has none.
+    pub fn with_note(mut self, key: &SigningKey) -> Self {
+        let origin = log_origin(&key.verifying_key());
+        self.note = self.root.and_then(|root| {
+            crate::transparency::note::sign_checkpoint(&origin, self.seq, root, &origin, key)
+                .ok()
+                .and_then(|n| String::from_utf8(n).ok())
+        });
+        self
+    }
+
     /// A checkpoint in the format used before the Merkle tree (chain head only). Only
     /// for tests of journals written by earlier versions.
     #[doc(hidden)]
@@ -214,6 +227,14 @@ pub fn witness_path(db: &Path) -> PathBuf {
     let mut name = db.file_name().map(|n| n.to_os_string()).unwrap_or_default();
     name.push(".checkpoint");
     db.with_file_name(name)
+}
+
+/// The C2SP checkpoint origin of the journal signed by `key` (also the note key name):
+/// `postern.local/audit/` and the first 8 bytes of the key's blake3, in hex. Witnesses
+/// know a log by it.
+pub fn log_origin(key: &VerifyingKey) -> String {
+    let id = blake3::hash(key.as_bytes());
+    format!("postern.local/audit/{}", hex::encode(&id.as_bytes()[..8]))
 }
 
 /// Where the broker keeps the anchor of the journal in `data_dir` unless told otherwise:
@@ -278,6 +299,10 @@ pub enum AuditError {
     /// end. What such a file says cannot be trusted whole.
     #[error("the journal file {path} is damaged: {detail}")]
     Damaged { path: String, detail: String },
+    /// A witness refused the journal's newest checkpoint, or cosigned more events than
+    /// the journal holds: the history it saw was rewritten or cut.
+    #[error("a witness refutes this journal: {detail}")]
+    Refuted { detail: String },
 }
 
 impl AuditError {
@@ -285,7 +310,9 @@ impl AuditError {
     pub fn first_bad_seq(&self) -> Option<u64> {
         match self {
             AuditError::Broken { first_bad_seq, .. } => Some(*first_bad_seq),
-            AuditError::Unreadable { .. } | AuditError::Damaged { .. } => None,
+            AuditError::Unreadable { .. }
+            | AuditError::Damaged { .. }
+            | AuditError::Refuted { .. } => None,
         }
     }
 
@@ -571,6 +598,7 @@ fn verify(
         }
     }
     checkpoints.sort_by_key(|c| c.seq);
+    let origin = log_origin(key);
     for c in &checkpoints {
         if !c.signature_valid(key) || c.count != c.seq {
             return Err(broken(
@@ -579,6 +607,19 @@ fn verify(
                 "checkpoint is not signed by the audit key",
             )
             .into());
+        }
+        // The note a witness sees must say the same as the row.
+        if let Some(note) = &c.note {
+            let body =
+                crate::transparency::note::open_checkpoint(note.as_bytes(), &origin, &origin, key);
+            if !body.is_ok_and(|b| Some(b.root) == c.root && b.size == c.seq) {
+                return Err(broken(
+                    c.seq,
+                    Tamper::BadSignature,
+                    "checkpoint note is not the audit key's signature over this tree",
+                )
+                .into());
+            }
         }
     }
     // Checkpoints from before the Merkle tree (and per-batch signing) sign the chain

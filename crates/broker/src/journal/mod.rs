@@ -605,6 +605,53 @@ impl Journal {
         self.inner.latest_durable.lock().ok()?.clone()
     }
 
+    /// A consistency proof from the tree of `old_size` events to the tree of
+    /// `new_size`, from the stored tree hashes.
+    pub fn consistency_proof(
+        &self,
+        new_size: u64,
+        old_size: u64,
+    ) -> Result<Vec<[u8; 32]>, JournalError> {
+        let conn = self.inner.reader.lock().map_err(|_| JournalError::Closed)?;
+        merkle::consistency_proof(&conn, new_size, old_size).map_err(|e| {
+            JournalError::Storage(format!("consistency proof {old_size}->{new_size}: {e}"))
+        })
+    }
+
+    /// Keeps a witness's cosignature of the tree of `size` events: the checkpoint note
+    /// with the cosignature line appended, and the line itself.
+    pub fn record_cosignature(
+        &self,
+        size: u64,
+        witness: &str,
+        cosigned_note: String,
+        line: String,
+    ) -> Result<(), JournalError> {
+        let witness = witness.to_string();
+        self.write(false, move |ctx| {
+            ctx.conn()
+                .execute(
+                    "INSERT OR REPLACE INTO cosignatures
+                       (size, witness, note, signature, received_at_ms)
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                    params![size as i64, witness, cosigned_note, line, ctx.now_ms()],
+                )
+                .map(|_| ())
+                .map_err(JournalError::from)
+        })
+    }
+
+    /// The largest tree `witness` has cosigned, from the stored cosignatures.
+    pub fn cosigned_size(&self, witness: &str) -> Result<Option<u64>, JournalError> {
+        let conn = self.inner.reader.lock().map_err(|_| JournalError::Closed)?;
+        let size: Option<i64> = conn.query_row(
+            "SELECT max(size) FROM cosignatures WHERE witness = ?1",
+            [witness],
+            |r| r.get(0),
+        )?;
+        Ok(size.and_then(|s| u64::try_from(s).ok()))
+    }
+
     /// Whether the disk is full and new invocations are refused (see [`space`]).
     pub fn low_space(&self) -> bool {
         self.inner.low_space.load(Ordering::Relaxed)
@@ -1389,10 +1436,11 @@ struct WriterState {
 impl WriterState {
     fn run(mut self, receiver: Receiver<Job>) {
         loop {
-            let first = if self.outside_pending.is_some() {
+            let first = if self.outside_pending.is_some() || self.unsynced.is_some() {
                 match receiver.recv_timeout(self.outside_due_in()) {
                     Ok(job) => job,
                     Err(mpsc::RecvTimeoutError::Timeout) => {
+                        self.sync_idle();
                         self.write_outside();
                         continue;
                     }
@@ -1445,7 +1493,8 @@ impl WriterState {
             self.pos.head,
             self.pos.frontier.root(),
             now_ms,
-        );
+        )
+        .with_note(&self.signing_key);
         insert_checkpoint(&self.conn, &cp)?;
         let mut retention = self.retention;
         if let Some((seq, made_at)) = retention.provisional {
@@ -1462,6 +1511,22 @@ impl WriterState {
         }
         retention.provisional = Some((cp.seq, cp.made_at_ms));
         Ok((cp, retention))
+    }
+
+    /// Idle with commits not yet on disk: sync them (a passive checkpoint syncs the WAL
+    /// first), so their checkpoint can go to the anchor and the witnesses.
+    fn sync_idle(&mut self) {
+        if self.unsynced.is_none() {
+            return;
+        }
+        let synced = self.set_sync(true).is_ok()
+            && self
+                .conn
+                .execute_batch("PRAGMA wal_checkpoint(PASSIVE)")
+                .is_ok();
+        if synced && let Some(cp) = self.unsynced.take() {
+            self.published(cp);
+        }
     }
 
     /// `cp` is on disk: witnesses may see it, and it goes outside when due.

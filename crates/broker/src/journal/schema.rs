@@ -66,18 +66,11 @@ pub fn open_and_migrate(path: &Path) -> Result<Connection, JournalError> {
 /// WAL mode the main file holds at least as many pages as its own header names; newer
 /// pages live in the WAL until a checkpoint copies them, header included.
 pub fn check_length(path: &Path) -> Result<(), JournalError> {
-    use std::io::Read;
-    let mut file = match std::fs::File::open(path) {
-        Ok(f) => f,
-        // A missing file is a new journal; other errors surface when SQLite opens it.
-        Err(_) => return Ok(()),
-    };
-    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let mut header = [0u8; 100];
-    if len < 100 || file.read_exact(&mut header).is_err() {
-        // Empty (new) or too short to be SQLite: identification reports the latter.
+    let Some((len, header)) = read_header(path) else {
+        // Missing (a new journal), empty, or too short to be SQLite: identification
+        // reports the last; other errors surface when SQLite opens it.
         return Ok(());
-    }
+    };
     if &header[..16] != b"SQLite format 3\0" {
         return Ok(());
     }
@@ -104,6 +97,41 @@ pub fn check_length(path: &Path) -> Result<(), JournalError> {
         });
     }
     Ok(())
+}
+
+/// The file's length and its first 100 bytes.
+///
+/// POSIX record locks belong to the process and the file, not to a descriptor: closing
+/// any descriptor of the journal releases every lock SQLite holds on it in this process.
+/// Another process could then take the lock that means "last connection", checkpoint
+/// and reset the WAL under a live writer, and the commits after it are lost. So the
+/// descriptor used here is opened once per file and kept open (SQLite does the same
+/// for its own); one whose file has been unlinked is closed, since no other process can
+/// open that file any more.
+#[cfg(unix)]
+fn read_header(path: &Path) -> Option<(u64, [u8; 100])> {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    use std::sync::Mutex;
+    static OPEN: Mutex<Vec<(u64, u64, std::fs::File)>> = Mutex::new(Vec::new());
+    let meta = std::fs::metadata(path).ok()?;
+    let (dev, ino, len) = (meta.dev(), meta.ino(), meta.len());
+    let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
+    open.retain(|(_, _, f)| f.metadata().is_ok_and(|m| m.nlink() > 0));
+    if !open.iter().any(|(d, i, _)| (*d, *i) == (dev, ino)) {
+        open.push((dev, ino, std::fs::File::open(path).ok()?));
+    }
+    let (_, _, file) = open.iter().find(|(d, i, _)| (*d, *i) == (dev, ino))?;
+    let mut header = [0u8; 100];
+    (len >= 100 && file.read_exact_at(&mut header, 0).is_ok()).then_some((len, header))
+}
+
+#[cfg(not(unix))]
+fn read_header(path: &Path) -> Option<(u64, [u8; 100])> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path).ok()?;
+    let len = file.metadata().ok()?.len();
+    let mut header = [0u8; 100];
+    (len >= 100 && file.read_exact(&mut header).is_ok()).then_some((len, header))
 }
 
 /// Opens a read connection (WAL lets it read while the writer commits).

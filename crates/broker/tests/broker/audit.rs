@@ -211,15 +211,18 @@ fn re_sign_everything(conn: &Connection, key: &SigningKey, db: &Path, anchor: &P
             hash_at(conn, seq),
             tree_root_at(conn, seq),
             made_at,
-        );
+        )
+        .with_note(key);
         conn.execute(
-            "UPDATE checkpoints SET head = ?1, root = ?2, public_key = ?3, signature = ?4
-             WHERE seq = ?5",
+            "UPDATE checkpoints SET head = ?1, root = ?2, public_key = ?3, signature = ?4,
+               note = ?5
+             WHERE seq = ?6",
             params![
                 &cp.head[..],
                 &cp.root.unwrap()[..],
                 &cp.public_key[..],
                 &cp.signature[..],
+                cp.note,
                 seq as i64
             ],
         )
@@ -1359,4 +1362,48 @@ fn a_journal_from_before_the_tree_is_upgraded_at_open_and_its_old_checkpoints_st
     flip_body_byte(&conn, 10);
     drop(conn);
     assert_eq!(broken(&s.db), (10, Tamper::HashMismatch));
+}
+
+#[test]
+fn every_checkpoint_carries_the_c2sp_note_a_witness_opens() {
+    use postern_broker::audit::log_origin;
+    use postern_broker::transparency::note::open_checkpoint;
+    let s = sealed();
+    let conn = rw(&s.db);
+    let origin = log_origin(&key());
+    for seq in checkpoint_seqs(&conn) {
+        let (note, root): (Option<String>, Vec<u8>) = conn
+            .query_row(
+                "SELECT note, root FROM checkpoints WHERE seq = ?1",
+                [seq as i64],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        let note = note.unwrap_or_else(|| panic!("checkpoint {seq} has no note"));
+        let body = open_checkpoint(note.as_bytes(), &origin, &origin, &key()).unwrap();
+        assert_eq!((body.size, body.root.to_vec()), (seq, root));
+    }
+    // A note whose signature does not match fails verification at its checkpoint.
+    let seq = checkpoint_seqs(&conn)[1];
+    conn.execute(
+        "UPDATE checkpoints SET note = replace(note, ?1, ?2) WHERE seq = ?3",
+        params![format!("\n{seq}\n"), format!("\n{}\n", seq + 1), seq as i64],
+    )
+    .unwrap();
+    drop(conn);
+    assert_eq!(broken(&s.db), (seq, Tamper::BadSignature));
+}
+
+#[test]
+fn a_recorded_cosignature_is_kept_and_read_back() {
+    let f = Fixture::new();
+    ready(&f.journal, "inv_c", false, None);
+    f.journal
+        .record_cosignature(4, "witness.test/w1", "note".into(), "line".into())
+        .unwrap();
+    assert_eq!(f.journal.cosigned_size("witness.test/w1").unwrap(), Some(4));
+    let n: i64 = rw(&f.db())
+        .query_row("SELECT count(*) FROM cosignatures", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 1);
 }

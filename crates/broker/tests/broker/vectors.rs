@@ -90,11 +90,15 @@ fn h32(s: &str) -> [u8; 32] {
 
 #[test]
 fn merkle_leaves_roots_and_consistency_proofs_match_the_known_answers() {
-    use postern_broker::audit::merkle::{Frontier, check_consistency, consistency_proof, leaf_hash};
-    let v: MerkleVectors =
-        serde_json::from_str(include_str!("../vectors/merkle_v1.json")).unwrap();
+    use postern_broker::audit::merkle::{
+        Frontier, check_consistency, consistency_proof, leaf_hash,
+    };
+    let v: MerkleVectors = serde_json::from_str(include_str!("../vectors/merkle_v1.json")).unwrap();
     // The first chain values are the audit-chain vectors' own.
-    assert_eq!(v.chain[0], "320357ca0143e72d268d9b4c051ecb2ff6914d632385ac39a87ac97d0b46413c");
+    assert_eq!(
+        v.chain[0],
+        "320357ca0143e72d268d9b4c051ecb2ff6914d632385ac39a87ac97d0b46413c"
+    );
     // The stored hashes go where the journal keeps them.
     let conn = rusqlite::Connection::open_in_memory().unwrap();
     conn.execute_batch("CREATE TABLE merkle (idx INTEGER PRIMARY KEY, hash BLOB NOT NULL)")
@@ -115,7 +119,11 @@ fn merkle_leaves_roots_and_consistency_proofs_match_the_known_answers() {
             )
             .unwrap();
         }
-        assert_eq!(hex::encode(frontier.root()), v.roots[i + 1], "root of {seq}");
+        assert_eq!(
+            hex::encode(frontier.root()),
+            v.roots[i + 1],
+            "root of {seq}"
+        );
     }
     for p in &v.proofs {
         let ours = consistency_proof(&conn, p.new, p.old).unwrap();
