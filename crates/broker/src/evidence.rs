@@ -35,6 +35,8 @@ pub enum Step {
     Retry,
     Reconciled,
     Imported,
+    /// A session record (not an invocation step): who the agent is.
+    Session,
 }
 
 impl Step {
@@ -54,6 +56,7 @@ impl Step {
             Step::Retry => "retry",
             Step::Reconciled => "reconciled",
             Step::Imported => "imported",
+            Step::Session => "session",
         }
     }
 }
@@ -84,6 +87,7 @@ pub fn step_of(body: &EventBody) -> Step {
         EventBody::RetryManifest { .. } => Step::Retry,
         EventBody::Reconciled { .. } => Step::Reconciled,
         EventBody::ImportedEvidence { .. } => Step::Imported,
+        EventBody::SessionOpened(_) => Step::Session,
     }
 }
 
