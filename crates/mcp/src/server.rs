@@ -21,11 +21,13 @@ use serde_json::{Value, json};
 use postern_broker::broker::Broker;
 use postern_broker::channel::http::{HttpOutcome, HttpRequest, HttpResponse};
 use postern_broker::channel::ssh::{SshOutcome, SshRequest, SshResult};
+use postern_broker::contract::{Code, ErrorBody, Outcome, Phase, Retry};
 use postern_broker::evidence;
 use postern_broker::invocation;
 use postern_broker::invocation::CallContext;
 use postern_broker::journal::events::Channel;
 use postern_broker::journal::projection::Projection;
+use postern_broker::provenance::{self, SessionOpened};
 
 use crate::peer::AgentIdentity;
 use crate::tools::{self, HttpRequestArgs, InvocationArgs, NoArgs, SshExecArgs};
@@ -98,6 +100,29 @@ impl Sessions {
     }
 }
 
+/// The SESSION_OPENED record of one connection: read from /proc and written when the
+/// connection starts; awaited by the first call that would run an invocation.
+struct Opening {
+    task: Mutex<Option<tokio::task::JoinHandle<Result<u64, String>>>>,
+    /// The record's sequence number, or why it could not be written.
+    done: tokio::sync::OnceCell<Result<u64, String>>,
+}
+
+/// Reads the agent behind `identity` from /proc (hashing its executable) and appends
+/// SESSION_OPENED, durably.
+fn record_opening(broker: &Broker, identity: &AgentIdentity) -> Result<u64, String> {
+    let ancestors: Vec<u32> = identity.parent_chain.iter().map(|p| p.pid).collect();
+    let opened = SessionOpened::observe(
+        &identity.session,
+        identity.agent.pid,
+        identity.agent.start_time,
+        &ancestors,
+        identity.bridge_pid,
+    )
+    .map_err(|e| e.to_string())?;
+    provenance::record_session(&broker.journal, opened).map_err(|e| e.to_string())
+}
+
 /// One bridge connection, for one agent session, over the shared [`Broker`]. Clones
 /// share state.
 #[derive(Clone)]
@@ -106,15 +131,55 @@ pub struct Session {
     identity: AgentIdentity,
     /// JSON-RPC request id (as JSON text) → invocation id, until the bridge acknowledges.
     undelivered: Arc<Mutex<HashMap<String, String>>>,
+    /// Who the agent is, as the journal records it before any invocation runs.
+    opening: Arc<Opening>,
 }
 
 impl Session {
+    /// A session for `identity`. Starts recording SESSION_OPENED right away (the agent
+    /// process is read now, at connect); calls that run invocations wait for it.
     pub fn new(broker: Arc<Broker>, identity: AgentIdentity) -> Self {
+        let opening = Opening {
+            task: Mutex::new(None),
+            done: tokio::sync::OnceCell::new(),
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let (b, i) = (broker.clone(), identity.clone());
+                let task = runtime.spawn_blocking(move || record_opening(&b, &i));
+                if let Ok(mut slot) = opening.task.lock() {
+                    *slot = Some(task);
+                }
+            }
+            Err(_) => {
+                let _ = opening.done.set(record_opening(&broker, &identity));
+            }
+        }
         Session {
             broker,
             identity,
             undelivered: Arc::new(Mutex::new(HashMap::new())),
+            opening: Arc::new(opening),
         }
+    }
+
+    /// Waits until this connection's SESSION_OPENED is on disk. Its sequence number, or
+    /// the refusal the agent gets instead of running anything unrecorded.
+    pub async fn opened(&self) -> Result<u64, CallToolResult> {
+        let done = self
+            .opening
+            .done
+            .get_or_init(|| async {
+                let task = self.opening.task.lock().ok().and_then(|mut t| t.take());
+                match task {
+                    Some(task) => task
+                        .await
+                        .unwrap_or_else(|e| Err(format!("the recording task failed: {e}"))),
+                    None => Err("the session was never recorded".to_string()),
+                }
+            })
+            .await;
+        done.clone().map_err(|reason| session_unrecorded(&reason))
     }
 
     pub fn identity(&self) -> &AgentIdentity {
@@ -170,6 +235,9 @@ impl Session {
         args: HttpRequestArgs,
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
+        if let Err(refusal) = self.opened().await {
+            return Ok(refusal);
+        }
         let body = match (args.body, args.body_base64) {
             (Some(_), Some(_)) => {
                 return Err(McpError::invalid_params(
@@ -229,6 +297,9 @@ impl Session {
         args: SshExecArgs,
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
+        if let Err(refusal) = self.opened().await {
+            return Ok(refusal);
+        }
         let request = SshRequest {
             host: args.host,
             command: args.command,
@@ -328,6 +399,9 @@ impl Session {
         args: InvocationArgs,
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
+        if let Err(refusal) = self.opened().await {
+            return Ok(refusal);
+        }
         let p = match self.owned_or_unrecorded(&args.invocation_id)? {
             Ok(p) => p,
             Err(answer) => return Ok(answer),
@@ -474,6 +548,27 @@ pub fn result_of(outcome: &HttpOutcome) -> CallToolResult {
     } else {
         CallToolResult::structured(value)
     }
+}
+
+/// The refusal an agent gets when its session could not be recorded: nothing runs
+/// unrecorded. There is no invocation id, since nothing was accepted.
+fn session_unrecorded(reason: &str) -> CallToolResult {
+    let error = ErrorBody {
+        code: Code::BrokerUnavailable,
+        phase: Phase::Validation,
+        outcome: Outcome::NotAttempted,
+        retry: Retry::Backoff,
+        message: format!(
+            "The broker could not record who this agent is ({reason}); nothing was run. \
+             Reconnect and try again."
+        ),
+    };
+    CallToolResult::structured_error(json!({
+        "invocation_id": null,
+        "error": error,
+        "outcome": Outcome::NotAttempted,
+        "recorded": false,
+    }))
 }
 
 fn parse<T: serde::de::DeserializeOwned>(request: &CallToolRequestParams) -> Result<T, McpError> {
