@@ -649,3 +649,94 @@ impl ServerHandler for Session {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::peer::{AgentIdentity, process_info};
+    use postern_broker::audit::AUDIT_KEY_ID;
+    use postern_broker::broker::BrokerOptions;
+    use postern_broker::vault::KeychainBackend;
+
+    fn secret_service_enabled() -> bool {
+        if std::env::var_os("POSTERN_TEST_SKIP_SECRET_SERVICE").is_some_and(|v| v == "1") {
+            eprintln!("skipped: POSTERN_TEST_SKIP_SECRET_SERVICE=1");
+            return false;
+        }
+        true
+    }
+
+    /// A broker over a fresh data dir and a keychain service no user has.
+    fn broker(dir: &std::path::Path) -> Arc<Broker> {
+        std::fs::write(dir.join("postern.toml"), "").unwrap();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let opened = Broker::open(BrokerOptions {
+            data_dir: dir.to_path_buf(),
+            config: dir.join("postern.toml"),
+            keychain: KeychainBackend::SecretService,
+            service: format!("postern-test-{}-{nanos}", std::process::id()),
+            approver: None,
+        })
+        .unwrap();
+        Arc::new(opened.broker)
+    }
+
+    /// This test process, as the agent behind a bridge.
+    fn this_agent() -> AgentIdentity {
+        let agent = process_info(std::process::id()).unwrap();
+        AgentIdentity {
+            session: format!("sess_{}_{}", agent.pid, agent.start_time),
+            bridge_pid: agent.pid,
+            parent_chain: process_info(agent.ppid).into_iter().collect(),
+            agent,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_session_is_recorded_once_per_connection_before_it_runs_anything() {
+        if !secret_service_enabled() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let broker = broker(dir.path());
+        let identity = this_agent();
+        let session = Session::new(broker.clone(), identity.clone());
+        let clone = session.clone();
+        let (a, b) = tokio::join!(session.opened(), clone.opened());
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert_eq!(a, b, "one record per connection, whoever waits for it");
+        let recorded = provenance::recorded_session_in(&broker.journal, &identity.session)
+            .unwrap()
+            .unwrap();
+        assert_eq!(recorded.seq, a);
+        assert_eq!(recorded.opened.agent.pid, std::process::id());
+        assert_eq!(recorded.opened.transport.bridge_pid, identity.bridge_pid);
+        let _ = broker.vault.remove(AUDIT_KEY_ID);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_session_whose_record_cannot_be_written_runs_nothing() {
+        if !secret_service_enabled() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let broker = broker(dir.path());
+        let _ = broker.vault.remove(AUDIT_KEY_ID);
+        // The journal's writer is gone: SESSION_OPENED cannot be written.
+        broker.journal.clone().close().unwrap();
+        let session = Session::new(broker.clone(), this_agent());
+        let refusal = session.opened().await.unwrap_err();
+        assert_eq!(refusal.is_error, Some(true));
+        let value = refusal.structured_content.unwrap();
+        assert_eq!(value["error"]["code"], "BROKER_UNAVAILABLE");
+        assert_eq!(value["error"]["outcome"], "not_attempted");
+        assert_eq!(value["error"]["retry"], "backoff");
+        assert!(value["invocation_id"].is_null());
+        assert_eq!(value["recorded"], false);
+        // Asked again, the answer is the same refusal.
+        assert!(session.opened().await.is_err());
+    }
+}
