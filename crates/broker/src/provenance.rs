@@ -506,7 +506,7 @@ impl ApprovalRecord {
                             (Some(card), Some(digest)) => card.digest() == *digest,
                             _ => false,
                         },
-                        card: card.clone(),
+                        card: card.as_deref().cloned(),
                         card_digest: card_digest.clone(),
                         answer: None,
                     });

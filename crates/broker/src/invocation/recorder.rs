@@ -253,7 +253,7 @@ impl Recorder {
         self.append(EventBody::ApprovalRequested {
             fingerprint: fingerprint.to_string(),
             mode: mode.to_string(),
-            card: Some(card),
+            card: Some(Box::new(card)),
             card_digest: Some(card_digest),
         })
     }

@@ -91,7 +91,7 @@ pub enum EventBody {
         fingerprint: String,
         mode: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        card: Option<ApprovalCard>,
+        card: Option<Box<ApprovalCard>>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         card_digest: Option<String>,
     },

@@ -45,7 +45,7 @@ fn own_uid() -> u32 {
 }
 
 fn read_conn(f: &Fixture) -> rusqlite::Connection {
-    rusqlite::Connection::open_with_flags(&f.db(), rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+    rusqlite::Connection::open_with_flags(f.db(), rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
         .unwrap()
 }
 
@@ -352,7 +352,7 @@ async fn the_recorded_card_digest_is_the_shown_cards_and_the_grant_names_it() {
                 card: Some(recorded),
                 card_digest: Some(d),
                 ..
-            } => Some((recorded.clone(), d.clone())),
+            } => Some(((**recorded).clone(), d.clone())),
             _ => None,
         })
         .unwrap();
