@@ -362,6 +362,17 @@ async fn the_recorded_card_digest_is_the_shown_cards_and_the_grant_names_it() {
         _ => None,
     });
     assert_eq!(granted, Some(Some(digest.clone())));
+    // The timeline names the card by its digest.
+    let described = events
+        .iter()
+        .find(|e| e.body.kind() == "APPROVAL_REQUESTED")
+        .map(|e| postern_broker::evidence::describe(&e.body))
+        .unwrap();
+    assert!(
+        described.contains(&format!("card_digest={digest}")),
+        "{described}"
+    );
+    assert!(!described.contains("card={"), "{described}");
     let record = ApprovalRecord::of(&events).unwrap();
     assert!(record.card_intact);
     assert_eq!(record.answer_matches_card(), Some(true));
