@@ -236,6 +236,23 @@ impl Console {
                 last_at_ms: r.last_at_ms,
             })
             .collect();
+        // Sessions the journal recorded that never invoked anything (earlier runs too).
+        let recorded = self.read(|conn| provenance::recorded_sessions(conn, 200))?;
+        for r in &recorded {
+            if !out.iter().any(|s| s.session == r.opened.session) {
+                out.push(SessionSummary {
+                    session: r.opened.session.clone(),
+                    invocations: 0,
+                    first_at_ms: r.at_ms,
+                    last_at_ms: r.at_ms,
+                    agent: live
+                        .iter()
+                        .find(|l| l.identity.session == r.opened.session)
+                        .map(agent_card),
+                    recorded: Some(RecordedAgent::from(r)),
+                });
+            }
+        }
         // Live sessions that have not invoked anything yet still show.
         for record in &live {
             if !out.iter().any(|s| s.session == record.identity.session) {

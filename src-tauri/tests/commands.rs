@@ -913,7 +913,13 @@ fn who_acted_and_the_card_answered_are_read_from_the_journal_after_a_restart() {
     let me = std::process::id();
     let ticks = provenance::observe_process(me, None).unwrap().start_ticks;
     let opened = SessionOpened::observe("sess_test_1", me, ticks, &[], me).unwrap();
-    provenance::record_session(&f.console.broker.journal, opened).unwrap();
+    provenance::record_session(&f.console.broker.journal, opened.clone()).unwrap();
+    // Another connection that never asked for anything.
+    let idle = SessionOpened {
+        session: "sess_idle".into(),
+        ..opened
+    };
+    provenance::record_session(&f.console.broker.journal, idle).unwrap();
     let exe = std::env::current_exe().unwrap();
     let exe_blake3 = blake3::hash(&std::fs::read(&exe).unwrap())
         .to_hex()

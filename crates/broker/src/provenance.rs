@@ -326,6 +326,35 @@ pub fn recorded_session(
     Ok(recorded_from(load_events(conn, &session_key(session))?))
 }
 
+/// The sessions the journal has records of, the most recently connected first (at most
+/// `limit`), each with its first record. Walks the `events_by_invocation` index over the
+/// reserved key range only.
+///
+/// # Errors
+///
+/// As [`recorded_session`].
+pub fn recorded_sessions(
+    conn: &Connection,
+    limit: usize,
+) -> Result<Vec<RecordedSession>, JournalError> {
+    // Every key starting with "session:" sorts in ["session:", "session;").
+    let keys: Vec<String> = conn
+        .prepare_cached(
+            "SELECT invocation_id FROM events
+             WHERE invocation_id >= 'session:' AND invocation_id < 'session;'
+             GROUP BY invocation_id ORDER BY max(seq) DESC LIMIT ?1",
+        )?
+        .query_map([i64::try_from(limit).unwrap_or(i64::MAX)], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    let mut out = Vec::new();
+    for key in keys {
+        if let Some(recorded) = recorded_from(load_events(conn, &key)?) {
+            out.push(recorded);
+        }
+    }
+    Ok(out)
+}
+
 /// [`recorded_session`] through the broker's own reader.
 ///
 /// # Errors

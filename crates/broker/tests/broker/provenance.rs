@@ -150,6 +150,15 @@ fn session_records_are_not_invocations_in_any_reading() {
         .unwrap()
         .unwrap();
     assert_eq!(recorded.connections, 2);
+    // Recorded sessions are listed from their own key range, newest first.
+    drop(conn);
+    provenance::record_session(&f.journal, this_process_opened("session-2")).unwrap();
+    let listed: Vec<String> = provenance::recorded_sessions(&read_conn(&f), 10)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.opened.session)
+        .collect();
+    assert_eq!(listed, ["session-2", SESSION]);
 
     // The audit chain covers the session records like every other event.
     let report = audit::verify_file(&f.db(), &signing_key().verifying_key()).unwrap();
