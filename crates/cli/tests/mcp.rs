@@ -631,8 +631,13 @@ async fn the_agent_is_recorded_before_its_first_call_and_read_back_after_a_resta
     daemon.restart();
     // The restarted daemon serves a new agent connection over the same journal.
     let again = client_after(&daemon.socket).await;
-    let listed = call(&again, "list_targets", json!({})).await;
-    assert!(!is_error(&listed), "{listed:?}");
+    let second = call(
+        &again,
+        "http_request",
+        json!({"url": server.url("/v1/items"), "method": "GET"}),
+    )
+    .await;
+    assert!(!is_error(&second), "{second:?}");
     again.cancel().await.unwrap();
 
     let conn = daemon.journal();
@@ -650,6 +655,35 @@ async fn the_agent_is_recorded_before_its_first_call_and_read_back_after_a_resta
         recorded.seq < u64::try_from(accepted_seq).unwrap(),
         "the session record precedes the first acceptance"
     );
+    // One record per MCP session (before and after the restart), none for the bare
+    // connections that only probed whether the daemon listens.
+    let records: Vec<String> = conn
+        .prepare("SELECT invocation_id FROM events WHERE kind = 'SESSION_OPENED'")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(records, vec![provenance::session_key(&session); 2]);
+    assert_eq!(recorded.connections, 2);
+    // Opening the MCP session is enough: the record is written without any call.
+    let idle = client_after(&daemon.socket).await;
+    let mut count = 0i64;
+    for _ in 0..500 {
+        count = conn
+            .query_row(
+                "SELECT count(*) FROM events WHERE kind = 'SESSION_OPENED'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        if count == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(count, 3, "the MCP handshake records the session");
+    idle.cancel().await.unwrap();
     let agent = &recorded.opened.agent;
     let exe = std::env::current_exe().unwrap();
     let independent = blake3::hash(&std::fs::read(&exe).unwrap());

@@ -1,19 +1,25 @@
 //! One agent session's MCP server: the tools, served over one bridge connection.
 //!
+//! Who the agent is (SESSION_OPENED, [`postern_broker::provenance`]) is recorded when
+//! the bridge opens the MCP session; calls that run invocations wait for that record
+//! and are refused if it could not be written.
+//!
 //! Results are written back through the bridge, which acknowledges each response it has
 //! written to the agent's stdout with a `notifications/postern/delivered` notification.
 //! Only that acknowledgement records RESULT_DELIVERED; a connection that closes first
 //! leaves the result stored with `result_delivery` / `fetch_result`.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use base64::Engine;
 use rmcp::ErrorData as McpError;
 use rmcp::ServerHandler;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, CustomNotification, ListToolsResult,
-    PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities, ServerConfig,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CustomNotification,
+    InitializeRequestParams, InitializeResult, ListToolsResult, PaginatedRequestParams,
+    ProgressNotificationParam, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::{NotificationContext, RequestContext, RoleServer};
 use serde_json::{Value, json};
@@ -101,8 +107,12 @@ impl Sessions {
 }
 
 /// The SESSION_OPENED record of one connection: read from /proc and written when the
-/// connection starts; awaited by the first call that would run an invocation.
+/// agent's bridge opens the MCP session (its `initialize`), or by the first call that
+/// needs it, whichever comes first; awaited by every call that would run an invocation.
+/// A bare connection that never speaks MCP (a liveness probe) records nothing.
 struct Opening {
+    /// Set once the recording has been started, so it runs once per connection.
+    started: AtomicBool,
     task: Mutex<Option<tokio::task::JoinHandle<Result<u64, String>>>>,
     /// The record's sequence number, or why it could not be written.
     done: tokio::sync::OnceCell<Result<u64, String>>,
@@ -136,36 +146,46 @@ pub struct Session {
 }
 
 impl Session {
-    /// A session for `identity`. Starts recording SESSION_OPENED right away (the agent
-    /// process is read now, at connect); calls that run invocations wait for it.
+    /// A session for `identity`. SESSION_OPENED is recorded when the MCP session opens
+    /// ([`Session::start_recording`]); calls that run invocations wait for it.
     pub fn new(broker: Arc<Broker>, identity: AgentIdentity) -> Self {
-        let opening = Opening {
-            task: Mutex::new(None),
-            done: tokio::sync::OnceCell::new(),
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                let (b, i) = (broker.clone(), identity.clone());
-                let task = runtime.spawn_blocking(move || record_opening(&b, &i));
-                if let Ok(mut slot) = opening.task.lock() {
-                    *slot = Some(task);
-                }
-            }
-            Err(_) => {
-                let _ = opening.done.set(record_opening(&broker, &identity));
-            }
-        }
         Session {
             broker,
             identity,
             undelivered: Arc::new(Mutex::new(HashMap::new())),
-            opening: Arc::new(opening),
+            opening: Arc::new(Opening {
+                started: AtomicBool::new(false),
+                task: Mutex::new(None),
+                done: tokio::sync::OnceCell::new(),
+            }),
         }
     }
 
-    /// Waits until this connection's SESSION_OPENED is on disk. Its sequence number, or
-    /// the refusal the agent gets instead of running anything unrecorded.
+    /// Starts reading the agent from /proc (hashing its executable off the async
+    /// threads) and appending SESSION_OPENED. Runs once per connection.
+    pub fn start_recording(&self) {
+        if self.opening.started.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let (broker, identity) = (self.broker.clone(), self.identity.clone());
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let task = runtime.spawn_blocking(move || record_opening(&broker, &identity));
+                if let Ok(mut slot) = self.opening.task.lock() {
+                    *slot = Some(task);
+                }
+            }
+            Err(_) => {
+                let _ = self.opening.done.set(record_opening(&broker, &identity));
+            }
+        }
+    }
+
+    /// Waits until this connection's SESSION_OPENED is on disk (starting the recording
+    /// if the session has not). Its sequence number, or the refusal the agent gets
+    /// instead of running anything unrecorded.
     pub async fn opened(&self) -> Result<u64, CallToolResult> {
+        self.start_recording();
         let done = self
             .opening
             .done
@@ -592,6 +612,17 @@ pub fn server_info() -> ServerConfig {
 impl ServerHandler for Session {
     fn get_info(&self) -> ServerConfig {
         server_info()
+    }
+
+    /// The MCP session opens: who the agent is gets recorded now, before any call.
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, McpError> {
+        self.start_recording();
+        context.peer.set_peer_info(request.clone());
+        self.negotiate_initialize(&request)
     }
 
     async fn list_tools(
