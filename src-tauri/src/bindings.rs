@@ -34,6 +34,7 @@ pub const SIGNATURES: &[Signature] = &[
         args: &[
             ("invocationId", "string"),
             ("fingerprint", "string"),
+            ("cardDigest", "string"),
             ("decision", "Decision"),
         ],
         returns: "null",
@@ -176,6 +177,9 @@ pub fn typescript() -> String {
         Overview::decl(),
         ProcessCard::decl(),
         AgentCard::decl(),
+        AncestorCard::decl(),
+        RecordedAgent::decl(),
+        ApprovalProof::decl(),
         BodyPreview::decl(),
         ApprovalCard::decl(),
         Decision::decl(),

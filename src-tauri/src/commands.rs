@@ -29,9 +29,10 @@ pub async fn answer_approval(
     console: ConsoleState<'_>,
     invocation_id: String,
     fingerprint: String,
+    card_digest: String,
     decision: Decision,
 ) -> Result<(), CommandError> {
-    console.answer(&invocation_id, &fingerprint, decision)
+    console.answer(&invocation_id, &fingerprint, &card_digest, decision)
 }
 
 #[tauri::command]

@@ -13,7 +13,7 @@ use std::time::Instant;
 use rusqlite::{Connection, OpenFlags};
 use serde_json::json;
 
-use postern_broker::approvals::{Approvals, Pending};
+use postern_broker::approvals::{AnswerError, Approvals, Pending};
 use postern_broker::audit;
 use postern_broker::broker::Broker;
 use postern_broker::channel::ssh_keys::{KeyImportError, import_private_key};
@@ -25,6 +25,7 @@ use postern_broker::journal::JournalError;
 use postern_broker::journal::events::{Channel, Event};
 use postern_broker::journal::projection::Projection;
 use postern_broker::journal::query::{self, Filter, InvocationRow};
+use postern_broker::provenance::{self, ApprovalRecord};
 use postern_broker::vault::{CredentialKind, Secret};
 use postern_mcp::peer::ProcessInfo;
 use postern_mcp::server::{SessionRecord, Sessions};
@@ -160,22 +161,37 @@ impl Console {
 
     /// Answers one card. Approve grants exactly `fingerprint`: if the request changed
     /// since the card was drawn, the broker refuses it with FINGERPRINT_MISMATCH and
-    /// nothing is sent. Deny always stops the request.
+    /// nothing is sent. Deny always stops the request. Both name the digest of the card
+    /// answered (`card_digest`), which the journal records; an approval of a card other
+    /// than the pending one is refused (CARD_CHANGED) and the request keeps waiting.
     pub fn answer(
         &self,
         invocation_id: &str,
         fingerprint: &str,
+        card_digest: &str,
         decision: Decision,
     ) -> Result<(), CommandError> {
-        let not_pending = |_| {
-            CommandError::new(
+        let not_pending = |e: AnswerError| match e {
+            AnswerError::CardChanged { .. } => CommandError::field(
+                ErrorCode::CardChanged,
+                "card_digest",
+                format!("{e}; the card changed since it was drawn, read it again"),
+            ),
+            AnswerError::NotPending(_) => CommandError::new(
                 ErrorCode::NotPending,
                 format!(
                     "{invocation_id} is no longer waiting for an answer (answered, timed out \
                      or cancelled by the agent)"
                 ),
-            )
+            ),
         };
+        if card_digest.trim().is_empty() {
+            return Err(CommandError::field(
+                ErrorCode::InvalidInput,
+                "card_digest",
+                "An answer must name the card it answers.",
+            ));
+        }
         match decision {
             Decision::Approve => {
                 if fingerprint.trim().is_empty() {
@@ -186,12 +202,12 @@ impl Console {
                     ));
                 }
                 self.approvals
-                    .approve(invocation_id, fingerprint, &self.operator)
+                    .approve_card(invocation_id, fingerprint, card_digest, &self.operator)
                     .map_err(not_pending)
             }
             Decision::Deny => self
                 .approvals
-                .deny(invocation_id, &self.operator)
+                .deny_card(invocation_id, card_digest, &self.operator)
                 .map_err(not_pending),
         }
     }
@@ -208,12 +224,30 @@ impl Console {
                     .iter()
                     .find(|l| l.identity.session == r.session)
                     .map(agent_card),
+                recorded: self.recorded_agent(Some(&r.session)),
                 session: r.session,
                 invocations: r.invocations,
                 first_at_ms: r.first_at_ms,
                 last_at_ms: r.last_at_ms,
             })
             .collect();
+        // Sessions the journal recorded that never invoked anything (earlier runs too).
+        let recorded = self.read(|conn| provenance::recorded_sessions(conn, 200))?;
+        for r in &recorded {
+            if !out.iter().any(|s| s.session == r.opened.session) {
+                out.push(SessionSummary {
+                    session: r.opened.session.clone(),
+                    invocations: 0,
+                    first_at_ms: r.at_ms,
+                    last_at_ms: r.at_ms,
+                    agent: live
+                        .iter()
+                        .find(|l| l.identity.session == r.opened.session)
+                        .map(agent_card),
+                    recorded: Some(RecordedAgent::from(r)),
+                });
+            }
+        }
         // Live sessions that have not invoked anything yet still show.
         for record in &live {
             if !out.iter().any(|s| s.session == record.identity.session) {
@@ -223,11 +257,20 @@ impl Console {
                     first_at_ms: record.first_seen_ms,
                     last_at_ms: record.first_seen_ms,
                     agent: Some(agent_card(record)),
+                    recorded: self.recorded_agent(Some(&record.identity.session)),
                 });
             }
         }
         out.sort_by_key(|s| std::cmp::Reverse(s.last_at_ms));
         Ok(out)
+    }
+
+    /// The agent of `session` as the journal recorded it (absent without a record, or
+    /// when it cannot be read: the listing still shows the session).
+    fn recorded_agent(&self, session: Option<&str>) -> Option<RecordedAgent> {
+        let session = session?;
+        let recorded = self.read(|conn| provenance::recorded_session(conn, session));
+        recorded.ok().flatten().as_ref().map(RecordedAgent::from)
     }
 
     /// Every invocation of one session (the newest [`TIMELINE_LIMIT`]), oldest first,
@@ -387,6 +430,10 @@ impl Console {
         let manifest_verdict =
             evidence::latest_retry_verdict(&events).map(|v| v.as_str().to_string());
         let proof = evidence::what_the_record_proves(&p, &events);
+        let agent = self.recorded_agent(row.session.as_deref());
+        let approval = ApprovalRecord::of(&events)
+            .as_ref()
+            .map(ApprovalProof::from);
         let mut envelope = evidence::invocation_status(&p, now);
         envelope["message"] = json!(p.message);
         Ok(InvocationDetail {
@@ -399,6 +446,8 @@ impl Console {
             manifest_verdict,
             can_query,
             settlement,
+            agent,
+            approval,
         })
     }
 
@@ -979,35 +1028,11 @@ fn agent_card(r: &SessionRecord) -> AgentCard {
 }
 
 fn card(p: Pending, sessions: &[SessionRecord]) -> ApprovalCard {
-    let r = p.request;
-    let agent = r
+    let live = p
+        .request
         .session
         .as_deref()
         .and_then(|s| sessions.iter().find(|rec| rec.identity.session == s))
         .map(agent_card);
-    ApprovalCard {
-        invocation_id: r.invocation_id,
-        mode: r.mode.to_string(),
-        target: r.target,
-        summary: escape_text(&r.summary),
-        method: r.detail.method,
-        url: r.detail.url.as_deref().map(escape_text),
-        body: r.detail.body.map(|b| BodyPreview {
-            size: b.size,
-            digest: b.digest,
-            text: b.text,
-            truncated: b.truncated,
-        }),
-        ssh_destination: r.detail.ssh_destination,
-        command: r.detail.command,
-        host_key: r.detail.host_key,
-        credential_id: r.credential_id,
-        credential_version: r.credential_version,
-        injection_mode: r.injection_mode,
-        idempotency_key: r.idempotency_key,
-        fingerprint: r.fingerprint,
-        requested_at_ms: p.requested_at_ms,
-        expires_at_ms: p.expires_at_ms,
-        agent,
-    }
+    ApprovalCard::shown(&p.request.card(), p.requested_at_ms, p.expires_at_ms, live)
 }

@@ -53,6 +53,103 @@ pub struct AgentCard {
     pub connections: u32,
 }
 
+/// One ancestor of a recorded agent.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct AncestorCard {
+    pub pid: u32,
+    pub executable: Option<String>,
+}
+
+/// An agent as the journal recorded it when its bridge connected (SESSION_OPENED): what
+/// the log proves about who acted, also after a restart. Paths are escaped.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct RecordedAgent {
+    pub session: String,
+    pub pid: u32,
+    pub uid: Option<u32>,
+    pub executable: Option<String>,
+    /// blake3 (hex) of the executable's bytes when the agent connected.
+    pub executable_blake3: Option<String>,
+    /// Why the executable could not be hashed, when it could not.
+    pub executable_unreadable: Option<String>,
+    /// When the agent process started (unix ms).
+    #[ts(type = "number | null")]
+    pub started_at_ms: Option<i64>,
+    pub cwd: Option<String>,
+    /// Parents of the agent, nearest first.
+    pub parent_chain: Vec<AncestorCard>,
+}
+
+impl From<&postern_broker::provenance::CardAgent> for RecordedAgent {
+    fn from(a: &postern_broker::provenance::CardAgent) -> Self {
+        use postern_broker::provenance::ExecutableDigest;
+        let (executable_blake3, executable_unreadable) = match &a.executable_digest {
+            ExecutableDigest::Blake3 { hex } => (Some(hex.clone()), None),
+            ExecutableDigest::Unreadable { reason } => (None, Some(reason.clone())),
+        };
+        RecordedAgent {
+            session: a.session.clone(),
+            pid: a.pid,
+            uid: a.uid,
+            executable: a.executable.clone(),
+            executable_blake3,
+            executable_unreadable,
+            started_at_ms: a.started_at_ms,
+            cwd: a.cwd.clone(),
+            parent_chain: a
+                .parent_chain
+                .iter()
+                .map(|p| AncestorCard {
+                    pid: p.pid,
+                    executable: p.executable.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl From<&postern_broker::provenance::RecordedSession> for RecordedAgent {
+    fn from(r: &postern_broker::provenance::RecordedSession) -> Self {
+        RecordedAgent::from(&postern_broker::provenance::CardAgent::of(&r.opened))
+    }
+}
+
+/// What an invocation's record says about its approval: the card shown, and whether the
+/// answer named that card.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct ApprovalProof {
+    pub mode: String,
+    /// The digest of the card APPROVAL_REQUESTED recorded (absent in older records).
+    pub card_digest: Option<String>,
+    /// The recorded card hashes to the recorded digest.
+    pub card_intact: bool,
+    /// `granted`, `denied`, or absent while unanswered (or timed out).
+    pub answer: Option<String>,
+    pub answered_by: Option<String>,
+    /// The digest of the card the answer was given on.
+    pub answered_card_digest: Option<String>,
+    /// The answer named the recorded card; absent when it named none (a remembered
+    /// session approval, an older record) or there is no answer.
+    pub matched: Option<bool>,
+}
+
+impl From<&postern_broker::provenance::ApprovalRecord> for ApprovalProof {
+    fn from(r: &postern_broker::provenance::ApprovalRecord) -> Self {
+        ApprovalProof {
+            mode: r.mode.clone(),
+            card_digest: r.card_digest.clone(),
+            card_intact: r.card_intact,
+            answer: r
+                .answer
+                .as_ref()
+                .map(|a| if a.granted { "granted" } else { "denied" }.to_string()),
+            answered_by: r.answer.as_ref().map(|a| a.by.clone()),
+            answered_card_digest: r.answer.as_ref().and_then(|a| a.card_digest.clone()),
+            matched: r.answer_matches_card(),
+        }
+    }
+}
+
 /// A request body as a card shows it.
 #[derive(Debug, Clone, Serialize, TS)]
 pub struct BodyPreview {
@@ -89,9 +186,55 @@ pub struct ApprovalCard {
     pub requested_at_ms: i64,
     #[ts(type = "number")]
     pub expires_at_ms: i64,
-    /// Unknown when the session has no live registry entry (should not happen for a
-    /// pending request, but the card still shows the request).
+    /// The live session (how long it has run, open connections); not part of the card's
+    /// digest. Unknown when the session has no live registry entry.
     pub agent: Option<AgentCard>,
+    /// The agent as its SESSION_OPENED record describes it: the identity this card shows
+    /// and its digest binds. Absent when the journal has no record of the session.
+    pub recorded_agent: Option<RecordedAgent>,
+    /// The digest of exactly what this card shows; Approve and Deny send it back, and the
+    /// journal records it with the request and the answer.
+    pub card_digest: String,
+}
+
+impl ApprovalCard {
+    /// The card the console shows for a pending request: every request field is the
+    /// broker's [`postern_broker::provenance::ApprovalCard`], whose digest the journal
+    /// records; the times and the live session are the console's own.
+    pub fn shown(
+        card: &postern_broker::provenance::ApprovalCard,
+        requested_at_ms: i64,
+        expires_at_ms: i64,
+        agent: Option<AgentCard>,
+    ) -> Self {
+        ApprovalCard {
+            invocation_id: card.invocation_id.clone(),
+            mode: card.mode.clone(),
+            target: card.target.clone(),
+            summary: card.summary.clone(),
+            method: card.method.clone(),
+            url: card.url.clone(),
+            body: card.body.as_ref().map(|b| BodyPreview {
+                size: b.size,
+                digest: b.digest.clone(),
+                text: b.text.clone(),
+                truncated: b.truncated,
+            }),
+            ssh_destination: card.ssh_destination.clone(),
+            command: card.command.clone(),
+            host_key: card.host_key.clone(),
+            credential_id: card.credential_id.clone(),
+            credential_version: card.credential_version.clone(),
+            injection_mode: card.injection_mode.clone(),
+            idempotency_key: card.idempotency_key.clone(),
+            fingerprint: card.fingerprint.clone(),
+            requested_at_ms,
+            expires_at_ms,
+            agent,
+            recorded_agent: card.agent.as_ref().map(RecordedAgent::from),
+            card_digest: card.digest(),
+        }
+    }
 }
 
 /// A person's answer to one card.
@@ -183,6 +326,8 @@ pub struct SessionSummary {
     pub last_at_ms: i64,
     /// Present while this broker has seen the session (this run).
     pub agent: Option<AgentCard>,
+    /// The agent as the journal recorded it (kept across restarts).
+    pub recorded: Option<RecordedAgent>,
 }
 
 /// One durable transition of an invocation.
@@ -224,6 +369,10 @@ pub struct InvocationDetail {
     /// How it was settled, if it was: `remote_query` or `operator_attested`, with the
     /// settlement, who and when.
     pub settlement: Option<Settlement>,
+    /// The agent of the invocation's session, from the journal.
+    pub agent: Option<RecordedAgent>,
+    /// The approval card recorded for it and whether the answer matched it.
+    pub approval: Option<ApprovalProof>,
 }
 
 /// A reconciliation recorded for an invocation.
@@ -386,6 +535,8 @@ pub enum ErrorCode {
     JournalRefused,
     /// The approval was already answered, timed out or was cancelled.
     NotPending,
+    /// The answer names a card other than the one pending; redraw and answer again.
+    CardChanged,
     /// No invocation with that id is in the journal.
     UnknownInvocation,
     /// The invocation's outcome is not an unsettled unknown.
@@ -415,6 +566,7 @@ impl ErrorCode {
         ErrorCode::JournalUnreadable,
         ErrorCode::JournalRefused,
         ErrorCode::NotPending,
+        ErrorCode::CardChanged,
         ErrorCode::UnknownInvocation,
         ErrorCode::NotUnknown,
         ErrorCode::NoReconcileQuery,
@@ -432,6 +584,7 @@ impl ErrorCode {
             ErrorCode::JournalUnreadable => "JOURNAL_UNREADABLE",
             ErrorCode::JournalRefused => "JOURNAL_REFUSED",
             ErrorCode::NotPending => "NOT_PENDING",
+            ErrorCode::CardChanged => "CARD_CHANGED",
             ErrorCode::UnknownInvocation => "UNKNOWN_INVOCATION",
             ErrorCode::NotUnknown => "NOT_UNKNOWN",
             ErrorCode::NoReconcileQuery => "NO_RECONCILE_QUERY",

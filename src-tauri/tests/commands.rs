@@ -17,6 +17,7 @@ use tauri::{App, WebviewWindow, WebviewWindowBuilder};
 use postern_broker::channel::http::{HttpOutcome, HttpRequest};
 use postern_broker::contract::{Code, Outcome, Retry};
 use postern_broker::invocation::CallContext;
+use postern_broker::provenance::{self, SessionOpened};
 use postern_desktop::app::{Args, start, with_console};
 use postern_desktop::console::Console;
 use postern_tests::adversary::{Adversary, Behavior};
@@ -95,7 +96,7 @@ impl Fixture {
     fn answer(&self, card: &Value, decision: &str) -> Value {
         self.ok(
             "answer_approval",
-            json!({"invocationId": card["invocation_id"], "fingerprint": card["fingerprint"], "decision": decision}),
+            json!({"invocationId": card["invocation_id"], "fingerprint": card["fingerprint"], "cardDigest": card["card_digest"], "decision": decision}),
         )
     }
 
@@ -129,7 +130,13 @@ approval = "{approval}"
 fn fixture(config: &str) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("postern.toml"), config).unwrap();
-    let started = start(&Args::in_dir(dir.path(), &test_service())).unwrap();
+    fixture_in(dir, &test_service())
+}
+
+/// A console over the data dir `dir` (its targets file already written) and the
+/// keychain service `service`: a second call over the same pair is a restart.
+fn fixture_in(dir: tempfile::TempDir, service: &str) -> Fixture {
+    let started = start(&Args::in_dir(dir.path(), service)).unwrap();
     let console = started.console;
     let app = with_console(mock_builder(), console.clone())
         .build(mock_context(noop_assets()))
@@ -300,7 +307,7 @@ fn denying_a_card_stops_the_request_for_good() {
     let again = f
         .invoke(
             "answer_approval",
-            json!({"invocationId": card["invocation_id"], "fingerprint": card["fingerprint"], "decision": "approve"}),
+            json!({"invocationId": card["invocation_id"], "fingerprint": card["fingerprint"], "cardDigest": card["card_digest"], "decision": "approve"}),
         )
         .unwrap_err();
     assert_eq!(again["code"], "NOT_PENDING");
@@ -903,4 +910,119 @@ fn ssh_cards_show_the_host_key_then_the_escaped_command_and_approving_pins_the_k
     f.answer(&card, "approve");
     let second = tauri::async_runtime::block_on(second).unwrap();
     assert_eq!(second.outcome, Outcome::Committed, "{second:?}");
+}
+
+/// The console reads who acted and which card was answered from the journal, so both
+/// survive a restart of the broker on the same data dir.
+#[test]
+fn who_acted_and_the_card_answered_are_read_from_the_journal_after_a_restart() {
+    let srv = server(Behavior::ok_json("{\"ok\":true}"));
+    let service = test_service();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("postern.toml"),
+        target(&srv.base_url(), "per_call", ""),
+    )
+    .unwrap();
+    let mut f = fixture_in(dir, &service);
+    store_key(&f);
+    // What the MCP server records when an agent's bridge connects; this test process
+    // plays the agent of session `sess_test_1` (the session `Fixture::call` uses).
+    let me = std::process::id();
+    let ticks = provenance::observe_process(me, None).unwrap().start_ticks;
+    let opened = SessionOpened::observe("sess_test_1", me, ticks, &[], me).unwrap();
+    provenance::record_session(&f.console.broker.journal, opened.clone()).unwrap();
+    // Another connection that never asked for anything.
+    let idle = SessionOpened {
+        session: "sess_idle".into(),
+        ..opened
+    };
+    provenance::record_session(&f.console.broker.journal, idle).unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let exe_blake3 = blake3::hash(&std::fs::read(&exe).unwrap())
+        .to_hex()
+        .to_string();
+
+    let call = f.call(HttpRequest {
+        url: srv.url("/v1/items"),
+        method: "POST".into(),
+        body: b"{\"amount\":5}".to_vec(),
+        ..Default::default()
+    });
+    let card = f.card();
+    assert_eq!(
+        card["recorded_agent"]["executable_blake3"],
+        exe_blake3.as_str()
+    );
+    assert_eq!(card["recorded_agent"]["pid"], me);
+    let digest = card["card_digest"].as_str().unwrap().to_string();
+    assert_eq!(digest.len(), 64);
+    // An answer naming another card is refused, and the card keeps waiting.
+    let refused = f
+        .invoke(
+            "answer_approval",
+            json!({"invocationId": card["invocation_id"], "fingerprint": card["fingerprint"], "cardDigest": "0".repeat(64), "decision": "approve"}),
+        )
+        .unwrap_err();
+    assert_eq!(refused["code"], "CARD_CHANGED");
+    assert_eq!(refused["field"], "card_digest");
+    assert_eq!(f.card()["card_digest"], digest.as_str());
+    f.answer(&card, "approve");
+    let out = tauri::async_runtime::block_on(call).unwrap();
+    assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
+
+    let check = |detail: &Value| {
+        let approval = &detail["approval"];
+        assert_eq!(approval["card_digest"], digest.as_str(), "{detail}");
+        assert_eq!(approval["answered_card_digest"], digest.as_str());
+        assert_eq!(approval["answer"], "granted");
+        assert_eq!(approval["matched"], true);
+        assert_eq!(approval["card_intact"], true);
+        assert_eq!(detail["agent"]["executable"], exe.to_str().unwrap());
+        assert_eq!(detail["agent"]["executable_blake3"], exe_blake3.as_str());
+    };
+    check(&f.ok(
+        "invocation_detail",
+        json!({"invocationId": out.invocation_id}),
+    ));
+
+    // Restart: the first broker's writer is closed, a new console opens the same dir.
+    f.console.broker.journal.clone().close().unwrap();
+    let dir = std::mem::replace(&mut f.dir, tempfile::tempdir().unwrap());
+    drop(f);
+    let g = fixture_in(dir, &service);
+    let sessions = g.ok("list_sessions", json!({}));
+    let session = sessions
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["session"] == "sess_test_1")
+        .unwrap();
+    assert!(
+        session["agent"].is_null(),
+        "not live in this run: {session}"
+    );
+    assert_eq!(
+        session["recorded"]["executable_blake3"],
+        exe_blake3.as_str()
+    );
+    assert_eq!(session["recorded"]["pid"], me);
+    assert_eq!(
+        session["recorded"]["cwd"],
+        std::env::current_dir().unwrap().to_str().unwrap()
+    );
+    let timeline = g.ok("session_timeline", json!({"session": "sess_test_1"}));
+    let timeline = timeline.as_array().unwrap();
+    assert_eq!(timeline.len(), 1);
+    check(&timeline[0]);
+    // Session records are not invocations: the activity lists only the call.
+    let page = g.ok(
+        "query_activity",
+        json!({"filter": {}, "beforeSeq": null, "limit": 50}),
+    );
+    assert_eq!(page["rows"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        g.ok("integrity", json!({"recheck": true}))["state"],
+        "verified"
+    );
 }

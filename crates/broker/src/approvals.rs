@@ -18,6 +18,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use crate::action::ConfigSnapshot;
+use crate::provenance::{ApprovalCard, CardAgent};
 
 /// A request for a person's approval, bound to one fingerprint.
 #[derive(Debug, Clone)]
@@ -36,6 +37,8 @@ pub struct ApprovalRequest {
     pub mode: &'static str,
     /// What the card shows of the action itself.
     pub detail: ApprovalDetail,
+    /// The agent as its SESSION_OPENED record describes it (`None` without one).
+    pub agent: Option<CardAgent>,
 }
 
 impl ApprovalRequest {
@@ -62,7 +65,14 @@ impl ApprovalRequest {
             idempotency_key: snapshot.idempotency_key.clone(),
             mode: "",
             detail,
+            agent: None,
         }
+    }
+
+    /// Exactly what the approval card for this request displays; its digest is what
+    /// APPROVAL_REQUESTED records and what an answer must name.
+    pub fn card(&self) -> ApprovalCard {
+        ApprovalCard::of(self)
     }
 }
 
@@ -84,11 +94,19 @@ pub struct ApprovalDetail {
     pub host_key: Option<String>,
 }
 
-/// A person's answer. An approval names the fingerprint it approves.
+/// A person's answer. An approval names the fingerprint it approves; an answer from the
+/// console also names the digest of the card it was given on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ApprovalAnswer {
-    Approved { fingerprint: String, by: String },
-    Denied { by: String },
+    Approved {
+        fingerprint: String,
+        by: String,
+        card_digest: Option<String>,
+    },
+    Denied {
+        by: String,
+        card_digest: Option<String>,
+    },
     TimedOut,
 }
 
@@ -113,6 +131,16 @@ pub struct Pending {
 pub enum AnswerError {
     #[error("no pending approval for invocation {0}")]
     NotPending(String),
+    /// The answer names a card other than the one pending: the person saw something
+    /// else. Nothing is recorded and the request keeps waiting.
+    #[error(
+        "invocation {invocation_id}: the answer names card {answered}, but the pending card is {pending}"
+    )]
+    CardChanged {
+        invocation_id: String,
+        answered: String,
+        pending: String,
+    },
 }
 
 struct Waiting {
@@ -173,11 +201,73 @@ impl Approvals {
     }
 
     /// Approves exactly `fingerprint` for `invocation_id`. A fingerprint other than the
-    /// bound one is passed on and refused by the journal (FINGERPRINT_MISMATCH).
+    /// bound one is passed on and refused by the journal (FINGERPRINT_MISMATCH). The
+    /// grant names no card; the console answers with [`Approvals::approve_card`].
     pub fn approve(
         &self,
         invocation_id: &str,
         fingerprint: &str,
+        by: &str,
+    ) -> Result<(), AnswerError> {
+        self.grant(invocation_id, fingerprint, None, by)
+    }
+
+    /// Approves `fingerprint` on the card whose digest is `card_digest`, the card the
+    /// person was shown. A digest other than the pending card's is refused
+    /// ([`AnswerError::CardChanged`]) and the request keeps waiting.
+    pub fn approve_card(
+        &self,
+        invocation_id: &str,
+        fingerprint: &str,
+        card_digest: &str,
+        by: &str,
+    ) -> Result<(), AnswerError> {
+        self.check_card(invocation_id, card_digest)?;
+        self.grant(
+            invocation_id,
+            fingerprint,
+            Some(card_digest.to_string()),
+            by,
+        )
+    }
+
+    /// Denies `invocation_id` on the card whose digest is `card_digest`. A denial always
+    /// stops the request; the digest it names is recorded as given.
+    pub fn deny_card(
+        &self,
+        invocation_id: &str,
+        card_digest: &str,
+        by: &str,
+    ) -> Result<(), AnswerError> {
+        self.refuse(invocation_id, Some(card_digest.to_string()), by)
+    }
+
+    /// The pending card of `invocation_id` must be the one with `card_digest`.
+    fn check_card(&self, invocation_id: &str, card_digest: &str) -> Result<(), AnswerError> {
+        let pending = self
+            .waiting
+            .lock()
+            .ok()
+            .and_then(|w| {
+                w.get(invocation_id)
+                    .map(|w| w.pending.request.card().digest())
+            })
+            .ok_or_else(|| AnswerError::NotPending(invocation_id.to_string()))?;
+        if pending != card_digest {
+            return Err(AnswerError::CardChanged {
+                invocation_id: invocation_id.to_string(),
+                answered: card_digest.to_string(),
+                pending,
+            });
+        }
+        Ok(())
+    }
+
+    fn grant(
+        &self,
+        invocation_id: &str,
+        fingerprint: &str,
+        card_digest: Option<String>,
         by: &str,
     ) -> Result<(), AnswerError> {
         let waiting = self.take(invocation_id)?;
@@ -191,16 +281,28 @@ impl Approvals {
         let _ = waiting.answer.send(ApprovalAnswer::Approved {
             fingerprint: fingerprint.to_string(),
             by: by.to_string(),
+            card_digest,
         });
         Ok(())
     }
 
-    /// Denies `invocation_id`: APPROVAL_DENIED, retry never.
+    /// Denies `invocation_id`: APPROVAL_DENIED, retry never. The denial names no card;
+    /// the console answers with [`Approvals::deny_card`].
     pub fn deny(&self, invocation_id: &str, by: &str) -> Result<(), AnswerError> {
+        self.refuse(invocation_id, None, by)
+    }
+
+    fn refuse(
+        &self,
+        invocation_id: &str,
+        card_digest: Option<String>,
+        by: &str,
+    ) -> Result<(), AnswerError> {
         let waiting = self.take(invocation_id)?;
-        let _ = waiting
-            .answer
-            .send(ApprovalAnswer::Denied { by: by.to_string() });
+        let _ = waiting.answer.send(ApprovalAnswer::Denied {
+            by: by.to_string(),
+            card_digest,
+        });
         Ok(())
     }
 
@@ -225,9 +327,11 @@ impl Approver for Approvals {
                     .lock()
                     .is_ok_and(|s| s.contains(&(session.clone(), request.target.clone())))
             {
+                // No card was shown for this request: the grant names none.
                 return ApprovalAnswer::Approved {
                     fingerprint: request.fingerprint.clone(),
                     by: format!("session approval ({session})"),
+                    card_digest: None,
                 };
             }
             let (tx, rx) = oneshot::channel();

@@ -97,7 +97,8 @@ pub fn escape_text(text: &str) -> String {
 }
 
 /// What an approval card shows of a request body.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct BodyPreview {
     pub size: u64,
     /// blake3 of the exact body bytes, lowercase hex (the value bound in the fingerprint).

@@ -37,6 +37,8 @@ pub enum Step {
     Imported,
     /// A journal-level record (not an invocation's step).
     Journal,
+    /// A session record (not an invocation step): who the agent is.
+    Session,
 }
 
 impl Step {
@@ -57,6 +59,7 @@ impl Step {
             Step::Reconciled => "reconciled",
             Step::Imported => "imported",
             Step::Journal => "journal",
+            Step::Session => "session",
         }
     }
 }
@@ -88,18 +91,20 @@ pub fn step_of(body: &EventBody) -> Step {
         EventBody::Reconciled { .. } => Step::Reconciled,
         EventBody::ImportedEvidence { .. } => Step::Imported,
         EventBody::SigningResumed { .. } => Step::Journal,
+        EventBody::SessionOpened(_) => Step::Session,
     }
 }
 
 /// The facts of an event as `key=value` pairs separated by two spaces, without its kind
 /// and without absent values; text values are escaped for display. (The journal holds no
-/// secrets, so neither does this.)
+/// secrets, so neither does this.) An approval card is named by its `card_digest`: the
+/// card itself is read with [`crate::provenance::ApprovalRecord`].
 pub fn describe(body: &EventBody) -> String {
     let Ok(Value::Object(map)) = serde_json::to_value(body) else {
         return String::new();
     };
     map.into_iter()
-        .filter(|(k, v)| k != "kind" && !v.is_null())
+        .filter(|(k, v)| k != "kind" && k != "card" && !v.is_null())
         .map(|(k, v)| match v {
             Value::String(s) => format!("{k}={}", escape_text(&s)),
             other => format!("{k}={other}"),

@@ -37,6 +37,9 @@
 //!   space reserve and low-space mode).
 //! - [`evidence`]: what a record proves and does not prove, the unsettled rule, the
 //!   status `get_invocation` and the console show, operator attestations.
+//! - [`provenance`]: who acted and what was approved: the SESSION_OPENED record of an
+//!   agent process (executable digest, pid, start time, uid, cwd, parents) and the
+//!   approval card whose digest the request and the answer record.
 //! - [`retry`]: `decide()` and the retry manifest.
 //! - [`audit`]: the hash chain over the journal, signed checkpoints and the verifier.
 //! - [`transparency`]: witness cosigning (C2SP tlog-witness): checkpoint notes and
@@ -59,6 +62,7 @@ pub mod display;
 pub mod evidence;
 pub mod invocation;
 pub mod journal;
+pub mod provenance;
 pub mod retry;
 pub mod transparency;
 pub mod vault;

@@ -14,6 +14,7 @@ use rmcp::service::{RoleClient, RunningService};
 use rmcp::transport::TokioChildProcess;
 use serde_json::{Value, json};
 
+use postern_broker::provenance::{self, ExecutableDigest};
 use postern_tests::adversary::{Adversary, Behavior};
 use postern_tests::agent::{self, Agent, is_error, structured};
 
@@ -593,4 +594,134 @@ async fn ssh_exec_through_the_bridge_reports_the_exit_status_as_a_result() {
         .to_string();
     assert!(!value.to_string().contains(&key_line) && !fetched.to_string().contains(&key_line));
     client.cancel().await.unwrap();
+}
+
+fn own_uid() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|rest| rest.split_whitespace().nth(1))
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// This test process is the agent (it launches `postern mcp`): after its call and a
+/// restart of the daemon on the same data dir, the journal still says which process
+/// acted, with the blake3 of its binary, and the audit chain verifies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_is_recorded_before_its_first_call_and_read_back_after_a_restart() {
+    let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let mut daemon = start_daemon(&server.base_url(), "none");
+    let client = client(&daemon.socket).await;
+    let result = call(
+        &client,
+        "http_request",
+        json!({"url": server.url("/v1/items"), "method": "GET"}),
+    )
+    .await;
+    assert!(!is_error(&result), "{result:?}");
+    let id = structured(&result)["invocation_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    client.cancel().await.unwrap();
+
+    daemon.restart();
+    // The restarted daemon serves a new agent connection over the same journal.
+    let again = client_after(&daemon.socket).await;
+    let second = call(
+        &again,
+        "http_request",
+        json!({"url": server.url("/v1/items"), "method": "GET"}),
+    )
+    .await;
+    assert!(!is_error(&second), "{second:?}");
+    again.cancel().await.unwrap();
+
+    let conn = daemon.journal();
+    let (session, accepted_seq): (String, i64) = conn
+        .query_row(
+            "SELECT session_id, accepted_seq FROM invocations WHERE id = ?1",
+            [&id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    let recorded = provenance::recorded_session(&conn, &session)
+        .unwrap()
+        .expect("a SESSION_OPENED record for the agent's session");
+    assert!(
+        recorded.seq < u64::try_from(accepted_seq).unwrap(),
+        "the session record precedes the first acceptance"
+    );
+    // One record per MCP session (before and after the restart), none for the bare
+    // connections that only probed whether the daemon listens.
+    let records: Vec<String> = conn
+        .prepare("SELECT invocation_id FROM events WHERE kind = 'SESSION_OPENED'")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(records, vec![provenance::session_key(&session); 2]);
+    assert_eq!(recorded.connections, 2);
+    // Opening the MCP session is enough: the record is written without any call.
+    let idle = client_after(&daemon.socket).await;
+    let mut count = 0i64;
+    for _ in 0..500 {
+        count = conn
+            .query_row(
+                "SELECT count(*) FROM events WHERE kind = 'SESSION_OPENED'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        if count == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(count, 3, "the MCP handshake records the session");
+    idle.cancel().await.unwrap();
+    let agent = &recorded.opened.agent;
+    let exe = std::env::current_exe().unwrap();
+    let independent = blake3::hash(&std::fs::read(&exe).unwrap());
+    assert_eq!(agent.executable.as_deref(), exe.to_str());
+    assert_eq!(
+        agent.executable_digest,
+        ExecutableDigest::Blake3 {
+            hex: independent.to_hex().to_string()
+        }
+    );
+    assert_eq!(agent.pid, std::process::id());
+    assert_eq!(agent.uid, Some(own_uid()));
+    assert_eq!(
+        agent.cwd.as_deref(),
+        std::env::current_dir().unwrap().to_str()
+    );
+    assert!(agent.started_at_ms.is_some());
+    assert_eq!(session, format!("sess_{}_{}", agent.pid, agent.start_ticks));
+    let bridge = recorded.opened.transport.bridge_executable.as_deref();
+    assert_eq!(
+        bridge.map(Path::new),
+        Some(std::fs::canonicalize(POSTERN).unwrap().as_path())
+    );
+    assert_eq!(
+        recorded.opened.parent_chain.first().map(|p| p.pid),
+        Some(std::os::unix::process::parent_id())
+    );
+
+    let out = Command::new(POSTERN)
+        .args(["audit", "verify", "--data-dir"])
+        .arg(daemon.dir.path())
+        .args(["--keychain-service", daemon.service()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

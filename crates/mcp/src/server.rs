@@ -1,19 +1,25 @@
 //! One agent session's MCP server: the tools, served over one bridge connection.
 //!
+//! Who the agent is (SESSION_OPENED, [`postern_broker::provenance`]) is recorded when
+//! the bridge opens the MCP session; calls that run invocations wait for that record
+//! and are refused if it could not be written.
+//!
 //! Results are written back through the bridge, which acknowledges each response it has
 //! written to the agent's stdout with a `notifications/postern/delivered` notification.
 //! Only that acknowledgement records RESULT_DELIVERED; a connection that closes first
 //! leaves the result stored with `result_delivery` / `fetch_result`.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use base64::Engine;
 use rmcp::ErrorData as McpError;
 use rmcp::ServerHandler;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, CustomNotification, ListToolsResult,
-    PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities, ServerConfig,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CustomNotification,
+    InitializeRequestParams, InitializeResult, ListToolsResult, PaginatedRequestParams,
+    ProgressNotificationParam, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::{NotificationContext, RequestContext, RoleServer};
 use serde_json::{Value, json};
@@ -21,11 +27,13 @@ use serde_json::{Value, json};
 use postern_broker::broker::Broker;
 use postern_broker::channel::http::{HttpOutcome, HttpRequest, HttpResponse};
 use postern_broker::channel::ssh::{SshOutcome, SshRequest, SshResult};
+use postern_broker::contract::{Code, ErrorBody, Outcome, Phase, Retry};
 use postern_broker::evidence;
 use postern_broker::invocation;
 use postern_broker::invocation::CallContext;
 use postern_broker::journal::events::Channel;
 use postern_broker::journal::projection::Projection;
+use postern_broker::provenance::{self, SessionOpened};
 
 use crate::peer::AgentIdentity;
 use crate::tools::{self, HttpRequestArgs, InvocationArgs, NoArgs, SshExecArgs};
@@ -98,6 +106,33 @@ impl Sessions {
     }
 }
 
+/// The SESSION_OPENED record of one connection: read from /proc and written when the
+/// agent's bridge opens the MCP session (its `initialize`), or by the first call that
+/// needs it, whichever comes first; awaited by every call that would run an invocation.
+/// A bare connection that never speaks MCP (a liveness probe) records nothing.
+struct Opening {
+    /// Set once the recording has been started, so it runs once per connection.
+    started: AtomicBool,
+    task: Mutex<Option<tokio::task::JoinHandle<Result<u64, String>>>>,
+    /// The record's sequence number, or why it could not be written.
+    done: tokio::sync::OnceCell<Result<u64, String>>,
+}
+
+/// Reads the agent behind `identity` from /proc (hashing its executable) and appends
+/// SESSION_OPENED, durably.
+fn record_opening(broker: &Broker, identity: &AgentIdentity) -> Result<u64, String> {
+    let ancestors: Vec<u32> = identity.parent_chain.iter().map(|p| p.pid).collect();
+    let opened = SessionOpened::observe(
+        &identity.session,
+        identity.agent.pid,
+        identity.agent.start_time,
+        &ancestors,
+        identity.bridge_pid,
+    )
+    .map_err(|e| e.to_string())?;
+    provenance::record_session(&broker.journal, opened).map_err(|e| e.to_string())
+}
+
 /// One bridge connection, for one agent session, over the shared [`Broker`]. Clones
 /// share state.
 #[derive(Clone)]
@@ -106,15 +141,65 @@ pub struct Session {
     identity: AgentIdentity,
     /// JSON-RPC request id (as JSON text) → invocation id, until the bridge acknowledges.
     undelivered: Arc<Mutex<HashMap<String, String>>>,
+    /// Who the agent is, as the journal records it before any invocation runs.
+    opening: Arc<Opening>,
 }
 
 impl Session {
+    /// A session for `identity`. SESSION_OPENED is recorded when the MCP session opens
+    /// ([`Session::start_recording`]); calls that run invocations wait for it.
     pub fn new(broker: Arc<Broker>, identity: AgentIdentity) -> Self {
         Session {
             broker,
             identity,
             undelivered: Arc::new(Mutex::new(HashMap::new())),
+            opening: Arc::new(Opening {
+                started: AtomicBool::new(false),
+                task: Mutex::new(None),
+                done: tokio::sync::OnceCell::new(),
+            }),
         }
+    }
+
+    /// Starts reading the agent from /proc (hashing its executable off the async
+    /// threads) and appending SESSION_OPENED. Runs once per connection.
+    pub fn start_recording(&self) {
+        if self.opening.started.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let (broker, identity) = (self.broker.clone(), self.identity.clone());
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let task = runtime.spawn_blocking(move || record_opening(&broker, &identity));
+                if let Ok(mut slot) = self.opening.task.lock() {
+                    *slot = Some(task);
+                }
+            }
+            Err(_) => {
+                let _ = self.opening.done.set(record_opening(&broker, &identity));
+            }
+        }
+    }
+
+    /// Waits until this connection's SESSION_OPENED is on disk (starting the recording
+    /// if the session has not). Its sequence number, or the refusal the agent gets
+    /// instead of running anything unrecorded.
+    pub async fn opened(&self) -> Result<u64, CallToolResult> {
+        self.start_recording();
+        let done = self
+            .opening
+            .done
+            .get_or_init(|| async {
+                let task = self.opening.task.lock().ok().and_then(|mut t| t.take());
+                match task {
+                    Some(task) => task
+                        .await
+                        .unwrap_or_else(|e| Err(format!("the recording task failed: {e}"))),
+                    None => Err("the session was never recorded".to_string()),
+                }
+            })
+            .await;
+        done.clone().map_err(|reason| session_unrecorded(&reason))
     }
 
     pub fn identity(&self) -> &AgentIdentity {
@@ -170,6 +255,9 @@ impl Session {
         args: HttpRequestArgs,
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
+        if let Err(refusal) = self.opened().await {
+            return Ok(refusal);
+        }
         let body = match (args.body, args.body_base64) {
             (Some(_), Some(_)) => {
                 return Err(McpError::invalid_params(
@@ -229,6 +317,9 @@ impl Session {
         args: SshExecArgs,
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
+        if let Err(refusal) = self.opened().await {
+            return Ok(refusal);
+        }
         let request = SshRequest {
             host: args.host,
             command: args.command,
@@ -328,6 +419,9 @@ impl Session {
         args: InvocationArgs,
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
+        if let Err(refusal) = self.opened().await {
+            return Ok(refusal);
+        }
         let p = match self.owned_or_unrecorded(&args.invocation_id)? {
             Ok(p) => p,
             Err(answer) => return Ok(answer),
@@ -476,6 +570,27 @@ pub fn result_of(outcome: &HttpOutcome) -> CallToolResult {
     }
 }
 
+/// The refusal an agent gets when its session could not be recorded: nothing runs
+/// unrecorded. There is no invocation id, since nothing was accepted.
+fn session_unrecorded(reason: &str) -> CallToolResult {
+    let error = ErrorBody {
+        code: Code::BrokerUnavailable,
+        phase: Phase::Validation,
+        outcome: Outcome::NotAttempted,
+        retry: Retry::Backoff,
+        message: format!(
+            "The broker could not record who this agent is ({reason}); nothing was run. \
+             Reconnect and try again."
+        ),
+    };
+    CallToolResult::structured_error(json!({
+        "invocation_id": null,
+        "error": error,
+        "outcome": Outcome::NotAttempted,
+        "recorded": false,
+    }))
+}
+
 fn parse<T: serde::de::DeserializeOwned>(request: &CallToolRequestParams) -> Result<T, McpError> {
     let args = Value::Object(request.arguments.clone().unwrap_or_default());
     serde_json::from_value(args)
@@ -497,6 +612,17 @@ pub fn server_info() -> ServerConfig {
 impl ServerHandler for Session {
     fn get_info(&self) -> ServerConfig {
         server_info()
+    }
+
+    /// The MCP session opens: who the agent is gets recorded now, before any call.
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, McpError> {
+        self.start_recording();
+        context.peer.set_peer_info(request.clone());
+        self.negotiate_initialize(&request)
     }
 
     async fn list_tools(
@@ -552,5 +678,96 @@ impl ServerHandler for Session {
         if let Some(invocation_id) = acknowledged {
             let _ = invocation::confirm_delivery(&self.broker.journal, &invocation_id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::peer::{AgentIdentity, process_info};
+    use postern_broker::audit::AUDIT_KEY_ID;
+    use postern_broker::broker::BrokerOptions;
+    use postern_broker::vault::KeychainBackend;
+
+    fn secret_service_enabled() -> bool {
+        if std::env::var_os("POSTERN_TEST_SKIP_SECRET_SERVICE").is_some_and(|v| v == "1") {
+            eprintln!("skipped: POSTERN_TEST_SKIP_SECRET_SERVICE=1");
+            return false;
+        }
+        true
+    }
+
+    /// A broker over a fresh data dir and a keychain service no user has.
+    fn broker(dir: &std::path::Path) -> Arc<Broker> {
+        std::fs::write(dir.join("postern.toml"), "").unwrap();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let opened = Broker::open(BrokerOptions {
+            data_dir: dir.to_path_buf(),
+            config: dir.join("postern.toml"),
+            keychain: KeychainBackend::SecretService,
+            service: format!("postern-test-{}-{nanos}", std::process::id()),
+            approver: None,
+        })
+        .unwrap();
+        Arc::new(opened.broker)
+    }
+
+    /// This test process, as the agent behind a bridge.
+    fn this_agent() -> AgentIdentity {
+        let agent = process_info(std::process::id()).unwrap();
+        AgentIdentity {
+            session: format!("sess_{}_{}", agent.pid, agent.start_time),
+            bridge_pid: agent.pid,
+            parent_chain: process_info(agent.ppid).into_iter().collect(),
+            agent,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_session_is_recorded_once_per_connection_before_it_runs_anything() {
+        if !secret_service_enabled() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let broker = broker(dir.path());
+        let identity = this_agent();
+        let session = Session::new(broker.clone(), identity.clone());
+        let clone = session.clone();
+        let (a, b) = tokio::join!(session.opened(), clone.opened());
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert_eq!(a, b, "one record per connection, whoever waits for it");
+        let recorded = provenance::recorded_session_in(&broker.journal, &identity.session)
+            .unwrap()
+            .unwrap();
+        assert_eq!(recorded.seq, a);
+        assert_eq!(recorded.opened.agent.pid, std::process::id());
+        assert_eq!(recorded.opened.transport.bridge_pid, identity.bridge_pid);
+        let _ = broker.vault.remove(AUDIT_KEY_ID);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_session_whose_record_cannot_be_written_runs_nothing() {
+        if !secret_service_enabled() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let broker = broker(dir.path());
+        let _ = broker.vault.remove(AUDIT_KEY_ID);
+        // The journal's writer is gone: SESSION_OPENED cannot be written.
+        broker.journal.clone().close().unwrap();
+        let session = Session::new(broker.clone(), this_agent());
+        let refusal = session.opened().await.unwrap_err();
+        assert_eq!(refusal.is_error, Some(true));
+        let value = refusal.structured_content.unwrap();
+        assert_eq!(value["error"]["code"], "BROKER_UNAVAILABLE");
+        assert_eq!(value["error"]["outcome"], "not_attempted");
+        assert_eq!(value["error"]["retry"], "backoff");
+        assert!(value["invocation_id"].is_null());
+        assert_eq!(value["recorded"], false);
+        // Asked again, the answer is the same refusal.
+        assert!(session.opened().await.is_err());
     }
 }

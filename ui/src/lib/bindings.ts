@@ -47,6 +47,49 @@ parent_chain: Array<ProcessCard>,
  */
 first_seen_ms: number, ended_at_ms: number | null, connections: number, };
 
+export type AncestorCard = { pid: number, executable: string | null, };
+
+export type RecordedAgent = { session: string, pid: number, uid: number | null, executable: string | null, 
+/**
+ * blake3 (hex) of the executable's bytes when the agent connected.
+ */
+executable_blake3: string | null, 
+/**
+ * Why the executable could not be hashed, when it could not.
+ */
+executable_unreadable: string | null, 
+/**
+ * When the agent process started (unix ms).
+ */
+started_at_ms: number | null, cwd: string | null, 
+/**
+ * Parents of the agent, nearest first.
+ */
+parent_chain: Array<AncestorCard>, };
+
+export type ApprovalProof = { mode: string, 
+/**
+ * The digest of the card APPROVAL_REQUESTED recorded (absent in older records).
+ */
+card_digest: string | null, 
+/**
+ * The recorded card hashes to the recorded digest.
+ */
+card_intact: boolean, 
+/**
+ * `granted`, `denied`, or absent while unanswered (or timed out).
+ */
+answer: string | null, answered_by: string | null, 
+/**
+ * The digest of the card the answer was given on.
+ */
+answered_card_digest: string | null, 
+/**
+ * The answer named the recorded card; absent when it named none (a remembered
+ * session approval, an older record) or there is no answer.
+ */
+matched: boolean | null, };
+
 export type BodyPreview = { size: number, digest: string, 
 /**
  * Escaped text of the first part of the body.
@@ -64,10 +107,20 @@ mode: string, target: string, summary: string, method: string | null, url: strin
  */
 fingerprint: string, requested_at_ms: number, expires_at_ms: number, 
 /**
- * Unknown when the session has no live registry entry (should not happen for a
- * pending request, but the card still shows the request).
+ * The live session (how long it has run, open connections); not part of the card's
+ * digest. Unknown when the session has no live registry entry.
  */
-agent: AgentCard | null, };
+agent: AgentCard | null, 
+/**
+ * The agent as its SESSION_OPENED record describes it: the identity this card shows
+ * and its digest binds. Absent when the journal has no record of the session.
+ */
+recorded_agent: RecordedAgent | null, 
+/**
+ * The digest of exactly what this card shows; Approve and Deny send it back, and the
+ * journal records it with the request and the answer.
+ */
+card_digest: string, };
 
 export type Decision = "approve" | "deny";
 
@@ -97,7 +150,11 @@ export type SessionSummary = { session: string, invocations: number, first_at_ms
 /**
  * Present while this broker has seen the session (this run).
  */
-agent: AgentCard | null, };
+agent: AgentCard | null, 
+/**
+ * The agent as the journal recorded it (kept across restarts).
+ */
+recorded: RecordedAgent | null, };
 
 export type TimelineEvent = { seq: number, at_ms: number, 
 /**
@@ -145,7 +202,15 @@ unsettled: boolean,
  * How it was settled, if it was: `remote_query` or `operator_attested`, with the
  * settlement, who and when.
  */
-settlement: Settlement | null, };
+settlement: Settlement | null, 
+/**
+ * The agent of the invocation's session, from the journal.
+ */
+agent: RecordedAgent | null, 
+/**
+ * The approval card recorded for it and whether the answer matched it.
+ */
+approval: ApprovalProof | null, };
 
 export type Settlement = { 
 /**
@@ -241,7 +306,7 @@ notes: Array<string>,
  */
 scope: string, };
 
-export type ErrorCode = "INVALID_INPUT" | "JOURNAL_UNREADABLE" | "JOURNAL_REFUSED" | "NOT_PENDING" | "UNKNOWN_INVOCATION" | "NOT_UNKNOWN" | "NO_RECONCILE_QUERY" | "RECONCILE_INCONCLUSIVE" | "EXPORT_FAILED" | "CONFIG_UNREADABLE" | "CONFIG_INVALID" | "INTERNAL" | Code;
+export type ErrorCode = "INVALID_INPUT" | "JOURNAL_UNREADABLE" | "JOURNAL_REFUSED" | "NOT_PENDING" | "CARD_CHANGED" | "UNKNOWN_INVOCATION" | "NOT_UNKNOWN" | "NO_RECONCILE_QUERY" | "RECONCILE_INCONCLUSIVE" | "EXPORT_FAILED" | "CONFIG_UNREADABLE" | "CONFIG_INVALID" | "INTERNAL" | Code;
 
 export type CommandError = { code: ErrorCode, message: string, 
 /**
@@ -257,7 +322,7 @@ export type JournalChanged = { last_seq: number, };
 export const commands = {
   overview: (): Promise<Overview> => invoke<Overview>("overview"),
   listApprovals: (): Promise<ApprovalCard[]> => invoke<ApprovalCard[]>("list_approvals"),
-  answerApproval: (invocationId: string, fingerprint: string, decision: Decision): Promise<null> => invoke<null>("answer_approval", { invocationId, fingerprint, decision }),
+  answerApproval: (invocationId: string, fingerprint: string, cardDigest: string, decision: Decision): Promise<null> => invoke<null>("answer_approval", { invocationId, fingerprint, cardDigest, decision }),
   listSessions: (): Promise<SessionSummary[]> => invoke<SessionSummary[]>("list_sessions"),
   sessionTimeline: (session: string): Promise<InvocationDetail[]> => invoke<InvocationDetail[]>("session_timeline", { session }),
   queryActivity: (filter: ActivityFilter, beforeSeq: number | null, limit: number): Promise<ActivityPage> => invoke<ActivityPage>("query_activity", { filter, beforeSeq, limit }),

@@ -2,7 +2,7 @@ import { fireEvent, render, screen, within } from "@testing-library/svelte";
 import userEvent from "@testing-library/user-event";
 import { describe, expect, test } from "vitest";
 import { emitEvent, mockBackend, settle } from "../test/backend";
-import { FINGERPRINT, approvalCard } from "../test/fixtures";
+import { CARD_DIGEST, EXE_BLAKE3, FINGERPRINT, approvalCard } from "../test/fixtures";
 import Approvals from "./Approvals.svelte";
 
 async function renderWith(cards = [approvalCard()], answer: unknown = null) {
@@ -37,6 +37,20 @@ describe("Approvals", () => {
     expect(text).toContain("size 2.0 KiB");
     expect(within(card).getByTestId("card-fingerprint").textContent).toBe(FINGERPRINT.slice(0, 16));
     expect(text).toMatch(/expires in 1m 5\ds|expires in 2m 00s/);
+    // The agent is the recorded one, with the digest of its binary, and the card names
+    // its own digest.
+    expect(within(card).getByTestId("card-agent-digest").textContent).toContain(EXE_BLAKE3.slice(0, 16));
+    expect(text).toContain("uid 1000");
+    expect(within(card).getByTestId("card-digest").textContent).toBe(CARD_DIGEST.slice(0, 16));
+  });
+
+  test("an agent whose binary could not be hashed says why", async () => {
+    await renderWith([
+      approvalCard({
+        recorded_agent: { ...approvalCard().recorded_agent!, executable_blake3: null, executable_unreadable: "Permission denied (os error 13)" },
+      }),
+    ]);
+    expect(screen.getByTestId("card-agent-digest").textContent).toContain("binary not hashed: Permission denied");
   });
 
   test("the body preview is shown as text, never as markup", async () => {
@@ -48,7 +62,7 @@ describe("Approvals", () => {
   });
 
   test("no body, no idempotency key and no agent are said plainly", async () => {
-    await renderWith([approvalCard({ body: null, idempotency_key: null, agent: null })]);
+    await renderWith([approvalCard({ body: null, idempotency_key: null, agent: null, recorded_agent: null })]);
     expect(screen.getByTestId("card-body").textContent).toContain("no body");
     expect(screen.getByTestId("card-idempotency").textContent).toContain("none");
     expect(screen.getByTestId("card-agent").textContent).toContain("agent process unknown");
@@ -59,7 +73,7 @@ describe("Approvals", () => {
     await userEvent.click(screen.getByTestId("approve"));
     await settle();
     expect(backend.callsTo("answer_approval")).toEqual([
-      { cmd: "answer_approval", args: { invocationId: "inv-1", fingerprint: FINGERPRINT, decision: "approve" } },
+      { cmd: "answer_approval", args: { invocationId: "inv-1", fingerprint: FINGERPRINT, cardDigest: CARD_DIGEST, decision: "approve" } },
     ]);
     // Removed optimistically.
     expect(screen.queryByTestId("approval-card")).toBeNull();
@@ -72,6 +86,7 @@ describe("Approvals", () => {
     expect(backend.callsTo("answer_approval")[0].args).toEqual({
       invocationId: "inv-1",
       fingerprint: FINGERPRINT,
+      cardDigest: CARD_DIGEST,
       decision: "deny",
     });
   });
@@ -83,7 +98,7 @@ describe("Approvals", () => {
     await fireEvent.keyDown(second, { key: "Escape" });
     await settle();
     expect(backend.callsTo("answer_approval").map((c) => c.args)).toEqual([
-      { invocationId: "inv-2", fingerprint: "ab".repeat(32), decision: "deny" },
+      { invocationId: "inv-2", fingerprint: "ab".repeat(32), cardDigest: CARD_DIGEST, decision: "deny" },
     ]);
   });
 
@@ -92,7 +107,7 @@ describe("Approvals", () => {
     await userEvent.keyboard("{Escape}");
     await settle();
     expect(backend.callsTo("answer_approval").map((c) => c.args)).toEqual([
-      { invocationId: "inv-1", fingerprint: FINGERPRINT, decision: "deny" },
+      { invocationId: "inv-1", fingerprint: FINGERPRINT, cardDigest: CARD_DIGEST, decision: "deny" },
     ]);
   });
 

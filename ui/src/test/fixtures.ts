@@ -3,10 +3,12 @@ import type {
   ActivityRow,
   AgentCard,
   ApprovalCard,
+  ApprovalProof,
   CredentialCard,
   IntegrityState,
   InvocationDetail,
   Overview,
+  RecordedAgent,
 } from "../lib/bindings";
 
 export const FINGERPRINT = "f1e2d3c4b5a697887766554433221100aabbccddeeff00112233445566778899";
@@ -22,6 +24,41 @@ export function agent(overrides: Partial<AgentCard> = {}): AgentCard {
     first_seen_ms: Date.now() - 192_000,
     ended_at_ms: null,
     connections: 1,
+    ...overrides,
+  };
+}
+
+export const EXE_BLAKE3 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+export const CARD_DIGEST = "c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00";
+
+/** An agent as its SESSION_OPENED record describes it. */
+export function recordedAgent(overrides: Partial<RecordedAgent> = {}): RecordedAgent {
+  return {
+    session: "sess-1",
+    pid: 4242,
+    uid: 1000,
+    executable: "/usr/bin/claude",
+    executable_blake3: EXE_BLAKE3,
+    executable_unreadable: null,
+    started_at_ms: Date.now() - 600_000,
+    cwd: "/home/ada/project",
+    parent_chain: [
+      { pid: 4100, executable: "/usr/bin/zsh" },
+      { pid: 1, executable: "/sbin/init" },
+    ],
+    ...overrides,
+  };
+}
+
+export function approvalProof(overrides: Partial<ApprovalProof> = {}): ApprovalProof {
+  return {
+    mode: "per_call",
+    card_digest: CARD_DIGEST,
+    card_intact: true,
+    answer: "granted",
+    answered_by: "console:ada",
+    answered_card_digest: CARD_DIGEST,
+    matched: true,
     ...overrides,
   };
 }
@@ -51,6 +88,8 @@ export function approvalCard(overrides: Partial<ApprovalCard> = {}): ApprovalCar
     requested_at_ms: Date.now() - 5_000,
     expires_at_ms: Date.now() + 120_000,
     agent: agent(),
+    recorded_agent: recordedAgent(),
+    card_digest: CARD_DIGEST,
     ...overrides,
   };
 }
@@ -94,6 +133,8 @@ export function detail(id: string, overrides: Partial<InvocationDetail> = {}): I
     can_query: false,
     unsettled: true,
     settlement: null,
+    agent: null,
+    approval: null,
     ...overrides,
   };
 }

@@ -46,6 +46,12 @@ impl<'a, T: Channel> Attempt<'a, T> {
         self.pipeline.now()
     }
 
+    /// The journal the attempt records in (an SSH first-seen approval reads the agent's
+    /// session record from it for the card).
+    pub fn journal(&self) -> &crate::journal::Journal {
+        self.pipeline.journal()
+    }
+
     /// The id of this attempt's `n`th connection: `<invocation>/g<generation>/c<n>`.
     pub fn connection_id(&self, n: u32) -> String {
         format!("{}/g{}/c{n}", self.rec.id(), self.rec.generation())

@@ -369,6 +369,7 @@ impl<T: Channel> Pipeline<T> {
         let (summary, detail) = self.inner.channel.approval(bound);
         let request = ApprovalRequest {
             mode: mode.as_str(),
+            agent: crate::provenance::card_agent_of(&self.inner.journal, ctx.session.as_deref()),
             ..ApprovalRequest::bound(
                 rec.id(),
                 ctx.session.clone(),
@@ -378,7 +379,7 @@ impl<T: Channel> Pipeline<T> {
                 detail,
             )
         };
-        if let Err(e) = rec.approval_requested(&bound.fingerprint, request.mode) {
+        if let Err(e) = rec.approval_requested(&bound.fingerprint, request.mode, request.card()) {
             return Err(Box::new(self.journal_failed(rec, &e)));
         }
         let answer = tokio::select! {
@@ -391,12 +392,16 @@ impl<T: Channel> Pipeline<T> {
             }
         };
         match answer {
-            ApprovalAnswer::Approved { fingerprint, by } => rec
-                .approval_granted(&fingerprint, &by)
+            ApprovalAnswer::Approved {
+                fingerprint,
+                by,
+                card_digest,
+            } => rec
+                .approval_granted(&fingerprint, &by, card_digest)
                 .map(|_| ())
                 .map_err(|e| Box::new(self.stopped(rec, e))),
-            ApprovalAnswer::Denied { by } => Err(Box::new(
-                match rec.approval_denied(&bound.fingerprint, &by) {
+            ApprovalAnswer::Denied { by, card_digest } => Err(Box::new(
+                match rec.approval_denied(&bound.fingerprint, &by, card_digest) {
                     Ok(stopped) => self.stopped(rec, stopped),
                     Err(e) => self.journal_failed(rec, &e),
                 },

@@ -13,6 +13,7 @@ use crate::contract::{Code, ConfidenceSource, Envelope, Outcome, Phase, Retry, S
 use crate::journal::events::{EventBody, OperationFacts, Settlement};
 use crate::journal::projection::Projection;
 use crate::journal::{Appended, Journal, JournalError, NewInvocation, ResultToStore, Settle};
+use crate::provenance::ApprovalCard;
 use crate::retry::{self, Decision, RetryManifest, RetryRequest};
 
 /// Why a step did not go ahead.
@@ -241,14 +242,19 @@ impl Recorder {
         appended.map_err(|failed| self.stopped(&failed))
     }
 
+    /// Records that a person is asked, with the card they are shown and its digest.
     pub fn approval_requested(
         &self,
         fingerprint: &str,
         mode: &str,
+        card: ApprovalCard,
     ) -> Result<Appended, JournalError> {
+        let card_digest = card.digest();
         self.append(EventBody::ApprovalRequested {
             fingerprint: fingerprint.to_string(),
             mode: mode.to_string(),
+            card: Some(Box::new(card)),
+            card_digest: Some(card_digest),
         })
     }
 
@@ -258,6 +264,7 @@ impl Recorder {
         &self,
         fingerprint: &str,
         approver: &str,
+        card_digest: Option<String>,
     ) -> Result<Appended, StepError> {
         let bound = self.projection()?.fingerprint;
         if bound.as_deref() != Some(fingerprint) {
@@ -266,6 +273,7 @@ impl Recorder {
         Ok(self.append(EventBody::ApprovalGranted {
             fingerprint: fingerprint.to_string(),
             approver: approver.to_string(),
+            card_digest,
         })?)
     }
 
@@ -274,10 +282,12 @@ impl Recorder {
         &self,
         fingerprint: &str,
         approver: &str,
+        card_digest: Option<String>,
     ) -> Result<StepError, JournalError> {
         self.append(EventBody::ApprovalDenied {
             fingerprint: fingerprint.to_string(),
             approver: approver.to_string(),
+            card_digest,
         })?;
         let failed = self.fail(
             Phase::CredentialInjection,

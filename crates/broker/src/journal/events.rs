@@ -2,7 +2,8 @@
 //! credential authorized, dispatch started, request sent, response started, response
 //! complete, result committed, result delivered) plus connection
 //! attempts, approvals, attempt leases, retry manifests, reconciliation and imported
-//! evidence. Bodies are stored as canonical JSON (serde field order, no maps with
+//! evidence; and, outside any invocation, the session records of
+//! [`crate::provenance`]. Bodies are stored as canonical JSON (serde field order, no maps with
 //! unordered keys) and that exact text is what the audit chain hashes.
 
 use serde::{Deserialize, Serialize};
@@ -11,6 +12,7 @@ use crate::action::ConfigSnapshot;
 use crate::contract::{
     Code, ConfidenceSource, IdempotencyEvidence, Outcome, Phase, RemoteContract, Retry, Stage,
 };
+use crate::provenance::{ApprovalCard, SessionOpened};
 use crate::retry::{Decision, Verdict};
 
 /// Which channel an invocation runs on.
@@ -82,17 +84,30 @@ pub enum EventBody {
         snapshot: ConfigSnapshot,
         operation: OperationFacts,
     },
+    /// A person was asked. `card` is exactly what the approval card displays and
+    /// `card_digest` its [`ApprovalCard::digest`]; both are absent in records written
+    /// before cards were recorded.
     ApprovalRequested {
         fingerprint: String,
         mode: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        card: Option<Box<ApprovalCard>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        card_digest: Option<String>,
     },
+    /// `card_digest`: the digest of the card the person answered (absent when the answer
+    /// named no card: a remembered session approval, or an older record).
     ApprovalGranted {
         fingerprint: String,
         approver: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        card_digest: Option<String>,
     },
     ApprovalDenied {
         fingerprint: String,
         approver: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        card_digest: Option<String>,
     },
     /// The credential was read from the keychain into a private buffer (id and version
     /// tag only here).
@@ -132,9 +147,7 @@ pub enum EventBody {
     },
     /// The protocol's completion marker was observed (declared length, chunked
     /// terminator, exit status and channel close).
-    RemoteResponseComplete {
-        digest: String,
-    },
+    RemoteResponseComplete { digest: String },
     /// The settled result is stored under `result_id` in the same transaction.
     ResultCommitted {
         outcome: Outcome,
@@ -149,10 +162,7 @@ pub enum EventBody {
     /// The caller-facing protocol confirmed the complete handoff.
     ResultDelivered,
     /// The record could not be handed to the caller; it stays retrievable.
-    DeliveryFailed {
-        code: Code,
-        message: String,
-    },
+    DeliveryFailed { code: Code, message: String },
     /// The current attempt ended without a settled result. `outcome` is this attempt's
     /// outcome; the invocation's outcome is the projection's.
     Failed {
@@ -197,6 +207,10 @@ pub enum EventBody {
         /// The newest checkpoint before them (0: none).
         last_checkpoint: u64,
     },
+    /// An agent's bridge connected: who the agent process is, recorded before the
+    /// connection may run an invocation. Stored under the session's reserved key
+    /// ([`crate::provenance::session_key`]), never under an invocation.
+    SessionOpened(SessionOpened),
 }
 
 /// The `invocation_id` of journal-level events (not part of any invocation).
@@ -243,6 +257,7 @@ impl EventBody {
             EventBody::Reconciled { .. } => "RECONCILED",
             EventBody::ImportedEvidence { .. } => "IMPORTED_EVIDENCE",
             EventBody::SigningResumed { .. } => crate::audit::SIGNING_RESUMED,
+            EventBody::SessionOpened(_) => "SESSION_OPENED",
         }
     }
 
@@ -259,6 +274,7 @@ impl EventBody {
                 | EventBody::RetryManifest { .. }
                 | EventBody::Reconciled { .. }
                 | EventBody::SigningResumed { .. }
+                | EventBody::SessionOpened(_)
         )
     }
 }

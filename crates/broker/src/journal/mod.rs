@@ -294,6 +294,22 @@ impl WriteCtx<'_> {
         Ok(seq)
     }
 
+    /// Appends a record that belongs to no invocation: a session's identity (under its
+    /// `session:` key) or a journal-level record. Invocation events are refused here;
+    /// they go through [`WriteCtx::append_checked`].
+    pub fn append_record(&mut self, scope: &str, body: &EventBody) -> Result<u64, JournalError> {
+        if !matches!(
+            body,
+            EventBody::SessionOpened(_) | EventBody::SigningResumed { .. }
+        ) {
+            return Err(JournalError::Storage(format!(
+                "{} is an invocation event; it cannot be appended as a record",
+                body.kind()
+            )));
+        }
+        self.append_raw(scope, body)
+    }
+
     /// Appends without the projection check. Only for building large benchmark
     /// journals; the broker itself always goes through [`WriteCtx::append_checked`].
     #[doc(hidden)]
@@ -593,7 +609,7 @@ impl Journal {
                 last_checkpoint: signed_through,
             };
             journal.write(true, move |ctx| {
-                ctx.append_raw(JOURNAL_SCOPE, &body).map(|_| ())
+                ctx.append_record(JOURNAL_SCOPE, &body).map(|_| ())
             })?;
         }
         Ok(journal)

@@ -87,6 +87,9 @@ pub struct Projection {
     pub terminal: bool,
     pub reconciled: Option<Settlement>,
     pub last_seq: u64,
+    /// The key holds session records ([`crate::provenance`]), not an invocation: it
+    /// never exists as one and there is nothing to recover.
+    pub session_record: bool,
 }
 
 impl Projection {
@@ -123,6 +126,7 @@ impl Projection {
             terminal: false,
             reconciled: None,
             last_seq: 0,
+            session_record: false,
         }
     }
 
@@ -172,6 +176,19 @@ impl Projection {
             return refuse(self, "sequence numbers must increase");
         }
         let accepted = self.exists();
+        if let EventBody::SessionOpened(_) = body {
+            if accepted {
+                return refuse(self, "a session record is never part of an invocation");
+            }
+            // Not an invocation: nothing is in flight, so recovery never closes it.
+            self.session_record = true;
+            self.terminal = true;
+            self.last_seq = seq;
+            return Ok(());
+        }
+        if self.session_record {
+            return refuse(self, "a session record holds only session events");
+        }
         if !accepted && !matches!(body, EventBody::ActionAccepted { .. }) {
             return refuse(self, "the first event must be ACTION_ACCEPTED");
         }
@@ -502,6 +519,8 @@ impl Projection {
             EventBody::ImportedEvidence { .. } => {}
             // Journal-level: never stored under an invocation's id.
             EventBody::SigningResumed { .. } => {}
+            // Handled before the match.
+            EventBody::SessionOpened(_) => {}
         }
         self.last_seq = seq;
         Ok(())

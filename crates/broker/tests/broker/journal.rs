@@ -1,5 +1,6 @@
 use std::sync::Arc;
 
+use postern_broker::approvals::{ApprovalDetail, ApprovalRequest};
 use postern_broker::clock::Clock;
 use postern_broker::contract::*;
 use postern_broker::invocation::{Recorder, StepError};
@@ -269,8 +270,20 @@ fn approval_of_a_stale_fingerprint_is_refused() {
     let rec = Recorder::accept(&f.journal, new_invocation("inv_1", None)).unwrap();
     rec.preflight(FP, snapshot(None), operation(false, None))
         .unwrap();
-    rec.approval_requested(FP, "per_call").unwrap();
-    let StepError::Stopped(env) = rec.approval_granted("blake3:old", "alice").unwrap_err() else {
+    let card = ApprovalRequest::bound(
+        "inv_1",
+        None,
+        "POST /v1/payments".into(),
+        FP.into(),
+        &snapshot(None),
+        ApprovalDetail::default(),
+    )
+    .card();
+    rec.approval_requested(FP, "per_call", card).unwrap();
+    let StepError::Stopped(env) = rec
+        .approval_granted("blake3:old", "alice", None)
+        .unwrap_err()
+    else {
         panic!("expected a recorded stop")
     };
     assert_eq!(env.error.code, Code::FingerprintMismatch);
@@ -284,7 +297,7 @@ fn approval_denied_is_never_retried() {
     let rec = Recorder::accept(&f.journal, new_invocation("inv_1", None)).unwrap();
     rec.preflight(FP, snapshot(None), operation(false, None))
         .unwrap();
-    let StepError::Stopped(env) = rec.approval_denied(FP, "alice").unwrap() else {
+    let StepError::Stopped(env) = rec.approval_denied(FP, "alice", None).unwrap() else {
         panic!("expected a recorded stop")
     };
     assert_eq!(env.error.code, Code::ApprovalDenied);

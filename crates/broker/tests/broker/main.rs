@@ -11,6 +11,7 @@ mod contract;
 mod evidence;
 mod journal;
 mod projection;
+mod provenance;
 mod query;
 mod retry;
 mod ssh_keys;

@@ -893,6 +893,7 @@ fn a_refused_apply_leaves_the_projection_unchanged() {
                 EventBody::ApprovalGranted {
                     fingerprint: FP.into(),
                     approver: "alice".into(),
+                    card_digest: None,
                 },
                 response_complete(),
                 dispatch(1),
@@ -922,19 +923,25 @@ fn approvals_name_the_bound_fingerprint_and_come_before_dispatch() {
     log.refused(EventBody::ApprovalRequested {
         fingerprint: FP.into(),
         mode: "console".into(),
+        card: None,
+        card_digest: None,
     });
     log.ok(preflight(operation(false, None)));
     log.refused(EventBody::ApprovalGranted {
         fingerprint: FP2.into(),
         approver: "alice".into(),
+        card_digest: None,
     });
     log.ok(EventBody::ApprovalRequested {
         fingerprint: FP.into(),
         mode: "console".into(),
+        card: None,
+        card_digest: None,
     });
     log.ok(EventBody::ApprovalDenied {
         fingerprint: FP.into(),
         approver: "alice".into(),
+        card_digest: None,
     });
     assert!(log.p.denied);
     log.refused(credential());
@@ -1191,14 +1198,18 @@ fn arb_event() -> impl Strategy<Value = EventBody> {
         0 => EventBody::ApprovalRequested {
             fingerprint,
             mode: "console".into(),
+            card: None,
+            card_digest: None,
         },
         1 => EventBody::ApprovalGranted {
             fingerprint,
             approver: "alice".into(),
+            card_digest: None,
         },
         _ => EventBody::ApprovalDenied {
             fingerprint,
             approver: "alice".into(),
+            card_digest: None,
         },
     });
     let credential = short().prop_map(|v| EventBody::CredentialAuthorized {

@@ -143,28 +143,35 @@ pub fn start_daemon_keyed(
         || dir.path().join("run").join("postern.sock"),
         Path::to_path_buf,
     );
+    let child = spawn_daemon(dir.path(), &socket, &service);
+    Daemon {
+        child,
+        dir,
+        socket,
+        service,
+        keys,
+    }
+}
+
+/// Starts `postern daemon` over the data dir `dir` (its config beside it) and waits
+/// until it listens on `socket`.
+fn spawn_daemon(dir: &Path, socket: &Path, service: &str) -> Child {
     let mut child = Command::new(POSTERN)
         .args(["daemon", "--data-dir"])
-        .arg(dir.path())
+        .arg(dir)
         .arg("--config")
-        .arg(&config_path)
+        .arg(dir.with_extension("toml"))
         .arg("--socket")
-        .arg(&socket)
-        .args(["--keychain-service", &service])
+        .arg(socket)
+        .args(["--keychain-service", service])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(10) {
-        if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
-            return Daemon {
-                child,
-                dir,
-                socket,
-                service,
-                keys,
-            };
+        if std::os::unix::net::UnixStream::connect(socket).is_ok() {
+            return child;
         }
         if let Ok(Some(status)) = child.try_wait() {
             let mut stderr = String::new();
@@ -176,6 +183,21 @@ pub fn start_daemon_keyed(
     let _ = child.kill();
     let _ = child.wait();
     panic!("the daemon did not start listening within 10 s");
+}
+
+impl Daemon {
+    /// The keychain service the daemon's credentials and audit key live under.
+    pub fn service(&self) -> &str {
+        &self.service
+    }
+
+    /// Stops the daemon (SIGKILL, by PID) and starts a new one over the same data dir,
+    /// config and keychain service.
+    pub fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = spawn_daemon(self.dir.path(), &self.socket, &self.service);
+    }
 }
 
 /// `postern daemon` with `args`, expected to refuse to start: its exit status and stderr.

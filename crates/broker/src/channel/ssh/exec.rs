@@ -367,6 +367,7 @@ async fn first_seen(
     };
     let request = ApprovalRequest {
         mode: "host_key",
+        agent: crate::provenance::card_agent_of(attempt.journal(), ctx.session.as_deref()),
         ..ApprovalRequest::bound(
             attempt.invocation_id(),
             ctx.session.clone(),
@@ -391,11 +392,12 @@ async fn first_seen(
         ApprovalAnswer::Approved {
             fingerprint: approved,
             by,
+            ..
         } if approved == fingerprint => by,
         ApprovalAnswer::Approved { .. } => {
             return unknown("a different host key was approved than the server presented");
         }
-        ApprovalAnswer::Denied { by } => {
+        ApprovalAnswer::Denied { by, .. } => {
             return unknown(&format!("{by} did not accept host key {fingerprint}"));
         }
         ApprovalAnswer::TimedOut => {

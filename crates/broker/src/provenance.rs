@@ -1,0 +1,614 @@
+//! Provenance: who acted, and what a person was shown before approving.
+//!
+//! Two records make the journal say this after a restart, not only while the broker
+//! runs:
+//!
+//! - `SESSION_OPENED`, appended (fsynced) when an agent's bridge connects and before
+//!   that connection may run an invocation: the agent process (executable path and the
+//!   blake3 of its bytes, pid, start time, uid, cwd), its parents and the transport.
+//!   It never holds request data, and it holds no command line: arguments can carry
+//!   tokens, and the executable digest identifies the program better than its argv.
+//! - The approval card: [`ApprovalCard`] is exactly what the console displays for a
+//!   pending approval. APPROVAL_REQUESTED carries the card and its digest; the answer
+//!   (APPROVAL_GRANTED / APPROVAL_DENIED) carries the digest of the card the person
+//!   answered, so a grant is bound to what was on the screen.
+//!
+//! Session records are not invocations. They are stored under a reserved key,
+//! [`session_key`] (`session:<id>`), that never names an invocation (invocation ids are
+//! assigned by the broker as `inv_…`), have no row in the `invocations` table (so
+//! listings, search, stats and exports never see them), and fold to a projection that
+//! is not an invocation and is never "interrupted".
+
+use std::io::Read;
+use std::path::Path;
+
+use rusqlite::Connection;
+use serde::{Deserialize, Serialize};
+
+use crate::approvals::ApprovalRequest;
+use crate::display::{BodyPreview, escape_text};
+use crate::journal::events::{Event, EventBody};
+use crate::journal::{Journal, JournalError, load_events};
+
+/// The prefix of the journal key session records are stored under.
+pub const SESSION_KEY_PREFIX: &str = "session:";
+
+/// How many ancestors of the agent a session record lists.
+pub const MAX_ANCESTORS: usize = 8;
+
+/// The journal key (the events table's `invocation_id` column) of `session`'s records.
+pub fn session_key(session: &str) -> String {
+    format!("{SESSION_KEY_PREFIX}{session}")
+}
+
+/// Whether a journal key is a session record rather than an invocation.
+pub fn is_session_key(key: &str) -> bool {
+    key.starts_with(SESSION_KEY_PREFIX)
+}
+
+// ----- the session record ---------------------------------------------------------------
+
+/// The blake3 of an executable's bytes, or why it could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ExecutableDigest {
+    /// Lowercase hex of blake3 over the whole file, read through `/proc/<pid>/exe` (the
+    /// inode the process runs, even if the path was replaced or deleted since).
+    Blake3 { hex: String },
+    /// The bytes could not be read; the reason is the operating system's.
+    Unreadable { reason: String },
+}
+
+impl ExecutableDigest {
+    /// The hex digest, when there is one.
+    pub fn hex(&self) -> Option<&str> {
+        match self {
+            ExecutableDigest::Blake3 { hex } => Some(hex),
+            ExecutableDigest::Unreadable { .. } => None,
+        }
+    }
+}
+
+/// The agent process, as read from /proc when its bridge connected.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessIdentity {
+    pub pid: u32,
+    /// Effective uid (`/proc/<pid>/status`).
+    pub uid: Option<u32>,
+    /// Start time in clock ticks since boot (`/proc/<pid>/stat` field 22): with the pid,
+    /// what makes this process distinct from a later one reusing the pid.
+    pub start_ticks: u64,
+    /// The same start time as unix milliseconds (boot time plus ticks), for people.
+    pub started_at_ms: Option<i64>,
+    /// The path `/proc/<pid>/exe` points to.
+    pub executable: Option<String>,
+    pub executable_digest: ExecutableDigest,
+    pub cwd: Option<String>,
+}
+
+/// One ancestor of the agent process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ancestor {
+    pub pid: u32,
+    pub executable: Option<String>,
+}
+
+/// How the agent reached the broker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Transport {
+    /// `unix_socket`: the broker's local socket, peer uid checked with SO_PEERCRED.
+    pub kind: String,
+    /// The connecting process (the `postern mcp` bridge the agent launched).
+    pub bridge_pid: u32,
+    pub bridge_executable: Option<String>,
+}
+
+/// What SESSION_OPENED records: one bridge connection of one agent session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionOpened {
+    /// `sess_<pid>_<start ticks>`, the id invocations carry in ACTION_ACCEPTED.
+    pub session: String,
+    pub transport: Transport,
+    pub agent: ProcessIdentity,
+    /// Parents of the agent, nearest first (at most [`MAX_ANCESTORS`]).
+    pub parent_chain: Vec<Ancestor>,
+}
+
+/// Why a session could not be recorded.
+#[derive(Debug, thiserror::Error)]
+pub enum ProvenanceError {
+    #[error("the agent process {pid} is gone or its /proc entry is unreadable")]
+    ProcessGone { pid: u32 },
+    #[error("the session record could not be written: {0}")]
+    Journal(#[from] JournalError),
+}
+
+/// Hashes a file's bytes with blake3, or says why it could not.
+pub fn digest_file(path: &Path) -> ExecutableDigest {
+    let mut hasher = blake3::Hasher::new();
+    let read = std::fs::File::open(path).and_then(|f| {
+        let mut f = f;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = f.read(&mut buf)?;
+            if n == 0 {
+                return Ok(());
+            }
+            hasher.update(&buf[..n]);
+        }
+    });
+    match read {
+        Ok(()) => ExecutableDigest::Blake3 {
+            hex: hasher.finalize().to_hex().to_string(),
+        },
+        Err(e) => ExecutableDigest::Unreadable {
+            reason: e.to_string(),
+        },
+    }
+}
+
+fn link(path: &Path) -> Option<String> {
+    std::fs::read_link(path)
+        .ok()
+        .map(|p| p.display().to_string())
+}
+
+/// `(ppid, start ticks)` from `/proc/<pid>/stat`.
+fn stat_fields(proc: &Path) -> Option<(u32, u64)> {
+    let stat = std::fs::read_to_string(proc.join("stat")).ok()?;
+    // The command name is in parentheses and may contain spaces or ')'.
+    let after = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    Some((fields.get(1)?.parse().ok()?, fields.get(19)?.parse().ok()?))
+}
+
+fn effective_uid(proc: &Path) -> Option<u32> {
+    std::fs::read_to_string(proc.join("status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|rest| rest.split_whitespace().nth(1))
+        .and_then(|uid| uid.parse().ok())
+}
+
+/// Boot time (unix seconds) from `/proc/stat`.
+fn boot_time_s() -> Option<i64> {
+    std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))
+        .and_then(|s| s.trim().parse().ok())
+}
+
+fn wall_clock_ms(start_ticks: u64) -> Option<i64> {
+    let hz = clock_ticks_per_second()?;
+    let since_boot_ms = i64::try_from(start_ticks.checked_mul(1000)? / hz).ok()?;
+    boot_time_s()?.checked_mul(1000)?.checked_add(since_boot_ms)
+}
+
+#[cfg(unix)]
+fn clock_ticks_per_second() -> Option<u64> {
+    Some(rustix::param::clock_ticks_per_second()).filter(|hz| *hz > 0)
+}
+
+#[cfg(not(unix))]
+fn clock_ticks_per_second() -> Option<u64> {
+    None
+}
+
+/// Reads process `pid` from /proc and hashes its executable. `None` when the process
+/// is gone, or when it is no longer the process that started at `expected_start_ticks`
+/// (a recycled pid).
+pub fn observe_process(pid: u32, expected_start_ticks: Option<u64>) -> Option<ProcessIdentity> {
+    let proc = Path::new("/proc").join(pid.to_string());
+    let (_, start_ticks) = stat_fields(&proc)?;
+    if expected_start_ticks.is_some_and(|t| t != start_ticks) {
+        return None;
+    }
+    let executable_digest = digest_file(&proc.join("exe"));
+    let identity = ProcessIdentity {
+        pid,
+        uid: effective_uid(&proc),
+        start_ticks,
+        started_at_ms: wall_clock_ms(start_ticks),
+        executable: link(&proc.join("exe")),
+        executable_digest,
+        cwd: link(&proc.join("cwd")),
+    };
+    // Read again: the pid must still be the same process after the (slow) hash.
+    match stat_fields(&proc) {
+        Some((_, again)) if again == start_ticks => Some(identity),
+        _ => None,
+    }
+}
+
+/// One ancestor's pid and executable path.
+pub fn observe_ancestor(pid: u32) -> Ancestor {
+    Ancestor {
+        pid,
+        executable: link(&Path::new("/proc").join(pid.to_string()).join("exe")),
+    }
+}
+
+impl SessionOpened {
+    /// Reads the agent behind a bridge connection from /proc. `agent_start_ticks` is the
+    /// start time the session id was derived from; `ancestors` are the agent's parents,
+    /// nearest first, as already walked by the caller.
+    pub fn observe(
+        session: &str,
+        agent_pid: u32,
+        agent_start_ticks: u64,
+        ancestors: &[u32],
+        bridge_pid: u32,
+    ) -> Result<SessionOpened, ProvenanceError> {
+        let agent = observe_process(agent_pid, Some(agent_start_ticks))
+            .ok_or(ProvenanceError::ProcessGone { pid: agent_pid })?;
+        Ok(SessionOpened {
+            session: session.to_string(),
+            transport: Transport {
+                kind: "unix_socket".into(),
+                bridge_pid,
+                bridge_executable: link(
+                    &Path::new("/proc").join(bridge_pid.to_string()).join("exe"),
+                ),
+            },
+            agent,
+            parent_chain: ancestors
+                .iter()
+                .take(MAX_ANCESTORS)
+                .map(|pid| observe_ancestor(*pid))
+                .collect(),
+        })
+    }
+}
+
+/// Appends SESSION_OPENED for `opened` and returns its sequence number once it is on
+/// disk (fsynced). A session must not run an invocation unless this succeeded.
+///
+/// # Errors
+///
+/// [`ProvenanceError::Journal`] when the journal refuses or cannot write it.
+pub fn record_session(journal: &Journal, opened: SessionOpened) -> Result<u64, ProvenanceError> {
+    let key = session_key(&opened.session);
+    let body = EventBody::SessionOpened(opened);
+    // Session records bypass the invocation projection check (they are not invocation
+    // events); the chain, the sequence and the checkpoints are the writer's as for any
+    // event.
+    Ok(journal.write(true, move |ctx| ctx.append_record(&key, &body))?)
+}
+
+/// A session as the journal recorded it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedSession {
+    /// The first SESSION_OPENED of the session.
+    pub seq: u64,
+    pub at_ms: i64,
+    pub opened: SessionOpened,
+    /// How many bridge connections the session opened (one record each).
+    pub connections: u32,
+}
+
+fn recorded_from(events: Vec<Event>) -> Option<RecordedSession> {
+    let mut first: Option<RecordedSession> = None;
+    for event in events {
+        if let EventBody::SessionOpened(opened) = event.body {
+            match &mut first {
+                Some(r) => r.connections += 1,
+                None => {
+                    first = Some(RecordedSession {
+                        seq: event.seq,
+                        at_ms: event.recorded_at_ms,
+                        opened,
+                        connections: 1,
+                    });
+                }
+            }
+        }
+    }
+    first
+}
+
+/// The recorded identity of `session`, read on `conn`; `None` if the journal has no
+/// SESSION_OPENED for it (sessions from before this record existed, or direct callers
+/// of the engine that never connected over the socket).
+///
+/// # Errors
+///
+/// [`JournalError`] if the journal cannot be read or a record does not decode.
+pub fn recorded_session(
+    conn: &Connection,
+    session: &str,
+) -> Result<Option<RecordedSession>, JournalError> {
+    Ok(recorded_from(load_events(conn, &session_key(session))?))
+}
+
+/// The sessions the journal has records of, the most recently connected first (at most
+/// `limit`), each with its first record. Walks the `events_by_invocation` index over the
+/// reserved key range only.
+///
+/// # Errors
+///
+/// As [`recorded_session`].
+pub fn recorded_sessions(
+    conn: &Connection,
+    limit: usize,
+) -> Result<Vec<RecordedSession>, JournalError> {
+    // Every key starting with "session:" sorts in ["session:", "session;").
+    let keys: Vec<String> = conn
+        .prepare_cached(
+            "SELECT invocation_id FROM events
+             WHERE invocation_id >= 'session:' AND invocation_id < 'session;'
+             GROUP BY invocation_id ORDER BY max(seq) DESC LIMIT ?1",
+        )?
+        .query_map([i64::try_from(limit).unwrap_or(i64::MAX)], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    let mut out = Vec::new();
+    for key in keys {
+        if let Some(recorded) = recorded_from(load_events(conn, &key)?) {
+            out.push(recorded);
+        }
+    }
+    Ok(out)
+}
+
+/// [`recorded_session`] through the broker's own reader.
+///
+/// # Errors
+///
+/// As [`recorded_session`].
+pub fn recorded_session_in(
+    journal: &Journal,
+    session: &str,
+) -> Result<Option<RecordedSession>, JournalError> {
+    Ok(recorded_from(journal.events(&session_key(session))?))
+}
+
+// ----- the approval card ----------------------------------------------------------------
+
+/// The card's agent for `session`, from its SESSION_OPENED record. `None` without a
+/// session, without a record, or when the journal cannot be read: the card then says
+/// the agent is unknown, and its digest binds that.
+pub fn card_agent_of(journal: &Journal, session: Option<&str>) -> Option<CardAgent> {
+    let recorded = recorded_session_in(journal, session?).ok()??;
+    Some(CardAgent::of(&recorded.opened))
+}
+
+/// The agent as an approval card shows it: the recorded identity, escaped for display.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CardAgent {
+    pub session: String,
+    pub pid: u32,
+    pub uid: Option<u32>,
+    pub executable: Option<String>,
+    pub executable_digest: ExecutableDigest,
+    pub started_at_ms: Option<i64>,
+    pub cwd: Option<String>,
+    /// Ancestors, nearest first.
+    pub parent_chain: Vec<Ancestor>,
+}
+
+impl CardAgent {
+    /// The card's view of a recorded session: every path escaped, so a crafted file
+    /// name cannot hide or reorder what a person reads.
+    pub fn of(opened: &SessionOpened) -> CardAgent {
+        let esc = |s: &Option<String>| s.as_deref().map(escape_text);
+        let a = &opened.agent;
+        CardAgent {
+            session: opened.session.clone(),
+            pid: a.pid,
+            uid: a.uid,
+            executable: esc(&a.executable),
+            executable_digest: match &a.executable_digest {
+                ExecutableDigest::Unreadable { reason } => ExecutableDigest::Unreadable {
+                    reason: escape_text(reason),
+                },
+                digest => digest.clone(),
+            },
+            started_at_ms: a.started_at_ms,
+            cwd: esc(&a.cwd),
+            parent_chain: opened
+                .parent_chain
+                .iter()
+                .map(|p| Ancestor {
+                    pid: p.pid,
+                    executable: esc(&p.executable),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Exactly what an approval card displays, in display form (agent-written text
+/// escaped). The console renders these fields and nothing else about the request; the
+/// digest of this value is what APPROVAL_REQUESTED and the answer record. The request
+/// and expiry times are not part of it: they are the journal's own timestamps.
+///
+/// Nothing here is secret: the credential is named by id and version only, and the
+/// request parts are the agent's own (the credential is injected after approval).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalCard {
+    pub invocation_id: String,
+    /// `session`, `per_call` or `host_key`.
+    pub mode: String,
+    pub target: String,
+    pub summary: String,
+    pub method: Option<String>,
+    pub url: Option<String>,
+    pub body: Option<BodyPreview>,
+    pub ssh_destination: Option<String>,
+    pub command: Option<String>,
+    pub host_key: Option<String>,
+    pub credential_id: String,
+    pub credential_version: String,
+    pub injection_mode: String,
+    pub idempotency_key: Option<String>,
+    pub fingerprint: String,
+    /// The agent, from its SESSION_OPENED record; `None` when the journal has none.
+    pub agent: Option<CardAgent>,
+}
+
+/// Domain separation for card digests (a version bump changes every digest).
+const CARD_DOMAIN: &[u8] = b"postern/approval-card/v1\0";
+
+impl ApprovalCard {
+    /// The card for `request`.
+    pub fn of(request: &ApprovalRequest) -> ApprovalCard {
+        let r = request;
+        ApprovalCard {
+            invocation_id: r.invocation_id.clone(),
+            mode: r.mode.to_string(),
+            target: escape_text(&r.target),
+            summary: escape_text(&r.summary),
+            method: r.detail.method.as_deref().map(escape_text),
+            url: r.detail.url.as_deref().map(escape_text),
+            body: r.detail.body.clone(),
+            ssh_destination: r.detail.ssh_destination.as_deref().map(escape_text),
+            // Already escaped by the channel (see `ApprovalDetail`).
+            command: r.detail.command.clone(),
+            host_key: r.detail.host_key.clone(),
+            credential_id: r.credential_id.clone(),
+            credential_version: r.credential_version.clone(),
+            injection_mode: r.injection_mode.clone(),
+            idempotency_key: r.idempotency_key.as_deref().map(escape_text),
+            fingerprint: r.fingerprint.clone(),
+            agent: r.agent.clone(),
+        }
+    }
+
+    /// blake3 (lowercase hex) over the domain tag and the card's canonical JSON (fields
+    /// in declaration order, no maps).
+    pub fn digest(&self) -> String {
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(CARD_DOMAIN);
+        // Serializing plain structs of strings and numbers cannot fail; an empty
+        // encoding would still be bound to the domain tag and never match a real card.
+        let json = serde_json::to_vec(self).unwrap_or_default();
+        hasher.update(&json);
+        hasher.finalize().to_hex().to_string()
+    }
+}
+
+/// How a person answered an approval, as recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedAnswer {
+    pub granted: bool,
+    pub by: String,
+    /// The digest of the card the person answered; `None` when the answer named no card
+    /// (a remembered session approval, or an answer from before cards were recorded).
+    pub card_digest: Option<String>,
+}
+
+/// What an invocation's record says about its approval.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalRecord {
+    pub mode: String,
+    /// The card recorded in APPROVAL_REQUESTED, if the record carries it.
+    pub card: Option<ApprovalCard>,
+    /// The digest recorded beside it.
+    pub card_digest: Option<String>,
+    /// The recorded card hashes to the recorded digest.
+    pub card_intact: bool,
+    pub answer: Option<RecordedAnswer>,
+}
+
+impl ApprovalRecord {
+    /// The latest approval of an invocation, from its events.
+    pub fn of(events: &[Event]) -> Option<ApprovalRecord> {
+        let mut record: Option<ApprovalRecord> = None;
+        for event in events {
+            match &event.body {
+                EventBody::ApprovalRequested {
+                    mode,
+                    card,
+                    card_digest,
+                    ..
+                } => {
+                    record = Some(ApprovalRecord {
+                        mode: mode.clone(),
+                        card_intact: match (card, card_digest) {
+                            (Some(card), Some(digest)) => card.digest() == *digest,
+                            _ => false,
+                        },
+                        card: card.as_deref().cloned(),
+                        card_digest: card_digest.clone(),
+                        answer: None,
+                    });
+                }
+                EventBody::ApprovalGranted {
+                    approver,
+                    card_digest,
+                    ..
+                }
+                | EventBody::ApprovalDenied {
+                    approver,
+                    card_digest,
+                    ..
+                } => {
+                    if let Some(r) = &mut record {
+                        r.answer = Some(RecordedAnswer {
+                            granted: matches!(event.body, EventBody::ApprovalGranted { .. }),
+                            by: approver.clone(),
+                            card_digest: card_digest.clone(),
+                        });
+                    }
+                }
+                _ => {}
+            }
+        }
+        record
+    }
+
+    /// Whether the answer names the recorded card: `Some(true)` when the answered
+    /// digest equals the requested one and the card is intact, `Some(false)` when it
+    /// names another card, `None` when there is no answer or it named no card.
+    pub fn answer_matches_card(&self) -> Option<bool> {
+        let answered = self.answer.as_ref()?.card_digest.as_ref()?;
+        Some(self.card_intact && self.card_digest.as_ref() == Some(answered))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_is_observed_with_the_digest_of_its_binary() {
+        let me = observe_process(std::process::id(), None).unwrap();
+        let exe = std::env::current_exe().unwrap();
+        let bytes = std::fs::read(&exe).unwrap();
+        assert_eq!(
+            me.executable_digest.hex(),
+            Some(blake3::hash(&bytes).to_hex().as_str())
+        );
+        assert!(me.started_at_ms.is_some_and(|ms| ms > 1_500_000_000_000));
+        assert_eq!(me.executable.as_deref(), exe.to_str());
+    }
+
+    #[test]
+    fn a_recycled_pid_is_not_observed_as_the_old_process() {
+        let me = observe_process(std::process::id(), None).unwrap();
+        assert!(observe_process(std::process::id(), Some(me.start_ticks + 1)).is_none());
+    }
+
+    #[test]
+    fn an_unreadable_executable_records_why() {
+        let digest = digest_file(Path::new("/nonexistent/postern-test-binary"));
+        match digest {
+            ExecutableDigest::Unreadable { reason } => assert!(reason.contains("No such file")),
+            other => panic!("expected unreadable, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn session_keys_never_look_like_invocations() {
+        assert_eq!(session_key("sess_1_2"), "session:sess_1_2");
+        assert!(is_session_key("session:sess_1_2"));
+        assert!(!is_session_key("inv_0123"));
+    }
+}
