@@ -1,5 +1,5 @@
 //! The console's side of the broker: everything a command does, written against the
-//! broker types so it can be tested without a window. Commands in [`crate::commands`]
+//! broker types so it can be tested without a window. Commands in the desktop crate
 //! are thin wrappers over these methods.
 //!
 //! This is the operator side. It may answer approvals, read the journal, attest
