@@ -120,10 +120,7 @@ pub fn start(args: &Args) -> Result<Started, String> {
             data_dir,
             config,
             socket,
-            keychain: match keychain {
-                KeychainChoice::SecretService => "secret-service".into(),
-                KeychainChoice::Keyutils => "keyutils".into(),
-            },
+            keychain: keychain.as_str().into(),
         },
     ));
     Ok(Started {
@@ -139,7 +136,7 @@ pub fn with_console<R: Runtime>(
     console: Arc<Console>,
 ) -> tauri::Builder<R> {
     builder
-        .manage(console)
+        .manage(Arc::new(crate::commands::Backend::InProcess(console)))
         .invoke_handler(crate::console_handlers!())
 }
 

@@ -8,6 +8,7 @@
 mod common;
 mod config_cmd;
 mod journal_cmds;
+mod operator_cmd;
 mod timefmt;
 mod vault_cmd;
 
@@ -83,6 +84,46 @@ enum Command {
             postern config pin-host-key targets.toml web1 --key \"ssh-ed25519 AAAA...\""
     )]
     Config(ConfigCmd),
+    /// Operate a running daemon over its operator socket (approvals, overview,
+    /// integrity, sessions); answers are printed as JSON.
+    #[command(after_help = "Examples:\n  \
+        postern operator --socket /run/postern/operator.sock approvals\n  \
+        postern operator --socket /run/postern/operator.sock approve inv_… FINGERPRINT\n\n\
+        Exit status: 0 answered, 1 refused (including a peer the socket does not admit), \
+        2 the socket cannot be reached.")]
+    Operator(OperatorCmd),
+}
+
+#[derive(Args)]
+struct OperatorCmd {
+    /// The daemon's operator socket [default: DATA_DIR/run/operator.sock of the default
+    /// data dir].
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    #[command(subcommand)]
+    action: OperatorAction,
+}
+
+#[derive(Subcommand)]
+enum OperatorAction {
+    /// Counts, paths, the keychain and the deployment mode.
+    Overview,
+    /// Pending approval cards (each with the fingerprint an approval must name).
+    Approvals,
+    /// Approve exactly this fingerprint of this invocation.
+    Approve {
+        invocation_id: String,
+        fingerprint: String,
+    },
+    /// Deny this invocation.
+    Deny {
+        invocation_id: String,
+        fingerprint: String,
+    },
+    /// Verify the journal's chain and signed checkpoints now (exit 1 when they fail).
+    Verify,
+    /// Agent sessions, newest first.
+    Sessions,
 }
 
 #[derive(Args)]
@@ -142,8 +183,31 @@ struct DaemonCmd {
     /// The agent-facing socket [default: DIR/run/postern.sock].
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
+    /// The operator socket the console and `postern operator` use [default:
+    /// operator.sock beside the agent socket].
+    #[arg(long, value_name = "PATH")]
+    operator_socket: Option<PathBuf>,
+    /// Members of this group may operate the broker (the operator socket becomes 0660,
+    /// owned by it). Without it only this user and root may.
+    #[arg(long, value_name = "NAME")]
+    operator_group: Option<String>,
+    /// Who may open MCP sessions on the agent socket: `own` (this user) or `any` (every
+    /// local user; for a broker running as its own system user).
+    #[arg(long, value_enum, default_value_t = AgentUsers::Own)]
+    agent_users: AgentUsers,
+    /// How long a request waits for an operator's answer, in seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 300)]
+    approval_timeout: u64,
     #[command(flatten)]
     keychain: KeychainArgs,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum AgentUsers {
+    /// Only the user the daemon runs as.
+    Own,
+    /// Every local user (the socket file is 0666).
+    Any,
 }
 
 #[derive(Args)]
@@ -323,15 +387,24 @@ fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
 fn run(cli: Cli) -> common::Outcome {
     match cli.command {
         Command::Daemon(cmd) => {
-            let args = postern_mcp::DaemonArgs {
-                data_dir: cmd.data_dir.resolve(),
-                config: cmd.config,
-                socket: cmd.socket,
-                keychain: cmd.keychain.keychain.choice(),
-                service: cmd.keychain.keychain_service,
+            let args = postern_console::headless::HeadlessArgs {
+                daemon: postern_mcp::DaemonArgs {
+                    data_dir: cmd.data_dir.resolve(),
+                    config: cmd.config,
+                    socket: cmd.socket,
+                    keychain: cmd.keychain.keychain.choice(),
+                    service: cmd.keychain.keychain_service,
+                },
+                operator_socket: cmd.operator_socket,
+                operator_group: cmd.operator_group,
+                agent_access: match cmd.agent_users {
+                    AgentUsers::Own => postern_mcp::daemon::AgentAccess::OwnUser,
+                    AgentUsers::Any => postern_mcp::daemon::AgentAccess::AnyLocalUser,
+                },
+                approval_timeout: std::time::Duration::from_secs(cmd.approval_timeout),
             };
             runtime()?
-                .block_on(postern_mcp::run_daemon(args))
+                .block_on(postern_console::headless::run(args))
                 .map_err(|e| Failure::failed(format!("daemon: {e}")))
         }
         Command::Mcp(cmd) => {
@@ -416,6 +489,28 @@ fn run(cli: Cli) -> common::Outcome {
             &id,
             force,
         ),
+        Command::Operator(cmd) => {
+            let socket = cmd.socket.unwrap_or_else(|| {
+                postern_console::operator::default_operator_socket(&postern_mcp::default_socket(
+                    &common::default_data_dir(),
+                ))
+            });
+            let request = match cmd.action {
+                OperatorAction::Overview => operator_cmd::Request::overview(),
+                OperatorAction::Approvals => operator_cmd::Request::approvals(),
+                OperatorAction::Approve {
+                    invocation_id,
+                    fingerprint,
+                } => operator_cmd::Request::answer(&invocation_id, &fingerprint, true),
+                OperatorAction::Deny {
+                    invocation_id,
+                    fingerprint,
+                } => operator_cmd::Request::answer(&invocation_id, &fingerprint, false),
+                OperatorAction::Verify => operator_cmd::Request::verify(),
+                OperatorAction::Sessions => operator_cmd::Request::sessions(),
+            };
+            operator_cmd::run(&socket, request)
+        }
         Command::Config(ConfigCmd::Check { file }) => config_cmd::check(&file),
         Command::Config(ConfigCmd::PinHostKey {
             file,

@@ -7,6 +7,7 @@
 //! socket. Secret values only ever travel inward (into the keychain).
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -60,6 +61,31 @@ pub struct Console {
     integrity: Mutex<IntegrityState>,
     /// Serializes target edits (read, edit, validate, rename, reload).
     edit: Mutex<()>,
+    /// How this broker is deployed, as the overview reports it.
+    pub mode: Mode,
+    /// Peers the operator socket refused (shared with the socket's server).
+    pub operator_refusals: Arc<AtomicU64>,
+}
+
+/// How the broker behind a console is deployed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The broker runs as the person's own user (the desktop app, or a daemon without an
+    /// operator group): an agent running as that user can read the journal and reach
+    /// the keychain.
+    SingleUser,
+    /// The broker runs as its own system user; operators reach it over the operator
+    /// socket.
+    PrivilegeSeparated,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::SingleUser => "single_user",
+            Mode::PrivilegeSeparated => "privilege_separated",
+        }
+    }
 }
 
 fn journal_error(e: &JournalError) -> CommandError {
@@ -96,7 +122,15 @@ impl Console {
                 first_bad_seq: None,
             }),
             edit: Mutex::new(()),
+            mode: Mode::SingleUser,
+            operator_refusals: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// This console, reporting `mode` in its overview.
+    pub fn with_mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
     }
 
     fn now(&self) -> i64 {
@@ -149,6 +183,9 @@ impl Console {
             socket: self.paths.socket.display().to_string(),
             bridge_command: bridge_command(),
             keychain: self.paths.keychain.clone(),
+            mode: self.mode.as_str().to_string(),
+            operator_refusals: u32::try_from(self.operator_refusals.load(Ordering::Relaxed))
+                .unwrap_or(u32::MAX),
         })
     }
 
@@ -172,6 +209,18 @@ impl Console {
         fingerprint: &str,
         decision: Decision,
     ) -> Result<(), CommandError> {
+        self.answer_as(invocation_id, fingerprint, decision, &self.operator)
+    }
+
+    /// [`Console::answer`], recorded as answered by `operator` (the operator socket
+    /// names the peer user).
+    pub fn answer_as(
+        &self,
+        invocation_id: &str,
+        fingerprint: &str,
+        decision: Decision,
+        operator: &str,
+    ) -> Result<(), CommandError> {
         let not_pending = |_| {
             CommandError::new(
                 ErrorCode::NotPending,
@@ -191,12 +240,12 @@ impl Console {
                     ));
                 }
                 self.approvals
-                    .approve(invocation_id, fingerprint, &self.operator)
+                    .approve(invocation_id, fingerprint, operator)
                     .map_err(not_pending)
             }
             Decision::Deny => self
                 .approvals
-                .deny(invocation_id, &self.operator)
+                .deny(invocation_id, operator)
                 .map_err(not_pending),
         }
     }

@@ -339,6 +339,13 @@ pub fn check_socket_path(socket: &Path) -> Result<(), DaemonError> {
 /// Binds the socket, mode 0600, creating missing directories 0700 and replacing only a
 /// stale socket of our own (see the module docs).
 pub async fn bind(socket: &Path) -> Result<UnixListener, DaemonError> {
+    bind_with_mode(socket, 0o600).await
+}
+
+/// [`bind`] with the socket file given `mode` instead of 0600: 0666 for an agent socket
+/// other local users reach (a broker running as its own system user, [`AgentAccess::
+/// AnyLocalUser`]), 0660 for a group's socket.
+pub async fn bind_with_mode(socket: &Path, mode: u32) -> Result<UnixListener, DaemonError> {
     let me = own_uid().ok_or(DaemonError::NoUid)?;
     let plan = inspect_socket_path(socket, me)?;
     let err = |source| DaemonError::Socket {
@@ -361,7 +368,7 @@ pub async fn bind(socket: &Path) -> Result<UnixListener, DaemonError> {
         std::fs::remove_file(socket).map_err(err)?;
     }
     let listener = UnixListener::bind(socket).map_err(err)?;
-    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(mode & 0o777)).map_err(err)?;
     Ok(listener)
 }
 
@@ -532,12 +539,34 @@ async fn guard_input(
     let _ = feed.shutdown().await;
 }
 
+/// Which users may open MCP sessions on the agent socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AgentAccess {
+    /// Only the broker's own uid (single-user mode: the broker runs as the person).
+    #[default]
+    OwnUser,
+    /// Any local user: the broker runs as its own system user and the people whose
+    /// agents use it are other uids. They get MCP only; the operator side is another
+    /// socket.
+    AnyLocalUser,
+}
+
 /// Serves one connection: checks the peer's uid, identifies the agent behind the bridge,
 /// records it in `sessions`, and runs an MCP session until the bridge goes away.
 pub async fn serve_connection(broker: Arc<Broker>, sessions: Arc<Sessions>, stream: UnixStream) {
+    serve_connection_with(broker, sessions, stream, AgentAccess::OwnUser).await;
+}
+
+/// [`serve_connection`] admitting the peers `access` names.
+pub async fn serve_connection_with(
+    broker: Arc<Broker>,
+    sessions: Arc<Sessions>,
+    stream: UnixStream,
+    access: AgentAccess,
+) {
     let Ok(cred) = stream.peer_cred() else { return };
     let Some(me) = own_uid() else { return };
-    if !peer_allowed(cred.uid(), me) {
+    if access == AgentAccess::OwnUser && !peer_allowed(cred.uid(), me) {
         // Another user: refuse without a word.
         return;
     }
@@ -577,13 +606,29 @@ pub async fn serve(
     listener: UnixListener,
     stop: impl std::future::Future<Output = ()>,
 ) {
+    serve_with(broker, sessions, listener, stop, AgentAccess::OwnUser).await;
+}
+
+/// [`serve`] admitting the peers `access` names.
+pub async fn serve_with(
+    broker: Arc<Broker>,
+    sessions: Arc<Sessions>,
+    listener: UnixListener,
+    stop: impl std::future::Future<Output = ()>,
+    access: AgentAccess,
+) {
     let mut sweep = tokio::time::interval(std::time::Duration::from_secs(5));
     tokio::pin!(stop);
     loop {
         tokio::select! {
             accepted = listener.accept() => {
                 if let Ok((stream, _)) = accepted {
-                    tokio::spawn(serve_connection(broker.clone(), sessions.clone(), stream));
+                    tokio::spawn(serve_connection_with(
+                        broker.clone(),
+                        sessions.clone(),
+                        stream,
+                        access,
+                    ));
                 }
             }
             _ = sweep.tick() => sessions.sweep(broker.journal.now_ms()),
@@ -593,7 +638,7 @@ pub async fn serve(
 }
 
 /// The file identity (device, inode) at `path`, without following a symlink.
-fn file_identity(path: &Path) -> Option<(u64, u64)> {
+pub fn file_identity(path: &Path) -> Option<(u64, u64)> {
     std::fs::symlink_metadata(path)
         .ok()
         .map(|m| (m.dev(), m.ino()))

@@ -27,6 +27,16 @@ pub enum KeychainChoice {
     Keyutils,
 }
 
+impl KeychainChoice {
+    /// The name the console's overview shows.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeychainChoice::SecretService => "secret-service",
+            KeychainChoice::Keyutils => "keyutils",
+        }
+    }
+}
+
 /// `postern daemon` arguments.
 #[derive(Debug, Clone)]
 pub struct DaemonArgs {
