@@ -105,6 +105,7 @@ pub fn start(args: &Args) -> Result<Started, String> {
         socket: Some(socket.clone()),
         keychain,
         service: args.keychain_service.clone(),
+        vault_key_file: None,
     };
     let approvals = Arc::new(Approvals::new(
         Duration::from_secs(args.approval_timeout.max(1)),

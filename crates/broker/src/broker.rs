@@ -18,6 +18,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::ConfigHandle;
 use crate::config::{Config, ConfigError, ConfigWarning};
 use crate::journal::{DEFAULT_CHECKPOINT_EVERY, Journal, JournalError, JournalOptions};
+use crate::sealed_store::VaultKey;
 use crate::vault::{Keychain, KeychainBackend, Vault, VaultError};
 
 /// The journal's file name inside the data dir.
@@ -53,6 +54,8 @@ pub struct BrokerOptions {
     pub service: String,
     /// The approval console, if one is attached.
     pub approver: Option<Arc<dyn Approver>>,
+    /// The key of the `file` keychain (required for it, ignored by the others).
+    pub vault_key: Option<VaultKey>,
 }
 
 /// Something the operator should know about a broker that opened.
@@ -112,11 +115,16 @@ impl Broker {
             keychain,
             service,
             approver,
+            vault_key,
         } = options;
         let mut warnings = Vec::new();
         let db = Broker::journal_path(&data_dir);
         let clock = Arc::new(SystemClock);
-        let vault = Arc::new(Vault::open(Keychain::new(keychain, service)?, &db)?);
+        let keychain = match (keychain, vault_key) {
+            (KeychainBackend::File, Some(key)) => Keychain::file(&data_dir, &key, service)?,
+            (backend, _) => Keychain::new(backend, service)?,
+        };
+        let vault = Arc::new(Vault::open(keychain, &db)?);
         let signing_key = signing_key_from_vault(&vault, clock.now_ms())?;
         if let Some(previous) = last_checkpoint_key(&db)
             && previous != signing_key.verifying_key().to_bytes()

@@ -145,6 +145,9 @@ enum KeychainArg {
     SecretService,
     /// The Linux kernel keyring (secrets vanish on reboot).
     Keyutils,
+    /// Sealed files in the data dir, under a key from --vault-key-file or systemd's
+    /// credential directory (for a broker running as its own system user).
+    File,
 }
 
 impl KeychainArg {
@@ -152,6 +155,7 @@ impl KeychainArg {
         match self {
             KeychainArg::SecretService => KeychainBackend::SecretService,
             KeychainArg::Keyutils => KeychainBackend::Keyutils,
+            KeychainArg::File => KeychainBackend::File,
         }
     }
 
@@ -159,6 +163,7 @@ impl KeychainArg {
         match self {
             KeychainArg::SecretService => postern_mcp::KeychainChoice::SecretService,
             KeychainArg::Keyutils => postern_mcp::KeychainChoice::Keyutils,
+            KeychainArg::File => postern_mcp::KeychainChoice::File,
         }
     }
 }
@@ -198,6 +203,10 @@ struct DaemonCmd {
     /// How long a request waits for an operator's answer, in seconds.
     #[arg(long, value_name = "SECS", default_value_t = 300)]
     approval_timeout: u64,
+    /// The `file` keychain's 32-byte key (mode 0400/0600, owned by this user)
+    /// [default: $CREDENTIALS_DIRECTORY/postern-vault-key].
+    #[arg(long, value_name = "PATH")]
+    vault_key_file: Option<PathBuf>,
     #[command(flatten)]
     keychain: KeychainArgs,
 }
@@ -394,6 +403,7 @@ fn run(cli: Cli) -> common::Outcome {
                     socket: cmd.socket,
                     keychain: cmd.keychain.keychain.choice(),
                     service: cmd.keychain.keychain_service,
+                    vault_key_file: cmd.vault_key_file,
                 },
                 operator_socket: cmd.operator_socket,
                 operator_group: cmd.operator_group,

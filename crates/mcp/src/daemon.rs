@@ -42,6 +42,7 @@ use tokio::sync::Notify;
 
 use postern_broker::approvals::Approver;
 use postern_broker::broker::{Broker, BrokerOptions, OpenError};
+use postern_broker::sealed_store::load_key;
 use postern_broker::vault::KeychainBackend;
 
 use crate::bridge::{Line, LineReader, MAX_DEPTH, MAX_LINE, nesting_exceeds};
@@ -106,6 +107,8 @@ pub enum DaemonError {
     Vault(#[from] postern_broker::vault::VaultError),
     #[error("{0}")]
     AuditKey(#[from] postern_broker::audit::AuditKeyError),
+    #[error("{0}")]
+    VaultKey(#[from] postern_broker::sealed_store::KeyError),
     #[error("socket {path}: {source}")]
     Socket {
         path: String,
@@ -175,15 +178,21 @@ pub fn open_broker(
     approver: Option<Arc<dyn Approver>>,
 ) -> Result<Arc<Broker>, DaemonError> {
     prepare_data_dir(&args.data_dir)?;
+    let vault_key = match args.keychain {
+        KeychainChoice::File => Some(load_key(args.vault_key_file.as_deref())?),
+        KeychainChoice::SecretService | KeychainChoice::Keyutils => None,
+    };
     let opened = Broker::open(BrokerOptions {
         data_dir: args.data_dir.clone(),
         config: args.config.clone(),
         keychain: match args.keychain {
             KeychainChoice::SecretService => KeychainBackend::SecretService,
             KeychainChoice::Keyutils => KeychainBackend::Keyutils,
+            KeychainChoice::File => KeychainBackend::File,
         },
         service: args.service.clone(),
         approver,
+        vault_key,
     })?;
     // Said loudly: earlier checkpoints verify only against the key that signed them, and
     // a target without a pinned host key waits for an approval a daemon cannot give.

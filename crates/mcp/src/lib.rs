@@ -25,6 +25,9 @@ use std::path::{Path, PathBuf};
 pub enum KeychainChoice {
     SecretService,
     Keyutils,
+    /// Sealed files in the data dir; the key from `--vault-key-file` or systemd's
+    /// credential directory.
+    File,
 }
 
 impl KeychainChoice {
@@ -33,6 +36,7 @@ impl KeychainChoice {
         match self {
             KeychainChoice::SecretService => "secret-service",
             KeychainChoice::Keyutils => "keyutils",
+            KeychainChoice::File => "file",
         }
     }
 }
@@ -46,6 +50,8 @@ pub struct DaemonArgs {
     pub keychain: KeychainChoice,
     /// Keychain service name (tests use their own; the product uses "postern").
     pub service: String,
+    /// The `file` keychain's key file [default: `$CREDENTIALS_DIRECTORY/postern-vault-key`].
+    pub vault_key_file: Option<PathBuf>,
 }
 
 /// `postern mcp` arguments.
