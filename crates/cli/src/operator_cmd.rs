@@ -57,7 +57,13 @@ impl Request {
     }
 }
 
+/// The error as JSON on stdout (what a script reads) and as a sentence on stderr.
 fn failure(error: &CommandError) -> Failure {
+    eprintln!(
+        "postern: operator: {}: {}",
+        error.code.as_str(),
+        error.message
+    );
     let status = if error.code == ErrorCode::OperatorUnreachable {
         EXIT_UNAVAILABLE
     } else {

@@ -91,7 +91,10 @@ pub enum OperatorError {
     GroupFile(std::io::Error),
     #[error("{0}")]
     Socket(#[from] DaemonError),
-    #[error("cannot give the operator socket {path} to group {group}: {source}")]
+    #[error(
+        "cannot give the operator socket {path} to group {group}: {source} (the broker's \
+         user must be a member of {group}; under systemd, SupplementaryGroups={group})"
+    )]
     Chown {
         path: String,
         group: String,
