@@ -609,3 +609,146 @@ async fn the_operator_socket_answers_bad_input_with_typed_errors_and_goes_on() {
     assert_eq!(v["ok"]["keychain"], "file");
     assert_eq!(v["ok"]["pending_approvals"], 0);
 }
+
+/// The repository root (scripts/ and packaging/ live there).
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+#[test]
+fn the_installer_is_idempotent_and_its_layout_runs_a_broker_an_operator_can_reach() {
+    if !users_possible(
+        "the_installer_is_idempotent_and_its_layout_runs_a_broker_an_operator_can_reach",
+    ) {
+        return;
+    }
+    // The installer's names and paths, moved into a temp tree and throwaway accounts.
+    let accounts = Accounts::create();
+    let inst_user = format!("{}-i", accounts.broker);
+    let inst_group = format!("{}-i", accounts.group);
+    struct Remove(String, String);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = run("userdel", &[&self.0]);
+            let _ = run("groupdel", &[&self.1]);
+        }
+    }
+    let _remove = Remove(inst_user.clone(), inst_group.clone());
+    let tree = tempfile::tempdir().unwrap();
+    chmod(tree.path(), 0o711);
+    let at = |rel: &str| tree.path().join(rel);
+    let install = || {
+        Command::new("bash")
+            .arg(repo_root().join("scripts/install-system.sh"))
+            .args([
+                "--binary",
+                POSTERN,
+                "--operator",
+                &accounts.operator,
+                "--no-start",
+            ])
+            .env("POSTERN_INSTALL_USER", &inst_user)
+            .env("POSTERN_INSTALL_GROUP", &inst_group)
+            .env("POSTERN_INSTALL_STATE_DIR", at("var/lib/postern"))
+            .env("POSTERN_INSTALL_ETC_DIR", at("etc/postern"))
+            .env("POSTERN_INSTALL_BIN_DIR", at("bin"))
+            .env("POSTERN_INSTALL_UNIT_DIR", at("systemd"))
+            .output()
+            .unwrap()
+    };
+    let first = install();
+    assert!(first.status.success(), "{first:?}");
+    let encrypted = at("etc/postern/vault.key.cred");
+    let plain = at("etc/postern/vault.key");
+    let key_before = std::fs::read(&encrypted)
+        .or_else(|_| std::fs::read(&plain))
+        .unwrap();
+    let second = install();
+    assert!(second.status.success(), "{second:?}");
+    let key_after = std::fs::read(&encrypted)
+        .or_else(|_| std::fs::read(&plain))
+        .unwrap();
+    assert_eq!(key_before, key_after, "a second run keeps the vault key");
+    let state = at("var/lib/postern");
+    let meta = std::fs::metadata(&state).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+    use std::os::unix::fs::MetadataExt;
+    let inst_uid = accounts.id(&inst_user, "-u");
+    assert_eq!(meta.uid(), inst_uid);
+    let unit = std::fs::read_to_string(at("systemd/postern.service")).unwrap();
+    for line in [
+        format!("User={inst_user}"),
+        format!("SupplementaryGroups={inst_group}"),
+        "NoNewPrivileges=yes".into(),
+        "ProtectSystem=strict".into(),
+        "ProtectHome=yes".into(),
+        "PrivateTmp=yes".into(),
+        "StateDirectory=postern".into(),
+        "RuntimeDirectory=postern".into(),
+    ] {
+        assert!(unit.lines().any(|l| l == line), "the unit lacks {line}");
+    }
+    let in_group = String::from_utf8(run("id", &["-nG", &accounts.operator]).stdout).unwrap();
+    assert!(
+        in_group.split_whitespace().any(|g| g == inst_group),
+        "{in_group}"
+    );
+
+    // Run the installed broker as systemd would: its key in $CREDENTIALS_DIRECTORY.
+    let creds = at("creds");
+    std::fs::create_dir(&creds).unwrap();
+    let key_file = creds.join("postern-vault-key");
+    if encrypted.exists() {
+        let out = run(
+            "systemd-creds",
+            &[
+                "decrypt",
+                "--name=postern-vault-key",
+                encrypted.to_str().unwrap(),
+                key_file.to_str().unwrap(),
+            ],
+        );
+        assert!(out.status.success(), "{out:?}");
+    } else {
+        assert_eq!(
+            std::fs::metadata(&plain).unwrap().permissions().mode() & 0o777,
+            0o400
+        );
+        std::fs::copy(&plain, &key_file).unwrap();
+    }
+    let inst_gid = accounts.id(&inst_user, "-g");
+    let run_dir = at("run");
+    std::fs::create_dir(&run_dir).unwrap();
+    for (path, mode) in [(&key_file, 0o400), (&creds, 0o500), (&run_dir, 0o755)] {
+        chown(path, inst_uid, inst_gid);
+        chmod(path, mode);
+    }
+    let mut command = accounts.command_as(&inst_user, &at("bin/postern"));
+    command
+        .env("CREDENTIALS_DIRECTORY", &creds)
+        .arg("daemon")
+        .arg("--data-dir")
+        .arg(&state)
+        .arg("--config")
+        .arg(state.join("postern.toml"))
+        .arg("--socket")
+        .arg(run_dir.join("agent.sock"))
+        .arg("--operator-socket")
+        .arg(run_dir.join("operator.sock"))
+        .args(["--operator-group", &inst_group, "--agent-users", "any"])
+        .args(["--keychain", "file"]);
+    let daemon = Daemon::spawn(command);
+    let out = accounts
+        .command_as(&accounts.operator, &at("bin/postern"))
+        .arg("operator")
+        .arg("--socket")
+        .arg(run_dir.join("operator.sock"))
+        .arg("overview")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let overview: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(overview["mode"], "privilege_separated");
+    assert_eq!(overview["keychain"], "file");
+    drop(daemon);
+}
