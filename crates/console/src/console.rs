@@ -186,6 +186,7 @@ impl Console {
             mode: self.mode.as_str().to_string(),
             operator_refusals: u32::try_from(self.operator_refusals.load(Ordering::Relaxed))
                 .unwrap_or(u32::MAX),
+            last_seq: self.last_seq()?,
         })
     }
 

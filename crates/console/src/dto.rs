@@ -33,6 +33,9 @@ pub struct Overview {
     pub mode: String,
     /// Peers the operator socket refused since the broker started (0 without one).
     pub operator_refusals: u32,
+    /// The newest journal sequence: an attached console polls it to refresh its views.
+    #[ts(type = "number")]
+    pub last_seq: u64,
 }
 
 /// One process in an agent's ancestry.

@@ -40,7 +40,11 @@ mode: string,
 /**
  * Peers the operator socket refused since the broker started (0 without one).
  */
-operator_refusals: number, };
+operator_refusals: number, 
+/**
+ * The newest journal sequence: an attached console polls it to refresh its views.
+ */
+last_seq: number, };
 
 export type ProcessCard = { pid: number, executable: string | null, 
 /**
