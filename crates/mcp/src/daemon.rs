@@ -170,9 +170,10 @@ impl From<OpenError> for DaemonError {
     }
 }
 
-/// Opens the broker a daemon serves: checks the data dir ([`prepare_data_dir`]), opens
-/// the engine with `approver` attached (the desktop app's console; none for the headless
-/// daemon), and prints what the operator should know as `postern: warning: …`.
+/// Opens the broker a daemon serves: checks the data dir ([`prepare_data_dir`]), loads
+/// the `file` keychain's key when that is the keychain, opens the engine with `approver`
+/// attached (the desktop app's console, or the headless daemon's queue answered over its
+/// operator socket), and prints what the operator should know as `postern: warning: …`.
 pub fn open_broker(
     args: &DaemonArgs,
     approver: Option<Arc<dyn Approver>>,
@@ -195,7 +196,7 @@ pub fn open_broker(
         vault_key,
     })?;
     // Said loudly: earlier checkpoints verify only against the key that signed them, and
-    // a target without a pinned host key waits for an approval a daemon cannot give.
+    // a target without a pinned host key waits for an operator's approval.
     for warning in &opened.warnings {
         eprintln!("postern: warning: {warning}");
     }
