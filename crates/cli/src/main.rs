@@ -124,6 +124,19 @@ enum OperatorAction {
     Verify,
     /// Agent sessions, newest first.
     Sessions,
+    /// Credentials as metadata (id, kind, version, dates, targets using them).
+    Credentials,
+    /// Store or rotate a credential in the broker's keychain; the secret is read from
+    /// stdin or a no-echo prompt (or --from-file), never argv.
+    SetCredential {
+        id: String,
+        #[arg(long, value_enum, default_value_t = KindArg::Token)]
+        kind: KindArg,
+        #[arg(long, value_name = "PATH")]
+        from_file: Option<PathBuf>,
+    },
+    /// Remove a credential.
+    RemoveCredential { id: String },
 }
 
 #[derive(Args)]
@@ -518,6 +531,25 @@ fn run(cli: Cli) -> common::Outcome {
                 } => operator_cmd::Request::answer(&invocation_id, &fingerprint, false),
                 OperatorAction::Verify => operator_cmd::Request::verify(),
                 OperatorAction::Sessions => operator_cmd::Request::sessions(),
+                OperatorAction::Credentials => operator_cmd::Request::credentials(),
+                OperatorAction::RemoveCredential { id } => {
+                    operator_cmd::Request::remove_credential(&id)
+                }
+                OperatorAction::SetCredential {
+                    id,
+                    kind,
+                    from_file,
+                } => {
+                    let source = match from_file {
+                        Some(path) => vault_cmd::Source::File(path),
+                        None => vault_cmd::Source::Stdin,
+                    };
+                    let kind = match kind {
+                        KindArg::Token => CredentialKind::Token,
+                        KindArg::SshKey => CredentialKind::SshKey,
+                    };
+                    operator_cmd::Request::set_credential(&id, kind.as_str(), &source)?
+                }
             };
             operator_cmd::run(&socket, request)
         }

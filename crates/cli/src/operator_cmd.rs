@@ -9,6 +9,7 @@ use postern_console::operator::OperatorClient;
 use serde_json::{Value, json};
 
 use crate::common::{EXIT_FAILED, EXIT_UNAVAILABLE, Failure, Outcome};
+use crate::vault_cmd::{Source, read_secret};
 
 /// One operator request: the console command and its arguments.
 pub struct Request {
@@ -47,6 +48,36 @@ impl Request {
             command: "integrity",
             args: json!({"recheck": true}),
         }
+    }
+
+    pub fn credentials() -> Self {
+        Request {
+            command: "list_credentials",
+            args: Value::Null,
+        }
+    }
+
+    pub fn remove_credential(id: &str) -> Self {
+        Request {
+            command: "remove_credential",
+            args: json!({ "id": id }),
+        }
+    }
+
+    /// Adds or rotates credential `id` with the secret read from `source` (stdin, a
+    /// no-echo prompt or a file; never argv). The broker answers with metadata only.
+    pub fn set_credential(id: &str, kind: &str, source: &Source) -> Result<Self, Failure> {
+        let secret = read_secret(id, source)?;
+        if secret.is_empty() {
+            return Err(Failure::failed("the secret is empty; nothing was stored"));
+        }
+        let text = std::str::from_utf8(secret.expose()).map_err(|_| {
+            Failure::failed("the secret is not UTF-8 text; the operator socket carries text only")
+        })?;
+        Ok(Request {
+            command: "set_credential",
+            args: json!({"credential": {"id": id, "kind": kind, "secret": text}}),
+        })
     }
 
     pub fn sessions() -> Self {

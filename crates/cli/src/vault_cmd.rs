@@ -32,7 +32,7 @@ fn strip_one_newline(bytes: &mut Vec<u8>) {
     }
 }
 
-fn read_secret(id: &str, source: &Source) -> Result<Secret, Failure> {
+pub fn read_secret(id: &str, source: &Source) -> Result<Secret, Failure> {
     let mut bytes = match source {
         Source::File(path) => std::fs::read(path)
             .map_err(|e| Failure::unavailable(format!("cannot read {}: {e}", path.display())))?,

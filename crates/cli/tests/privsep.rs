@@ -335,7 +335,32 @@ async fn the_agent_user_reaches_only_the_agent_socket_and_an_operator_approves()
         .unwrap();
     let accounts = Accounts::create();
     let (layout, daemon) = start_separated(&accounts, &server.base_url());
-    store_credential(&layout.operator_socket()).await;
+    // The operator stores the credential, the secret on stdin.
+    let mut child = accounts
+        .command_as(&accounts.operator, &layout.binary())
+        .arg("operator")
+        .arg("--socket")
+        .arg(layout.operator_socket())
+        .args(["set-credential", "api-key"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(format!("{CANARY}\n").as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stored: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(stored["id"], "api-key");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains(CANARY));
+    let (code, listed, _) = operator_as(&accounts, &accounts.operator, &layout, &["credentials"]);
+    assert_eq!(code, 0);
+    assert_eq!(listed[0]["id"], "api-key", "{listed}");
 
     // What the agent user cannot read: the data dir, the journal, the sealed vault
     // (credentials and the audit signing key), the vault key.
