@@ -189,6 +189,10 @@ struct KeychainArgs {
     /// The keychain service name entries live under.
     #[arg(long, value_name = "NAME", default_value = DEFAULT_SERVICE)]
     keychain_service: String,
+    /// The `file` keychain's 32-byte key (mode 0400/0600, owned by this user)
+    /// [default: $CREDENTIALS_DIRECTORY/postern-vault-key].
+    #[arg(long, value_name = "PATH")]
+    vault_key_file: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -216,10 +220,6 @@ struct DaemonCmd {
     /// How long a request waits for an operator's answer, in seconds.
     #[arg(long, value_name = "SECS", default_value_t = 300)]
     approval_timeout: u64,
-    /// The `file` keychain's 32-byte key (mode 0400/0600, owned by this user)
-    /// [default: $CREDENTIALS_DIRECTORY/postern-vault-key].
-    #[arg(long, value_name = "PATH")]
-    vault_key_file: Option<PathBuf>,
     #[command(flatten)]
     keychain: KeychainArgs,
 }
@@ -416,7 +416,7 @@ fn run(cli: Cli) -> common::Outcome {
                     socket: cmd.socket,
                     keychain: cmd.keychain.keychain.choice(),
                     service: cmd.keychain.keychain_service,
-                    vault_key_file: cmd.vault_key_file,
+                    vault_key_file: cmd.keychain.vault_key_file,
                 },
                 operator_socket: cmd.operator_socket,
                 operator_group: cmd.operator_group,
@@ -455,6 +455,7 @@ fn run(cli: Cli) -> common::Outcome {
             &data_dir.resolve(),
             keychain.keychain.backend(),
             &keychain.keychain_service,
+            keychain.vault_key_file.as_deref(),
             json,
         ),
         Command::Log(cmd) => journal_cmds::log(
@@ -490,6 +491,7 @@ fn run(cli: Cli) -> common::Outcome {
                 &data_dir.resolve(),
                 keychain.keychain.backend(),
                 &keychain.keychain_service,
+                keychain.vault_key_file.as_deref(),
                 &id,
                 kind,
                 &source,
@@ -509,6 +511,7 @@ fn run(cli: Cli) -> common::Outcome {
             &data_dir.resolve(),
             keychain.keychain.backend(),
             &keychain.keychain_service,
+            keychain.vault_key_file.as_deref(),
             &id,
             force,
         ),

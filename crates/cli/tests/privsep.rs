@@ -777,3 +777,70 @@ fn the_installer_is_idempotent_and_its_layout_runs_a_broker_an_operator_can_reac
     assert_eq!(overview["keychain"], "file");
     drop(daemon);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_file_keychain_serves_the_offline_commands_and_refuses_an_open_key() {
+    let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = start_local(dir.path(), &server.base_url());
+    store_credential(&dir.path().join("data/run/operator.sock")).await;
+    // A clean stop signs the final checkpoint.
+    let stopped = Command::new("kill")
+        .args(["-TERM", &daemon.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(stopped.success());
+    let status = daemon.child.wait().unwrap();
+    assert!(status.success(), "{}", daemon.log());
+    let data = dir.path().join("data");
+    let key = dir.path().join("vault.key");
+    let postern = |args: &[&str], key: &Path| {
+        Command::new(POSTERN)
+            .args(args)
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--keychain", "file", "--vault-key-file"])
+            .arg(key)
+            .output()
+            .unwrap()
+    };
+    let verified = postern(&["audit", "verify"], &key);
+    assert!(verified.status.success(), "{verified:?}");
+    // The CLI stores into the same sealed store.
+    let mut child = Command::new(POSTERN)
+        .args(["vault", "set", "other-key", "--data-dir"])
+        .arg(&data)
+        .args(["--keychain", "file", "--vault-key-file"])
+        .arg(&key)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"pstn-second-canary\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(postern_tests::files_containing(&data, b"pstn-second-canary").is_empty());
+    // A key others can read is refused; so is the wrong key.
+    chmod(&key, 0o640);
+    let refused = postern(&["audit", "verify"], &key);
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("readable by its group or others"),
+        "{refused:?}"
+    );
+    let wrong = dir.path().join("wrong.key");
+    std::fs::write(&wrong, [1u8; 32]).unwrap();
+    chmod(&wrong, 0o400);
+    let refused = postern(&["audit", "verify"], &wrong);
+    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("does not open with this vault key"),
+        "{refused:?}"
+    );
+}
