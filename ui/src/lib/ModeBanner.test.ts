@@ -14,7 +14,9 @@ describe("Mode banner", () => {
 
   test("privilege-separated mode shows the operator socket's refusals", () => {
     render(ModeBanner, { overview: overview({ mode: "privilege_separated", operator_refusals: 3 }) });
-    expect(screen.getByTestId("mode-banner").dataset.mode).toBe("privilege_separated");
+    const banner = screen.getByTestId("mode-banner");
+    expect(banner.dataset.mode).toBe("privilege_separated");
+    expect(banner.textContent).toContain("run them as a user outside the operator group");
     expect(screen.getByTestId("operator-refusals").textContent).toContain("refused 3");
   });
 
