@@ -16,7 +16,7 @@ describe("Mode banner", () => {
     render(ModeBanner, { overview: overview({ mode: "privilege_separated", operator_refusals: 3 }) });
     const banner = screen.getByTestId("mode-banner");
     expect(banner.dataset.mode).toBe("privilege_separated");
-    expect(banner.textContent).toContain("run them as a user outside the operator group");
+    expect(banner.textContent).toMatch(/run them as a user\s+outside the operator group/);
     expect(screen.getByTestId("operator-refusals").textContent).toContain("refused 3");
   });
 
