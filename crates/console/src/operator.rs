@@ -32,6 +32,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
+use zeroize::Zeroizing;
 
 use postern_mcp::bridge::{Line, LineReader, MAX_DEPTH, nesting_exceeds};
 use postern_mcp::daemon::{DaemonError, bind_with_mode};
@@ -331,7 +332,11 @@ pub async fn serve_operator_connection(server: Arc<OperatorServer>, stream: Unix
                 ),
             ),
             Line::Complete(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => continue,
-            Line::Complete(bytes) => answer(&server.console, &caller, &bytes).await,
+            Line::Complete(bytes) => {
+                // A set_credential line carries a secret: wiped once it is handled.
+                let bytes = Zeroizing::new(bytes);
+                answer(&server.console, &caller, &bytes).await
+            }
         };
         if write.write_all(&line_of(&response)).await.is_err() {
             return;
@@ -423,6 +428,8 @@ impl OperatorClient {
         })
         .map_err(|e| CommandError::new(ErrorCode::Internal, e.to_string()))?;
         line.push(b'\n');
+        // The line may carry a set_credential secret: wiped when this call returns.
+        let line = Zeroizing::new(line);
         // A refused peer may find the connection closed before the request is written;
         // the refusal line is still there to read.
         let _ = write.write_all(&line).await;
