@@ -15,6 +15,10 @@ use postern_broker::clock::SystemClock;
 use postern_mcp::server::Sessions;
 use postern_mcp::{DaemonArgs, KeychainChoice, daemon};
 
+use postern_console::operator::OperatorClient;
+use serde_json::{Value, json};
+
+use crate::commands::Backend;
 use crate::console::{Console, Paths};
 use crate::dto::{
     APPROVALS_CHANGED, ApprovalsChanged, INTEGRITY_CHANGED, JOURNAL_CHANGED, JournalChanged,
@@ -43,6 +47,11 @@ pub struct Args {
     /// How long a request waits for an answer, in seconds.
     #[arg(long, default_value_t = 300)]
     pub approval_timeout: u64,
+    /// Attach to a privilege-separated broker (`postern daemon` running as its own
+    /// user) through its operator socket, instead of running the broker in this
+    /// process. The other options are then the daemon's business and are ignored.
+    #[arg(long, value_name = "SOCKET")]
+    pub attach: Option<PathBuf>,
 }
 
 impl Args {
@@ -56,6 +65,7 @@ impl Args {
             keychain: Keychain::SecretService,
             keychain_service: service.to_string(),
             approval_timeout: 20,
+            attach: None,
         }
     }
 }
@@ -106,6 +116,7 @@ pub fn start(args: &Args) -> Result<Started, String> {
         keychain,
         service: args.keychain_service.clone(),
         anchor: None,
+        vault_key_file: None,
     };
     let approvals = Arc::new(Approvals::new(
         Duration::from_secs(args.approval_timeout.max(1)),
@@ -121,10 +132,7 @@ pub fn start(args: &Args) -> Result<Started, String> {
             data_dir,
             config,
             socket,
-            keychain: match keychain {
-                KeychainChoice::SecretService => "secret-service".into(),
-                KeychainChoice::Keyutils => "keyutils".into(),
-            },
+            keychain: keychain.as_str().into(),
         },
     ));
     Ok(Started {
@@ -139,9 +147,56 @@ pub fn with_console<R: Runtime>(
     builder: tauri::Builder<R>,
     console: Arc<Console>,
 ) -> tauri::Builder<R> {
+    with_backend(builder, Arc::new(Backend::InProcess(console)))
+}
+
+/// `builder` with `backend` behind every command.
+pub fn with_backend<R: Runtime>(
+    builder: tauri::Builder<R>,
+    backend: Arc<Backend>,
+) -> tauri::Builder<R> {
     builder
-        .manage(console)
+        .manage(backend)
         .invoke_handler(crate::console_handlers!())
+}
+
+/// A desktop notification (and a request for attention) for each card not seen before;
+/// `seen` keeps only the cards still pending.
+fn notify_new_cards<R: Runtime>(
+    app: &tauri::AppHandle<R>,
+    pending: &[(String, String)],
+    seen: &mut HashSet<String>,
+) {
+    for (id, body) in pending {
+        if seen.insert(id.clone()) {
+            // Without the notification plugin (tests) or a notification daemon (a
+            // bare X server) the card still appears; neither is an error.
+            if app
+                .try_state::<tauri_plugin_notification::Notification<R>>()
+                .is_some()
+            {
+                let _ = app
+                    .notification()
+                    .builder()
+                    .title("Postern: approval needed")
+                    .body(body)
+                    .show();
+            }
+            if let Some(window) = app.get_webview_window("main") {
+                let _ =
+                    window.request_user_attention(Some(tauri::UserAttentionType::Informational));
+            }
+        }
+    }
+    seen.retain(|id| pending.iter().any(|(p, _)| p == id));
+}
+
+/// What a notification says about one card.
+fn card_notice(mode: &str, target: &str, summary: &str) -> String {
+    match mode {
+        "host_key" => format!("First connection to {target}: check its host key"),
+        _ => format!("{target} wants {summary}"),
+    }
 }
 
 /// Pushes approval changes to the webview, with a desktop notification per new request.
@@ -150,34 +205,16 @@ pub async fn watch_approvals<R: Runtime>(app: tauri::AppHandle<R>, console: Arc<
     let mut seen: HashSet<String> = HashSet::new();
     loop {
         let pending = console.approval_cards();
-        for card in &pending {
-            if seen.insert(card.invocation_id.clone()) {
-                let body = match card.mode.as_str() {
-                    "host_key" => {
-                        format!("First connection to {}: check its host key", card.target)
-                    }
-                    _ => format!("{} wants {}", card.target, card.summary),
-                };
-                // Without the notification plugin (tests) or a notification daemon (a
-                // bare X server) the card still appears; neither is an error.
-                if app
-                    .try_state::<tauri_plugin_notification::Notification<R>>()
-                    .is_some()
-                {
-                    let _ = app
-                        .notification()
-                        .builder()
-                        .title("Postern: approval needed")
-                        .body(body)
-                        .show();
-                }
-                if let Some(window) = app.get_webview_window("main") {
-                    let _ = window
-                        .request_user_attention(Some(tauri::UserAttentionType::Informational));
-                }
-            }
-        }
-        seen.retain(|id| pending.iter().any(|c| &c.invocation_id == id));
+        let notices: Vec<(String, String)> = pending
+            .iter()
+            .map(|c| {
+                (
+                    c.invocation_id.clone(),
+                    card_notice(&c.mode, &c.target, &c.summary),
+                )
+            })
+            .collect();
+        notify_new_cards(&app, &notices, &mut seen);
         let _ = app.emit(APPROVALS_CHANGED, ApprovalsChanged { pending });
         if changes.changed().await.is_err() {
             return;
@@ -233,9 +270,108 @@ pub async fn watch_journal<R: Runtime>(app: tauri::AppHandle<R>, console: Arc<Co
     }
 }
 
+/// The attached console's watcher: the broker is another process, so its changes are
+/// polled over the operator socket (every second) and pushed to the webview as the same
+/// events the in-process watchers send. The journal is re-verified (by the broker) at
+/// start, after changes at most every five seconds, and every minute.
+pub async fn watch_attached<R: Runtime>(app: tauri::AppHandle<R>, backend: Arc<Backend>) {
+    let mut last_seq = None::<u64>;
+    let mut pending_count = None::<u64>;
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut verified: Option<(std::time::Instant, u64)> = None;
+    loop {
+        if let Ok(overview) = backend.call("overview", Value::Null, None).await {
+            let seq = overview["last_seq"].as_u64().unwrap_or(0);
+            let pending = overview["pending_approvals"].as_u64().unwrap_or(0);
+            if last_seq != Some(seq) {
+                let _ = app.emit(JOURNAL_CHANGED, JournalChanged { last_seq: seq });
+            }
+            if (last_seq != Some(seq) || pending_count != Some(pending))
+                && let Ok(cards) = backend.call("list_approvals", Value::Null, None).await
+            {
+                let notices: Vec<(String, String)> = cards
+                    .as_array()
+                    .map(Vec::as_slice)
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|c| {
+                        let text = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+                        (
+                            text("invocation_id"),
+                            card_notice(&text("mode"), &text("target"), &text("summary")),
+                        )
+                    })
+                    .collect();
+                notify_new_cards(&app, &notices, &mut seen);
+                let _ = app.emit(APPROVALS_CHANGED, json!({ "pending": cards }));
+            }
+            last_seq = Some(seq);
+            pending_count = Some(pending);
+            let due = match verified {
+                None => true,
+                Some((at, through)) => {
+                    at.elapsed() >= Duration::from_secs(60)
+                        || (through != seq && at.elapsed() >= Duration::from_secs(5))
+                }
+            };
+            if due
+                && let Ok(state) = backend
+                    .call("integrity", json!({"recheck": true}), None)
+                    .await
+            {
+                let _ = app.emit(INTEGRITY_CHANGED, state);
+                verified = Some((std::time::Instant::now(), seq));
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// The console attached to a broker's operator socket: no broker in this process.
+fn main_attached(socket: PathBuf) -> i32 {
+    let backend = Arc::new(Backend::Attached(OperatorClient::new(socket.clone())));
+    let app = with_backend(tauri::Builder::<tauri::Wry>::new(), backend.clone())
+        .plugin(tauri_plugin_notification::init())
+        .setup(move |app| {
+            eprintln!(
+                "postern-console: attached to the broker's operator socket {}",
+                socket.display()
+            );
+            let handle = app.handle().clone();
+            let exit = handle.clone();
+            tauri::async_runtime::spawn(async move {
+                if let Ok(mut terminate) =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                {
+                    tokio::select! {
+                        _ = terminate.recv() => {},
+                        _ = tokio::signal::ctrl_c() => {},
+                    }
+                    exit.exit(0);
+                }
+            });
+            tauri::async_runtime::spawn(watch_attached(handle, backend.clone()));
+            Ok(())
+        })
+        .build(tauri::generate_context!("../tauri.conf.json"));
+    match app {
+        Ok(app) => {
+            app.run(|_, _| {});
+            0
+        }
+        Err(e) => {
+            eprintln!("postern-console: {e}");
+            1
+        }
+    }
+}
+
 /// Runs the console; returns the process exit code.
 pub fn main_entry() -> i32 {
     let args = Args::parse();
+    if let Some(socket) = args.attach {
+        return main_attached(socket);
+    }
     let started = match start(&args) {
         Ok(s) => s,
         Err(e) => {

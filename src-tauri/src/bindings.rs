@@ -272,6 +272,11 @@ mod tests {
     fn every_registered_command_has_a_signature_and_a_permission() {
         let names: Vec<&str> = SIGNATURES.iter().map(|s| s.name).collect();
         assert_eq!(names, crate::commands_list::COMMANDS);
+        // The webview's commands and the operator socket's are one list.
+        assert_eq!(
+            crate::commands_list::COMMANDS,
+            postern_console::dispatch::COMMANDS
+        );
         let capability: serde_json::Value = serde_json::from_str(
             &std::fs::read_to_string(
                 std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

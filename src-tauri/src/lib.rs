@@ -2,8 +2,8 @@
 //! this window as its approval console.
 //!
 //! # Layout
-//! - [`console`]: what every command does, against the broker types (testable without
-//!   a window).
+//! - [`console`]: what every command does, against the broker types (the
+//!   `postern-console` crate, shared with the daemon).
 //! - [`commands`]: the Tauri commands, thin wrappers over [`console::Console`].
 //! - [`dto`]: the IPC types; [`bindings`] generates their TypeScript.
 //! - [`app`]: startup: arguments, the broker, the agent socket, background watchers.
@@ -12,8 +12,10 @@ pub mod app;
 pub mod bindings;
 pub mod commands;
 pub mod commands_list;
-pub mod console;
-pub mod dto;
+
+/// The operator logic and its IPC types live in `postern-console`, shared with the
+/// daemon's operator socket.
+pub use postern_console::{console, dto};
 
 /// Runs the console; returns the process exit code.
 pub fn main_entry() -> i32 {

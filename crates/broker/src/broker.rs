@@ -19,6 +19,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::ConfigHandle;
 use crate::config::{Config, ConfigError, ConfigWarning};
 use crate::journal::{Journal, JournalError, JournalOptions};
+use crate::sealed_store::VaultKey;
 use crate::vault::{Keychain, KeychainBackend, Vault, VaultError};
 
 /// The journal's file name inside the data dir.
@@ -60,6 +61,8 @@ pub struct BrokerOptions {
     /// Where to keep the latest checkpoint outside the data dir (see
     /// [`crate::audit::default_anchor`]); `None` keeps none.
     pub anchor: Option<PathBuf>,
+    /// The key of the `file` keychain (required for it, ignored by the others).
+    pub vault_key: Option<VaultKey>,
 }
 
 /// Something the operator should know about a broker that opened.
@@ -120,11 +123,16 @@ impl Broker {
             service,
             approver,
             anchor,
+            vault_key,
         } = options;
         let mut warnings = Vec::new();
         let db = Broker::journal_path(&data_dir);
         let clock = Arc::new(SystemClock);
-        let vault = Arc::new(Vault::open(Keychain::new(keychain, service)?, &db)?);
+        let keychain = match (keychain, vault_key) {
+            (KeychainBackend::File, Some(key)) => Keychain::file(&data_dir, &key, service)?,
+            (backend, _) => Keychain::new(backend, service)?,
+        };
+        let vault = Arc::new(Vault::open(keychain, &db)?);
         let signing_key = signing_key_from_vault(&vault, clock.now_ms())?;
         if let Some(previous) = last_checkpoint_key(&db)
             && previous != signing_key.verifying_key().to_bytes()

@@ -30,6 +30,8 @@
 //!   trait and the queue a person answers; approvals bind one fingerprint.
 //! - [`vault`]: the credential store (secrets in the OS keychain, metadata in the
 //!   journal database) and the `Secret` type.
+//! - [`sealed_store`]: the `file` keychain: secrets sealed (AES-256-GCM) in the data dir
+//!   under a key from outside it, for a broker running as its own system user.
 //! - [`journal`]: the append-only evidence journal in SQLite (group-committed, durable
 //!   where the contract needs it): [`journal::events`], [`journal::projection`],
 //!   [`journal::results`] (the result store), [`journal::query`] (activity, sessions,
@@ -64,6 +66,7 @@ pub mod invocation;
 pub mod journal;
 pub mod provenance;
 pub mod retry;
+pub mod sealed_store;
 pub mod transparency;
 pub mod vault;
 

@@ -26,10 +26,13 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::path::Path;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use keyring_core::{CredentialStore, Entry};
+
+use crate::sealed_store::{SealedStore, StoreError, VaultKey};
 use rusqlite::Connection;
 use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSql, ToSqlOutput, ValueRef};
 use serde::{Deserialize, Serialize};
@@ -481,6 +484,9 @@ pub enum KeychainBackend {
     /// The Linux kernel key retention service (session keyring, linked to the persistent
     /// keyring when available). Secrets vanish on reboot.
     Keyutils,
+    /// Sealed files in the data dir under a key from outside it
+    /// ([`crate::sealed_store`]): for a broker running as its own system user.
+    File,
 }
 
 impl KeychainBackend {
@@ -489,6 +495,7 @@ impl KeychainBackend {
         match self {
             KeychainBackend::SecretService => "secret_service",
             KeychainBackend::Keyutils => "keyutils",
+            KeychainBackend::File => "file",
         }
     }
 }
@@ -512,6 +519,8 @@ pub struct Keychain {
     backend: KeychainBackend,
     service: String,
     store: Mutex<Option<Arc<CredentialStore>>>,
+    /// The `file` backend's store (`None` for the OS keychains).
+    sealed: Option<SealedStore>,
 }
 
 impl fmt::Debug for Keychain {
@@ -540,7 +549,63 @@ impl Keychain {
             backend,
             service,
             store: Mutex::new(None),
+            sealed: None,
         })
+    }
+
+    /// The `file` keychain: sealed records in `data_dir/vault` under `key`, entries
+    /// under `service`.
+    ///
+    /// # Errors
+    ///
+    /// [`VaultError::InvalidId`] for a bad service name, [`VaultError::Locked`] if the
+    /// store directory cannot be made.
+    pub fn file(
+        data_dir: &Path,
+        key: &VaultKey,
+        service: impl Into<String>,
+    ) -> Result<Self, VaultError> {
+        let mut keychain = Self::new(KeychainBackend::File, service)?;
+        keychain.sealed =
+            Some(
+                SealedStore::open(data_dir, key).map_err(|e| VaultError::Locked {
+                    backend: KeychainBackend::File,
+                    reason: e.to_string(),
+                })?,
+            );
+        Ok(keychain)
+    }
+
+    /// Runs `op` on the sealed store, for the `file` backend; `None` for the others.
+    fn with_sealed<T>(
+        &self,
+        id: &CredentialId,
+        version: &VersionTag,
+        op: impl FnOnce(&SealedStore, &str, &str) -> Result<T, StoreError>,
+    ) -> Option<Result<T, VaultError>> {
+        if self.backend != KeychainBackend::File {
+            return None;
+        }
+        let Some(store) = self.sealed.as_ref() else {
+            return Some(Err(VaultError::Locked {
+                backend: KeychainBackend::File,
+                reason: "the file keychain was opened without its vault key".to_owned(),
+            }));
+        };
+        let user = format!("{id}@{version}");
+        Some(op(store, &self.service, &user).map_err(|e| match e {
+            StoreError::Missing => VaultError::Missing {
+                credential: id.to_string(),
+            },
+            StoreError::Unsealable => VaultError::Corrupt {
+                credential: id.to_string(),
+                reason: e.to_string(),
+            },
+            StoreError::Io(reason) => VaultError::Locked {
+                backend: KeychainBackend::File,
+                reason,
+            },
+        }))
     }
 
     /// The backend this keychain uses.
@@ -565,6 +630,9 @@ impl Keychain {
         version: &VersionTag,
         secret: &Secret,
     ) -> Result<(), VaultError> {
+        if let Some(done) = self.with_sealed(id, version, |s, svc, user| s.put(svc, user, secret)) {
+            return done;
+        }
         self.with_entry(id, version, |entry| entry.set_secret(secret.expose()))
     }
 
@@ -575,6 +643,9 @@ impl Keychain {
     /// [`VaultError::Missing`] if there is no such entry, [`VaultError::Locked`] if the
     /// keychain cannot be reached or read.
     pub fn get(&self, id: &CredentialId, version: &VersionTag) -> Result<Secret, VaultError> {
+        if let Some(done) = self.with_sealed(id, version, |s, svc, user| s.get(svc, user)) {
+            return done;
+        }
         self.with_entry(id, version, |entry| entry.get_secret().map(Secret::new))
     }
 
@@ -585,6 +656,9 @@ impl Keychain {
     /// [`VaultError::Missing`] if there is no such entry, [`VaultError::Locked`] if the
     /// keychain cannot be reached or written.
     pub fn delete(&self, id: &CredentialId, version: &VersionTag) -> Result<(), VaultError> {
+        if let Some(done) = self.with_sealed(id, version, |s, svc, user| s.delete(svc, user)) {
+            return done;
+        }
         self.with_entry(id, version, Entry::delete_credential)
     }
 
@@ -606,7 +680,9 @@ impl Keychain {
                     let modifiers = HashMap::from([("label", label.as_str())]);
                     store.build(&self.service, &user, Some(&modifiers))?
                 }
-                KeychainBackend::Keyutils => store.build(&self.service, &user, None)?,
+                KeychainBackend::Keyutils | KeychainBackend::File => {
+                    store.build(&self.service, &user, None)?
+                }
             };
             op(&entry)
         });
@@ -719,6 +795,10 @@ fn open_store(backend: KeychainBackend) -> keyring_core::Result<Arc<CredentialSt
     match backend {
         KeychainBackend::SecretService => open_secret_service(),
         KeychainBackend::Keyutils => open_keyutils(),
+        // Never reached: the file backend's entries go through `with_sealed`.
+        KeychainBackend::File => Err(keyring_core::Error::NotSupportedByStore(
+            "the file keychain has no OS store".to_owned(),
+        )),
     }
 }
 

@@ -131,10 +131,21 @@ pub fn open_journal_read_only(data_dir: &Path) -> Result<(PathBuf, Connection), 
     Ok((db, conn))
 }
 
-/// The chosen keychain backend under a service name.
-pub fn keychain(backend: KeychainBackend, service: &str) -> Result<Keychain, Failure> {
-    Keychain::new(backend, service)
-        .map_err(|e| Failure::unavailable(format!("keychain service name `{service}`: {e}")))
+/// The chosen keychain backend under a service name. The `file` keychain lives in
+/// `data_dir` and needs its key: `vault_key_file`, else systemd's credential directory.
+pub fn keychain(
+    backend: KeychainBackend,
+    service: &str,
+    data_dir: &Path,
+    vault_key_file: Option<&Path>,
+) -> Result<Keychain, Failure> {
+    let named = |e| Failure::unavailable(format!("keychain service name `{service}`: {e}"));
+    if backend == KeychainBackend::File {
+        let key = postern_broker::sealed_store::load_key(vault_key_file)
+            .map_err(|e| Failure::unavailable(e.to_string()))?;
+        return Keychain::file(data_dir, &key, service).map_err(named);
+    }
+    Keychain::new(backend, service).map_err(named)
 }
 
 /// The current time in unix milliseconds.

@@ -183,12 +183,13 @@ pub fn audit_key_print(
     data_dir: &Path,
     backend: KeychainBackend,
     service: &str,
+    vault_key_file: Option<&Path>,
     json: bool,
 ) -> common::Outcome {
     use postern_broker::transparency::note::{KeyAlg, VerifierKey};
     let (db, conn) =
         common::open_journal_read_only(data_dir).map_err(|f| f.with_json(json, "unreadable"))?;
-    let key = audit_key(&conn, &db, backend, service)
+    let key = audit_key(&conn, &db, backend, service, vault_key_file)
         .map_err(|f| f.with_json(json, "no_key"))?
         .verifying_key();
     let origin = audit::log_origin(&key);
@@ -212,6 +213,7 @@ fn audit_key(
     db: &Path,
     backend: KeychainBackend,
     service: &str,
+    vault_key_file: Option<&Path>,
 ) -> Result<SigningKey, Failure> {
     let id = CredentialId::new(AUDIT_KEY_ID)
         .map_err(|e| Failure::unavailable(format!("audit key id: {e}")))?;
@@ -228,7 +230,8 @@ fn audit_key(
             db.display()
         )));
     };
-    let secret = common::keychain(backend, service)?
+    let data_dir = db.parent().unwrap_or(Path::new("."));
+    let secret = common::keychain(backend, service, data_dir, vault_key_file)?
         .get(&id, &recorded.version)
         .map_err(|e| match e {
             VaultError::Missing { .. } => Failure::unavailable(format!(
@@ -257,11 +260,13 @@ pub fn audit_verify(
     backend: KeychainBackend,
     service: &str,
     against: &VerifyAgainst<'_>,
+    vault_key_file: Option<&Path>,
     json: bool,
 ) -> common::Outcome {
     let (db, conn) =
         common::open_journal_read_only(data_dir).map_err(|f| f.with_json(json, "unreadable"))?;
-    let key = audit_key(&conn, &db, backend, service).map_err(|f| f.with_json(json, "no_key"))?;
+    let key = audit_key(&conn, &db, backend, service, vault_key_file)
+        .map_err(|f| f.with_json(json, "no_key"))?;
     let log_key = key.verifying_key();
     let witnesses = match against.config {
         None => Vec::new(),

@@ -8,6 +8,7 @@
 mod common;
 mod config_cmd;
 mod journal_cmds;
+mod operator_cmd;
 mod timefmt;
 mod vault_cmd;
 mod witness_cmd;
@@ -92,6 +93,62 @@ enum Command {
             postern witness serve --data-dir DIR --listen 127.0.0.1:7380"
     )]
     Witness(witness_cmd::WitnessCmd),
+    /// Operate a running daemon over its operator socket (approvals, overview,
+    /// integrity, sessions); answers are printed as JSON.
+    #[command(after_help = "Examples:\n  \
+        postern operator --socket /run/postern/operator.sock approvals\n  \
+        postern operator --socket /run/postern/operator.sock approve inv_… FINGERPRINT CARD_DIGEST\n\n\
+        Exit status: 0 answered, 1 refused (including a peer the socket does not admit), \
+        2 the socket cannot be reached.")]
+    Operator(OperatorCmd),
+}
+
+#[derive(Args)]
+struct OperatorCmd {
+    /// The daemon's operator socket [default: DATA_DIR/run/operator.sock of the default
+    /// data dir].
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    #[command(subcommand)]
+    action: OperatorAction,
+}
+
+#[derive(Subcommand)]
+enum OperatorAction {
+    /// Counts, paths, the keychain and the deployment mode.
+    Overview,
+    /// Pending approval cards (each with the fingerprint an approval must name).
+    Approvals,
+    /// Approve exactly this fingerprint of this invocation, as shown on the card with
+    /// this digest (both are in `approvals`).
+    Approve {
+        invocation_id: String,
+        fingerprint: String,
+        card_digest: String,
+    },
+    /// Deny this invocation, as shown on the card with this digest.
+    Deny {
+        invocation_id: String,
+        fingerprint: String,
+        card_digest: String,
+    },
+    /// Verify the journal's chain and signed checkpoints now (exit 1 when they fail).
+    Verify,
+    /// Agent sessions, newest first.
+    Sessions,
+    /// Credentials as metadata (id, kind, version, dates, targets using them).
+    Credentials,
+    /// Store or rotate a credential in the broker's keychain; the secret is read from
+    /// stdin or a no-echo prompt (or --from-file), never argv.
+    SetCredential {
+        id: String,
+        #[arg(long, value_enum, default_value_t = KindArg::Token)]
+        kind: KindArg,
+        #[arg(long, value_name = "PATH")]
+        from_file: Option<PathBuf>,
+    },
+    /// Remove a credential.
+    RemoveCredential { id: String },
 }
 
 #[derive(Args)]
@@ -113,6 +170,9 @@ enum KeychainArg {
     SecretService,
     /// The Linux kernel keyring (secrets vanish on reboot).
     Keyutils,
+    /// Sealed files in the data dir, under a key from --vault-key-file or systemd's
+    /// credential directory (for a broker running as its own system user).
+    File,
 }
 
 impl KeychainArg {
@@ -120,6 +180,7 @@ impl KeychainArg {
         match self {
             KeychainArg::SecretService => KeychainBackend::SecretService,
             KeychainArg::Keyutils => KeychainBackend::Keyutils,
+            KeychainArg::File => KeychainBackend::File,
         }
     }
 
@@ -127,6 +188,7 @@ impl KeychainArg {
         match self {
             KeychainArg::SecretService => postern_mcp::KeychainChoice::SecretService,
             KeychainArg::Keyutils => postern_mcp::KeychainChoice::Keyutils,
+            KeychainArg::File => postern_mcp::KeychainChoice::File,
         }
     }
 }
@@ -139,6 +201,10 @@ struct KeychainArgs {
     /// The keychain service name entries live under.
     #[arg(long, value_name = "NAME", default_value = DEFAULT_SERVICE)]
     keychain_service: String,
+    /// The `file` keychain's 32-byte key (mode 0400/0600, owned by this user)
+    /// [default: $CREDENTIALS_DIRECTORY/postern-vault-key].
+    #[arg(long, value_name = "PATH")]
+    vault_key_file: Option<PathBuf>,
 }
 
 /// Where the latest signed checkpoint is kept outside the data directory.
@@ -162,8 +228,31 @@ struct DaemonCmd {
     /// The agent-facing socket [default: DIR/run/postern.sock].
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
+    /// The operator socket the console and `postern operator` use [default:
+    /// operator.sock beside the agent socket].
+    #[arg(long, value_name = "PATH")]
+    operator_socket: Option<PathBuf>,
+    /// Members of this group may operate the broker (the operator socket becomes 0660,
+    /// owned by it). Without it only this user and root may.
+    #[arg(long, value_name = "NAME")]
+    operator_group: Option<String>,
+    /// Who may open MCP sessions on the agent socket: `own` (this user) or `any` (every
+    /// local user; for a broker running as its own system user).
+    #[arg(long, value_enum, default_value_t = AgentUsers::Own)]
+    agent_users: AgentUsers,
+    /// How long a request waits for an operator's answer, in seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 300)]
+    approval_timeout: u64,
     #[command(flatten)]
     keychain: KeychainArgs,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum AgentUsers {
+    /// Only the user the daemon runs as.
+    Own,
+    /// Every local user (the socket file is 0666).
+    Any,
 }
 
 #[derive(Args)]
@@ -367,16 +456,26 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
 fn run(cli: Cli) -> common::Outcome {
     match cli.command {
         Command::Daemon(cmd) => {
-            let args = postern_mcp::DaemonArgs {
-                data_dir: cmd.data_dir.resolve(),
-                config: cmd.config,
-                socket: cmd.socket,
-                keychain: cmd.keychain.keychain.choice(),
-                service: cmd.keychain.keychain_service,
-                anchor: cmd.anchor.anchor,
+            let args = postern_console::headless::HeadlessArgs {
+                daemon: postern_mcp::DaemonArgs {
+                    data_dir: cmd.data_dir.resolve(),
+                    config: cmd.config,
+                    socket: cmd.socket,
+                    keychain: cmd.keychain.keychain.choice(),
+                    service: cmd.keychain.keychain_service,
+                    vault_key_file: cmd.keychain.vault_key_file,
+                    anchor: cmd.anchor.anchor,
+                },
+                operator_socket: cmd.operator_socket,
+                operator_group: cmd.operator_group,
+                agent_access: match cmd.agent_users {
+                    AgentUsers::Own => postern_mcp::daemon::AgentAccess::OwnUser,
+                    AgentUsers::Any => postern_mcp::daemon::AgentAccess::AnyLocalUser,
+                },
+                approval_timeout: std::time::Duration::from_secs(cmd.approval_timeout),
             };
             runtime()?
-                .block_on(postern_mcp::run_daemon(args))
+                .block_on(postern_console::headless::run(args))
                 .map_err(|e| Failure::failed(format!("daemon: {e}")))
         }
         Command::Mcp(cmd) => {
@@ -404,6 +503,7 @@ fn run(cli: Cli) -> common::Outcome {
             &data_dir.resolve(),
             keychain.keychain.backend(),
             &keychain.keychain_service,
+            keychain.vault_key_file.as_deref(),
             json,
         ),
         Command::Audit(AuditCmd::Verify {
@@ -422,6 +522,7 @@ fn run(cli: Cli) -> common::Outcome {
                 config: config.as_deref(),
                 ask_witnesses,
             },
+            keychain.vault_key_file.as_deref(),
             json,
         ),
         Command::Log(cmd) => journal_cmds::log(
@@ -457,6 +558,7 @@ fn run(cli: Cli) -> common::Outcome {
                 &data_dir.resolve(),
                 keychain.keychain.backend(),
                 &keychain.keychain_service,
+                keychain.vault_key_file.as_deref(),
                 &id,
                 kind,
                 &source,
@@ -476,9 +578,57 @@ fn run(cli: Cli) -> common::Outcome {
             &data_dir.resolve(),
             keychain.keychain.backend(),
             &keychain.keychain_service,
+            keychain.vault_key_file.as_deref(),
             &id,
             force,
         ),
+        Command::Operator(cmd) => {
+            let socket = cmd.socket.unwrap_or_else(|| {
+                postern_console::operator::default_operator_socket(&postern_mcp::default_socket(
+                    &common::default_data_dir(),
+                ))
+            });
+            let request = match cmd.action {
+                OperatorAction::Overview => operator_cmd::Request::overview(),
+                OperatorAction::Approvals => operator_cmd::Request::approvals(),
+                OperatorAction::Approve {
+                    invocation_id,
+                    fingerprint,
+                    card_digest,
+                } => {
+                    operator_cmd::Request::answer(&invocation_id, &fingerprint, &card_digest, true)
+                }
+                OperatorAction::Deny {
+                    invocation_id,
+                    fingerprint,
+                    card_digest,
+                } => {
+                    operator_cmd::Request::answer(&invocation_id, &fingerprint, &card_digest, false)
+                }
+                OperatorAction::Verify => operator_cmd::Request::verify(),
+                OperatorAction::Sessions => operator_cmd::Request::sessions(),
+                OperatorAction::Credentials => operator_cmd::Request::credentials(),
+                OperatorAction::RemoveCredential { id } => {
+                    operator_cmd::Request::remove_credential(&id)
+                }
+                OperatorAction::SetCredential {
+                    id,
+                    kind,
+                    from_file,
+                } => {
+                    let source = match from_file {
+                        Some(path) => vault_cmd::Source::File(path),
+                        None => vault_cmd::Source::Stdin,
+                    };
+                    let kind = match kind {
+                        KindArg::Token => CredentialKind::Token,
+                        KindArg::SshKey => CredentialKind::SshKey,
+                    };
+                    operator_cmd::Request::set_credential(&id, kind.as_str(), &source)?
+                }
+            };
+            operator_cmd::run(&socket, request)
+        }
         Command::Config(ConfigCmd::Check { file }) => config_cmd::check(&file),
         Command::Config(ConfigCmd::PinHostKey {
             file,

@@ -32,7 +32,7 @@ fn strip_one_newline(bytes: &mut Vec<u8>) {
     }
 }
 
-fn read_secret(id: &str, source: &Source) -> Result<Secret, Failure> {
+pub fn read_secret(id: &str, source: &Source) -> Result<Secret, Failure> {
     let mut bytes = match source {
         Source::File(path) => std::fs::read(path)
             .map_err(|e| Failure::unavailable(format!("cannot read {}: {e}", path.display())))?,
@@ -84,6 +84,7 @@ pub fn set(
     data_dir: &Path,
     backend: KeychainBackend,
     service: &str,
+    vault_key_file: Option<&Path>,
     id: &str,
     kind: CredentialKind,
     source: &Source,
@@ -102,7 +103,7 @@ pub fn set(
             "an SSH private key cannot be typed at a prompt; pass --from-file PATH or pipe the key on stdin",
         ));
     }
-    let keychain = common::keychain(backend, service)?;
+    let keychain = common::keychain(backend, service, data_dir, vault_key_file)?;
     let secret = read_secret(id, source)?;
     if secret.is_empty() {
         return Err(Failure::failed("the secret is empty; nothing was stored"));
@@ -230,6 +231,7 @@ pub fn remove(
     data_dir: &Path,
     backend: KeychainBackend,
     service: &str,
+    vault_key_file: Option<&Path>,
     id: &str,
     force: bool,
 ) -> common::Outcome {
@@ -240,7 +242,7 @@ pub fn remove(
              longer be verified. Pass --force to remove it anyway"
         )));
     }
-    let keychain = common::keychain(backend, service)?;
+    let keychain = common::keychain(backend, service, data_dir, vault_key_file)?;
     let db = common::journal_path(data_dir);
     if !db.is_file() {
         return Err(Failure::failed(format!(

@@ -370,19 +370,50 @@ async fn an_agent_cannot_read_another_sessions_invocation() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_target_that_needs_approval_fails_fast_on_a_headless_daemon() {
+async fn a_headless_daemon_queues_approvals_for_its_operator_socket() {
+    use postern_console::operator::OperatorClient;
     let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
     let daemon = start_daemon(&server.base_url(), "per_call");
     let client = client(&daemon.socket).await;
-    let result = call(
-        &client,
-        "http_request",
-        json!({"url": server.url("/v1/x"), "method": "GET"}),
-    )
-    .await;
-    assert_eq!(structured(&result)["error"]["code"], "NO_APPROVER");
+    let operator = OperatorClient::new(daemon.socket.with_file_name("operator.sock"));
+    let call = {
+        let url = server.url("/v1/x");
+        tokio::spawn(async move {
+            let result = call(
+                &client,
+                "http_request",
+                json!({"url": url, "method": "GET"}),
+            )
+            .await;
+            client.cancel().await.unwrap();
+            result
+        })
+    };
+    let mut card = Value::Null;
+    for _ in 0..500 {
+        let cards = operator.call("list_approvals", Value::Null).await.unwrap();
+        if let Some(c) = cards.as_array().and_then(|c| c.first()) {
+            card = c.clone();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(card["target"], "api", "a card is waiting: {card}");
+    assert!(
+        server.requests().is_empty(),
+        "nothing is sent before an answer"
+    );
+    operator
+        .call(
+            "answer_approval",
+            json!({"invocationId": card["invocation_id"], "fingerprint": card["fingerprint"],
+                   "decision": "deny"}),
+        )
+        .await
+        .unwrap();
+    let result = call.await.unwrap();
+    assert_eq!(structured(&result)["error"]["code"], "APPROVAL_DENIED");
     assert!(server.requests().is_empty());
-    client.cancel().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -122,7 +122,7 @@ pub fn unreachable_message(socket: &Path, error: &std::io::Error) -> String {
 
 /// One line read from the agent.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Line {
+pub enum Line {
     /// The bytes before the newline (or before EOF, for a last unterminated line).
     Complete(Vec<u8>),
     /// A line longer than the limit; its bytes were discarded as they arrived.
@@ -130,7 +130,7 @@ pub(crate) enum Line {
 }
 
 /// Reads lines of raw bytes, never holding more than `max` bytes of one line.
-pub(crate) struct LineReader<R> {
+pub struct LineReader<R> {
     inner: R,
     buf: Vec<u8>,
     max: usize,
@@ -139,7 +139,7 @@ pub(crate) struct LineReader<R> {
 }
 
 impl<R: AsyncBufRead + Unpin> LineReader<R> {
-    pub(crate) fn new(inner: R, max: usize) -> Self {
+    pub fn new(inner: R, max: usize) -> Self {
         LineReader {
             inner,
             buf: Vec::new(),
@@ -150,7 +150,7 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
 
     /// The next line; `None` at EOF. An over-long line is reported once, as soon as it
     /// passes the limit; the rest of it is skipped.
-    pub(crate) async fn next(&mut self) -> std::io::Result<Option<Line>> {
+    pub async fn next(&mut self) -> std::io::Result<Option<Line>> {
         loop {
             let available = self.inner.fill_buf().await?;
             if available.is_empty() {
@@ -185,7 +185,7 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
 
 /// Whether `bytes` nest arrays or objects deeper than `limit` (brackets inside strings
 /// do not count). A linear scan with no recursion, so any input is safe to check.
-pub(crate) fn nesting_exceeds(bytes: &[u8], limit: usize) -> bool {
+pub fn nesting_exceeds(bytes: &[u8], limit: usize) -> bool {
     let mut depth = 0usize;
     let mut in_string = false;
     let mut escaped = false;

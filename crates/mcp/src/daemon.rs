@@ -42,6 +42,7 @@ use tokio::sync::Notify;
 
 use postern_broker::approvals::Approver;
 use postern_broker::broker::{Broker, BrokerOptions, OpenError};
+use postern_broker::sealed_store::load_key;
 use postern_broker::vault::KeychainBackend;
 
 use crate::bridge::{Line, LineReader, MAX_DEPTH, MAX_LINE, nesting_exceeds};
@@ -106,6 +107,8 @@ pub enum DaemonError {
     Vault(#[from] postern_broker::vault::VaultError),
     #[error("{0}")]
     AuditKey(#[from] postern_broker::audit::AuditKeyError),
+    #[error("{0}")]
+    VaultKey(#[from] postern_broker::sealed_store::KeyError),
     #[error("socket {path}: {source}")]
     Socket {
         path: String,
@@ -167,20 +170,26 @@ impl From<OpenError> for DaemonError {
     }
 }
 
-/// Opens the broker a daemon serves: checks the data dir ([`prepare_data_dir`]), opens
-/// the engine with `approver` attached (the desktop app's console; none for the headless
-/// daemon), and prints what the operator should know as `postern: warning: …`.
+/// Opens the broker a daemon serves: checks the data dir ([`prepare_data_dir`]), loads
+/// the `file` keychain's key when that is the keychain, opens the engine with `approver`
+/// attached (the desktop app's console, or the headless daemon's queue answered over its
+/// operator socket), and prints what the operator should know as `postern: warning: …`.
 pub fn open_broker(
     args: &DaemonArgs,
     approver: Option<Arc<dyn Approver>>,
 ) -> Result<Arc<Broker>, DaemonError> {
     prepare_data_dir(&args.data_dir)?;
+    let vault_key = match args.keychain {
+        KeychainChoice::File => Some(load_key(args.vault_key_file.as_deref())?),
+        KeychainChoice::SecretService | KeychainChoice::Keyutils => None,
+    };
     let opened = Broker::open(BrokerOptions {
         data_dir: args.data_dir.clone(),
         config: args.config.clone(),
         keychain: match args.keychain {
             KeychainChoice::SecretService => KeychainBackend::SecretService,
             KeychainChoice::Keyutils => KeychainBackend::Keyutils,
+            KeychainChoice::File => KeychainBackend::File,
         },
         service: args.service.clone(),
         approver,
@@ -188,9 +197,10 @@ pub fn open_broker(
             .anchor
             .clone()
             .or_else(|| postern_broker::audit::default_anchor(&args.data_dir)),
+        vault_key,
     })?;
     // Said loudly: earlier checkpoints verify only against the key that signed them, and
-    // a target without a pinned host key waits for an approval a daemon cannot give.
+    // a target without a pinned host key waits for an operator's approval.
     for warning in &opened.warnings {
         eprintln!("postern: warning: {warning}");
     }
@@ -343,6 +353,13 @@ pub fn check_socket_path(socket: &Path) -> Result<(), DaemonError> {
 /// Binds the socket, mode 0600, creating missing directories 0700 and replacing only a
 /// stale socket of our own (see the module docs).
 pub async fn bind(socket: &Path) -> Result<UnixListener, DaemonError> {
+    bind_with_mode(socket, 0o600).await
+}
+
+/// [`bind`] with the socket file given `mode` instead of 0600: 0666 for an agent socket
+/// other local users reach (a broker running as its own system user, [`AgentAccess::
+/// AnyLocalUser`]), 0660 for a group's socket.
+pub async fn bind_with_mode(socket: &Path, mode: u32) -> Result<UnixListener, DaemonError> {
     let me = own_uid().ok_or(DaemonError::NoUid)?;
     let plan = inspect_socket_path(socket, me)?;
     let err = |source| DaemonError::Socket {
@@ -365,7 +382,7 @@ pub async fn bind(socket: &Path) -> Result<UnixListener, DaemonError> {
         std::fs::remove_file(socket).map_err(err)?;
     }
     let listener = UnixListener::bind(socket).map_err(err)?;
-    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(mode & 0o777)).map_err(err)?;
     Ok(listener)
 }
 
@@ -536,12 +553,34 @@ async fn guard_input(
     let _ = feed.shutdown().await;
 }
 
+/// Which users may open MCP sessions on the agent socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AgentAccess {
+    /// Only the broker's own uid (single-user mode: the broker runs as the person).
+    #[default]
+    OwnUser,
+    /// Any local user: the broker runs as its own system user and the people whose
+    /// agents use it are other uids. They get MCP only; the operator side is another
+    /// socket.
+    AnyLocalUser,
+}
+
 /// Serves one connection: checks the peer's uid, identifies the agent behind the bridge,
 /// records it in `sessions`, and runs an MCP session until the bridge goes away.
 pub async fn serve_connection(broker: Arc<Broker>, sessions: Arc<Sessions>, stream: UnixStream) {
+    serve_connection_with(broker, sessions, stream, AgentAccess::OwnUser).await;
+}
+
+/// [`serve_connection`] admitting the peers `access` names.
+pub async fn serve_connection_with(
+    broker: Arc<Broker>,
+    sessions: Arc<Sessions>,
+    stream: UnixStream,
+    access: AgentAccess,
+) {
     let Ok(cred) = stream.peer_cred() else { return };
     let Some(me) = own_uid() else { return };
-    if !peer_allowed(cred.uid(), me) {
+    if access == AgentAccess::OwnUser && !peer_allowed(cred.uid(), me) {
         // Another user: refuse without a word.
         return;
     }
@@ -581,13 +620,29 @@ pub async fn serve(
     listener: UnixListener,
     stop: impl std::future::Future<Output = ()>,
 ) {
+    serve_with(broker, sessions, listener, stop, AgentAccess::OwnUser).await;
+}
+
+/// [`serve`] admitting the peers `access` names.
+pub async fn serve_with(
+    broker: Arc<Broker>,
+    sessions: Arc<Sessions>,
+    listener: UnixListener,
+    stop: impl std::future::Future<Output = ()>,
+    access: AgentAccess,
+) {
     let mut sweep = tokio::time::interval(std::time::Duration::from_secs(5));
     tokio::pin!(stop);
     loop {
         tokio::select! {
             accepted = listener.accept() => {
                 if let Ok((stream, _)) = accepted {
-                    tokio::spawn(serve_connection(broker.clone(), sessions.clone(), stream));
+                    tokio::spawn(serve_connection_with(
+                        broker.clone(),
+                        sessions.clone(),
+                        stream,
+                        access,
+                    ));
                 }
             }
             _ = sweep.tick() => sessions.sweep(broker.journal.now_ms()),
@@ -597,7 +652,7 @@ pub async fn serve(
 }
 
 /// The file identity (device, inode) at `path`, without following a symlink.
-fn file_identity(path: &Path) -> Option<(u64, u64)> {
+pub fn file_identity(path: &Path) -> Option<(u64, u64)> {
     std::fs::symlink_metadata(path)
         .ok()
         .map(|m| (m.dev(), m.ino()))

@@ -25,6 +25,20 @@ use std::path::{Path, PathBuf};
 pub enum KeychainChoice {
     SecretService,
     Keyutils,
+    /// Sealed files in the data dir; the key from `--vault-key-file` or systemd's
+    /// credential directory.
+    File,
+}
+
+impl KeychainChoice {
+    /// The name the console's overview shows.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeychainChoice::SecretService => "secret-service",
+            KeychainChoice::Keyutils => "keyutils",
+            KeychainChoice::File => "file",
+        }
+    }
 }
 
 /// `postern daemon` arguments.
@@ -38,6 +52,8 @@ pub struct DaemonArgs {
     pub service: String,
     /// The audit anchor outside the data dir [default: `audit::default_anchor`].
     pub anchor: Option<PathBuf>,
+    /// The `file` keychain's key file [default: `$CREDENTIALS_DIRECTORY/postern-vault-key`].
+    pub vault_key_file: Option<PathBuf>,
 }
 
 /// `postern mcp` arguments.

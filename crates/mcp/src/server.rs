@@ -710,6 +710,8 @@ mod tests {
             keychain: KeychainBackend::SecretService,
             service: format!("postern-test-{}-{nanos}", std::process::id()),
             approver: None,
+            anchor: None,
+            vault_key: None,
         })
         .unwrap();
         Arc::new(opened.broker)

@@ -27,9 +27,24 @@ socket: string,
  */
 bridge_command: string, 
 /**
- * `secret-service` or `keyutils`.
+ * `secret-service`, `keyutils` or `file`.
  */
-keychain: string, };
+keychain: string, 
+/**
+ * `single_user`: the broker runs as the person's own user, so an agent running as
+ * that user can read the journal and the keychain; `privilege_separated`: the
+ * broker runs as its own system user and this console reaches it over the operator
+ * socket.
+ */
+mode: string, 
+/**
+ * Peers the operator socket refused since the broker started (0 without one).
+ */
+operator_refusals: number, 
+/**
+ * The newest journal sequence: an attached console polls it to refresh its views.
+ */
+last_seq: number, };
 
 export type ProcessCard = { pid: number, executable: string | null, 
 /**
@@ -306,7 +321,7 @@ notes: Array<string>,
  */
 scope: string, };
 
-export type ErrorCode = "INVALID_INPUT" | "JOURNAL_UNREADABLE" | "JOURNAL_REFUSED" | "NOT_PENDING" | "CARD_CHANGED" | "UNKNOWN_INVOCATION" | "NOT_UNKNOWN" | "NO_RECONCILE_QUERY" | "RECONCILE_INCONCLUSIVE" | "EXPORT_FAILED" | "CONFIG_UNREADABLE" | "CONFIG_INVALID" | "INTERNAL" | Code;
+export type ErrorCode = "INVALID_INPUT" | "JOURNAL_UNREADABLE" | "JOURNAL_REFUSED" | "NOT_PENDING" | "CARD_CHANGED" | "UNKNOWN_INVOCATION" | "NOT_UNKNOWN" | "NO_RECONCILE_QUERY" | "RECONCILE_INCONCLUSIVE" | "EXPORT_FAILED" | "CONFIG_UNREADABLE" | "CONFIG_INVALID" | "INTERNAL" | "UNKNOWN_COMMAND" | "OPERATOR_REFUSED" | "OPERATOR_UNREACHABLE" | Code;
 
 export type CommandError = { code: ErrorCode, message: string, 
 /**

@@ -164,6 +164,9 @@ export function overview(overrides: Partial<Overview> = {}): Overview {
     socket: "/run/user/1000/postern.sock",
     bridge_command: "/opt/postern/bin/postern",
     keychain: "secret-service",
+    mode: "single_user",
+    operator_refusals: 0,
+    last_seq: 0,
     ...overrides,
   };
 }

@@ -181,10 +181,12 @@ impl Witnessing {
                             w.name
                         ));
                     };
-                    let cosigned = match note::append_signatures(note.as_bytes(), &[line.clone()]) {
-                        Ok(n) => String::from_utf8_lossy(&n).into_owned(),
-                        Err(e) => return Submitted::Failed(e.to_string()),
-                    };
+                    let cosigned =
+                        match note::append_signatures(note.as_bytes(), std::slice::from_ref(&line))
+                        {
+                            Ok(n) => String::from_utf8_lossy(&n).into_owned(),
+                            Err(e) => return Submitted::Failed(e.to_string()),
+                        };
                     let line = String::from_utf8_lossy(&line.to_bytes()).into_owned();
                     return match self
                         .journal

@@ -45,6 +45,7 @@ fn open(dir: &Path, service: &str) -> Result<Opened, OpenError> {
         service: service.to_string(),
         approver: None,
         anchor: None,
+        vault_key: None,
     })
 }
 
@@ -120,4 +121,65 @@ fn a_targets_file_that_does_not_load_is_an_error() {
     let keychain = Keychain::new(KeychainBackend::SecretService, service).unwrap();
     let vault = Vault::open(keychain, &Broker::journal_path(dir.path())).unwrap();
     vault.remove(AUDIT_KEY_ID).unwrap();
+}
+
+#[test]
+fn the_file_keychain_seals_the_audit_key_and_a_wrong_vault_key_opens_nothing() {
+    use postern_broker::sealed_store::{STORE_DIR, VaultKey};
+    use postern_broker::vault::VaultError;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("postern.toml"), "").unwrap();
+    let open_with = |byte: u8| {
+        Broker::open(BrokerOptions {
+            data_dir: dir.path().to_path_buf(),
+            config: dir.path().join("postern.toml"),
+            keychain: KeychainBackend::File,
+            service: "postern".to_string(),
+            approver: None,
+            anchor: None,
+            vault_key: Some(VaultKey::from_bytes(&[byte; 32]).unwrap()),
+        })
+    };
+    let opened = open_with(3).unwrap();
+    let seed = opened
+        .broker
+        .vault
+        .read_for_injection(AUDIT_KEY_ID, 0)
+        .unwrap()
+        .1;
+    let key_bytes = seed.expose().to_vec();
+    opened.broker.journal.clone().close().unwrap();
+    drop(opened);
+    let records: Vec<_> = std::fs::read_dir(dir.path().join(STORE_DIR))
+        .unwrap()
+        .map(|e| std::fs::read(e.unwrap().path()).unwrap())
+        .collect();
+    assert_eq!(records.len(), 1, "one sealed record: the audit key");
+    assert!(!records[0].windows(32).any(|w| w == key_bytes.as_slice()));
+    // The same key reopens it; another one is refused with a typed error.
+    let again = open_with(3).unwrap();
+    again.broker.journal.clone().close().unwrap();
+    drop(again);
+    match open_with(4) {
+        Err(OpenError::AuditKey(e)) => assert!(
+            matches!(
+                e,
+                postern_broker::audit::AuditKeyError::Vault(VaultError::Corrupt { .. })
+            ),
+            "{e}"
+        ),
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("a wrong vault key opened the broker"),
+    }
+    // Without a key the file keychain refuses rather than guessing.
+    let keyless = Broker::open(BrokerOptions {
+        data_dir: dir.path().to_path_buf(),
+        config: dir.path().join("postern.toml"),
+        keychain: KeychainBackend::File,
+        service: "postern".to_string(),
+        approver: None,
+        anchor: None,
+        vault_key: None,
+    });
+    assert!(keyless.is_err());
 }

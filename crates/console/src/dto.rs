@@ -24,8 +24,18 @@ pub struct Overview {
     /// The `postern` binary agents launch as their MCP server: the one beside this
     /// console when it is there, else `postern` from PATH.
     pub bridge_command: String,
-    /// `secret-service` or `keyutils`.
+    /// `secret-service`, `keyutils` or `file`.
     pub keychain: String,
+    /// `single_user`: the broker runs as the person's own user, so an agent running as
+    /// that user can read the journal and the keychain; `privilege_separated`: the
+    /// broker runs as its own system user and this console reaches it over the operator
+    /// socket.
+    pub mode: String,
+    /// Peers the operator socket refused since the broker started (0 without one).
+    pub operator_refusals: u32,
+    /// The newest journal sequence: an attached console polls it to refresh its views.
+    #[ts(type = "number")]
+    pub last_seq: u64,
 }
 
 /// One process in an agent's ancestry.
@@ -553,6 +563,13 @@ pub enum ErrorCode {
     ConfigInvalid,
     /// Something in the console itself failed (a poisoned lock, a task that died).
     Internal,
+    /// The operator socket was sent a command it does not know.
+    UnknownCommand,
+    /// The operator socket refused this peer: not the broker's user, root, or a member of
+    /// the operator group.
+    OperatorRefused,
+    /// The operator socket could not be reached, or broke off mid-answer.
+    OperatorUnreachable,
     /// A code of the broker's contract, e.g. `VAULT_LOCKED`.
     #[serde(untagged)]
     #[ts(type = "Code")]
@@ -575,6 +592,9 @@ impl ErrorCode {
         ErrorCode::ConfigUnreadable,
         ErrorCode::ConfigInvalid,
         ErrorCode::Internal,
+        ErrorCode::UnknownCommand,
+        ErrorCode::OperatorRefused,
+        ErrorCode::OperatorUnreachable,
     ];
 
     /// The wire string.
@@ -593,8 +613,39 @@ impl ErrorCode {
             ErrorCode::ConfigUnreadable => "CONFIG_UNREADABLE",
             ErrorCode::ConfigInvalid => "CONFIG_INVALID",
             ErrorCode::Internal => "INTERNAL",
+            ErrorCode::UnknownCommand => "UNKNOWN_COMMAND",
+            ErrorCode::OperatorRefused => "OPERATOR_REFUSED",
+            ErrorCode::OperatorUnreachable => "OPERATOR_UNREACHABLE",
             ErrorCode::Broker(code) => code.as_str(),
         }
+    }
+}
+
+impl std::str::FromStr for ErrorCode {
+    type Err = ();
+
+    /// The code whose wire string is `s`, console codes first.
+    fn from_str(s: &str) -> Result<Self, ()> {
+        ErrorCode::CONSOLE
+            .iter()
+            .copied()
+            .find(|c| c.as_str() == s)
+            .or_else(|| {
+                Code::ALL
+                    .iter()
+                    .find(|c| c.as_str() == s)
+                    .map(|c| ErrorCode::Broker(*c))
+            })
+            .ok_or(())
+    }
+}
+
+/// Read back from the wire by the operator client; an unknown code is an error.
+impl<'de> Deserialize<'de> for ErrorCode {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse()
+            .map_err(|()| serde::de::Error::custom(format!("unknown error code `{s}`")))
     }
 }
 
@@ -606,7 +657,7 @@ impl From<Code> for ErrorCode {
 
 /// An error a command returns to the webview: a stable code and a message meant for a
 /// person.
-#[derive(Debug, Clone, Serialize, TS, thiserror::Error)]
+#[derive(Debug, Clone, Serialize, Deserialize, TS, thiserror::Error)]
 #[error("{message}")]
 pub struct CommandError {
     pub code: ErrorCode,

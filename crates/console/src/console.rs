@@ -1,5 +1,5 @@
 //! The console's side of the broker: everything a command does, written against the
-//! broker types so it can be tested without a window. Commands in [`crate::commands`]
+//! broker types so it can be tested without a window. Commands in the desktop crate
 //! are thin wrappers over these methods.
 //!
 //! This is the operator side. It may answer approvals, read the journal, attest
@@ -7,6 +7,7 @@
 //! socket. Secret values only ever travel inward (into the keychain).
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -63,6 +64,31 @@ pub struct Console {
     verified_prefix: Mutex<Option<audit::VerifiedPrefix>>,
     /// Serializes target edits (read, edit, validate, rename, reload).
     edit: Mutex<()>,
+    /// How this broker is deployed, as the overview reports it.
+    pub mode: Mode,
+    /// Peers the operator socket refused (shared with the socket's server).
+    pub operator_refusals: Arc<AtomicU64>,
+}
+
+/// How the broker behind a console is deployed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The broker runs as the person's own user (the desktop app, or a daemon without an
+    /// operator group): an agent running as that user can read the journal and reach
+    /// the keychain.
+    SingleUser,
+    /// The broker runs as its own system user; operators reach it over the operator
+    /// socket.
+    PrivilegeSeparated,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::SingleUser => "single_user",
+            Mode::PrivilegeSeparated => "privilege_separated",
+        }
+    }
 }
 
 fn journal_error(e: &JournalError) -> CommandError {
@@ -92,7 +118,15 @@ impl Console {
             integrity: Mutex::new(IntegrityState::checking()),
             verified_prefix: Mutex::new(None),
             edit: Mutex::new(()),
+            mode: Mode::SingleUser,
+            operator_refusals: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// This console, reporting `mode` in its overview.
+    pub fn with_mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
     }
 
     fn now(&self) -> i64 {
@@ -145,6 +179,10 @@ impl Console {
             socket: self.paths.socket.display().to_string(),
             bridge_command: bridge_command(),
             keychain: self.paths.keychain.clone(),
+            mode: self.mode.as_str().to_string(),
+            operator_refusals: u32::try_from(self.operator_refusals.load(Ordering::Relaxed))
+                .unwrap_or(u32::MAX),
+            last_seq: self.last_seq()?,
         })
     }
 
@@ -170,6 +208,25 @@ impl Console {
         fingerprint: &str,
         card_digest: &str,
         decision: Decision,
+    ) -> Result<(), CommandError> {
+        self.answer_as(
+            invocation_id,
+            fingerprint,
+            card_digest,
+            decision,
+            &self.operator,
+        )
+    }
+
+    /// [`Console::answer`], recorded as answered by `operator` (the operator socket
+    /// names the peer user).
+    pub fn answer_as(
+        &self,
+        invocation_id: &str,
+        fingerprint: &str,
+        card_digest: &str,
+        decision: Decision,
+        operator: &str,
     ) -> Result<(), CommandError> {
         let not_pending = |e: AnswerError| match e {
             AnswerError::CardChanged { .. } => CommandError::field(
@@ -202,12 +259,12 @@ impl Console {
                     ));
                 }
                 self.approvals
-                    .approve_card(invocation_id, fingerprint, card_digest, &self.operator)
+                    .approve_card(invocation_id, fingerprint, card_digest, operator)
                     .map_err(not_pending)
             }
             Decision::Deny => self
                 .approvals
-                .deny_card(invocation_id, card_digest, &self.operator)
+                .deny_card(invocation_id, card_digest, operator)
                 .map_err(not_pending),
         }
     }

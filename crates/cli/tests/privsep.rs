@@ -1,0 +1,847 @@
+//! Privilege separation with real OS users: the broker runs as its own user with the
+//! `file` keychain, an agent user reaches only the agent (MCP) socket, and an operator
+//! user answers approvals over the operator socket.
+//!
+//! The two-user tests need root (to create throwaway users and switch to them with
+//! `setpriv`); CI runs as root. Without root they say so loudly and pass, unless
+//! `POSTERN_REQUIRE_PRIVSEP_TESTS=1` (set by scripts/test.sh), where they fail. Every
+//! user, group and process they create is removed by its name or PID on drop, also when
+//! a test fails. The tests without users run anywhere.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use postern_console::operator::{MAX_REQUEST, OperatorClient};
+use postern_tests::adversary::{Adversary, Behavior};
+
+use support::{Bridge, POSTERN, target_approved};
+
+const CANARY: &str = "pstn-privsep-canary-51c9";
+
+fn running_as_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .any(|l| l.starts_with("Uid:\t0\t"))
+}
+
+/// Whether the two-user tests can run here; fails when they are required and cannot.
+fn users_possible(test: &str) -> bool {
+    if running_as_root() {
+        return true;
+    }
+    let required = std::env::var_os("POSTERN_REQUIRE_PRIVSEP_TESTS").is_some_and(|v| v == "1");
+    assert!(
+        !required,
+        "{test}: POSTERN_REQUIRE_PRIVSEP_TESTS=1 but this is not root: the privilege \
+         separation tests cannot create users and did NOT run"
+    );
+    eprintln!(
+        "\n*** {test} SKIPPED: not root, so no throwaway users; privilege separation is NOT \
+         tested here ***\n"
+    );
+    false
+}
+
+fn run(program: &str, args: &[&str]) -> Output {
+    Command::new(program).args(args).output().unwrap()
+}
+
+/// Throwaway system users and a group, removed on drop.
+struct Accounts {
+    broker: String,
+    agent: String,
+    operator: String,
+    group: String,
+}
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+impl Accounts {
+    fn create() -> Accounts {
+        let tag = format!(
+            "{}{}",
+            std::process::id() % 100_000,
+            NEXT.fetch_add(1, Ordering::SeqCst)
+        );
+        let accounts = Accounts {
+            broker: format!("postern-t-broker-{tag}"),
+            agent: format!("postern-t-agent-{tag}"),
+            operator: format!("postern-t-op-{tag}"),
+            group: format!("postern-t-operators-{tag}"),
+        };
+        // Registered for removal before each is made, so a failure half-way cleans up.
+        let add = |name: &str, extra: &[&str]| {
+            let mut args = vec![
+                "--system",
+                "--no-create-home",
+                "--user-group",
+                "--shell",
+                "/usr/sbin/nologin",
+            ];
+            args.extend_from_slice(extra);
+            args.push(name);
+            let out = run("useradd", &args);
+            assert!(out.status.success(), "useradd {name}: {out:?}");
+        };
+        let out = run("groupadd", &["--system", &accounts.group]);
+        assert!(out.status.success(), "groupadd: {out:?}");
+        // The broker gives its operator socket to the group, which needs membership
+        // (the unit's SupplementaryGroups=).
+        add(&accounts.broker, &["--groups", &accounts.group]);
+        add(&accounts.agent, &[]);
+        add(&accounts.operator, &["--groups", &accounts.group]);
+        accounts
+    }
+
+    fn id(&self, user: &str, flag: &str) -> u32 {
+        let out = run("id", &[flag, user]);
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    /// `program args…` as `user`, with that user's groups and a clean environment.
+    fn command_as(&self, user: &str, program: &Path) -> Command {
+        let mut command = Command::new("setpriv");
+        command
+            .args(["--reuid", user, "--regid", user, "--init-groups", "--"])
+            .arg(program)
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .current_dir("/");
+        command
+    }
+}
+
+impl Drop for Accounts {
+    fn drop(&mut self) {
+        for user in [&self.broker, &self.agent, &self.operator] {
+            let _ = run("userdel", &[user]);
+        }
+        let _ = run("groupdel", &[&self.group]);
+    }
+}
+
+/// The layout a privilege-separated broker runs in, under one root-owned directory.
+struct Layout {
+    base: tempfile::TempDir,
+}
+
+impl Layout {
+    fn path(&self, rel: &str) -> PathBuf {
+        self.base.path().join(rel)
+    }
+    fn binary(&self) -> PathBuf {
+        self.path("bin/postern")
+    }
+    fn data(&self) -> PathBuf {
+        self.path("data")
+    }
+    fn agent_socket(&self) -> PathBuf {
+        self.path("run/agent.sock")
+    }
+    fn operator_socket(&self) -> PathBuf {
+        self.path("run/operator.sock")
+    }
+    fn key(&self) -> PathBuf {
+        self.path("secrets/vault.key")
+    }
+}
+
+fn chmod(path: &Path, mode: u32) {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+fn chown(path: &Path, uid: u32, gid: u32) {
+    std::os::unix::fs::chown(path, Some(uid), Some(gid)).unwrap();
+}
+
+/// A running daemon, killed by PID on drop; its stderr is collected.
+struct Daemon {
+    child: Child,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Daemon {
+    fn spawn(mut command: Command) -> Daemon {
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let pipe = child.stderr.take().unwrap();
+        let sink = stderr.clone();
+        std::thread::spawn(move || {
+            let mut reader = BufReader::new(pipe);
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
+                sink.lock().unwrap().push_str(&line);
+                line.clear();
+            }
+        });
+        let mut daemon = Daemon { child, stderr };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !daemon.log().contains("operator socket on") {
+            if let Ok(Some(status)) = daemon.child.try_wait() {
+                panic!("the daemon exited ({status}): {}", daemon.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the daemon did not start: {}",
+                daemon.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        daemon
+    }
+
+    fn log(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+}
+
+/// Lays out data dir, sockets and key for `accounts.broker` and starts the daemon as it.
+fn start_separated(accounts: &Accounts, base_url: &str) -> (Layout, Daemon) {
+    let layout = Layout {
+        base: tempfile::tempdir().unwrap(),
+    };
+    chmod(layout.base.path(), 0o755);
+    let broker_uid = accounts.id(&accounts.broker, "-u");
+    let broker_gid = accounts.id(&accounts.broker, "-g");
+    std::fs::create_dir(layout.path("bin")).unwrap();
+    std::fs::copy(POSTERN, layout.binary()).unwrap();
+    chmod(&layout.path("bin"), 0o755);
+    chmod(&layout.binary(), 0o755);
+    for (dir, mode) in [("data", 0o700), ("run", 0o755), ("secrets", 0o700)] {
+        std::fs::create_dir(layout.path(dir)).unwrap();
+        chown(&layout.path(dir), broker_uid, broker_gid);
+        chmod(&layout.path(dir), mode);
+    }
+    let mut key = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .unwrap()
+        .read_exact(&mut key)
+        .unwrap();
+    std::fs::write(layout.key(), key).unwrap();
+    chown(&layout.key(), broker_uid, broker_gid);
+    chmod(&layout.key(), 0o400);
+    std::fs::write(
+        layout.path("postern.toml"),
+        target_approved("api", base_url, "per_call"),
+    )
+    .unwrap();
+    chmod(&layout.path("postern.toml"), 0o644);
+    let mut command = accounts.command_as(&accounts.broker, &layout.binary());
+    command
+        .arg("daemon")
+        .arg("--data-dir")
+        .arg(layout.data())
+        .arg("--config")
+        .arg(layout.path("postern.toml"))
+        .arg("--socket")
+        .arg(layout.agent_socket())
+        .arg("--operator-socket")
+        .arg(layout.operator_socket())
+        .args(["--operator-group", &accounts.group])
+        .args(["--agent-users", "any"])
+        .args(["--keychain", "file", "--vault-key-file"])
+        .arg(layout.key())
+        .args(["--approval-timeout", "60"]);
+    let daemon = Daemon::spawn(command);
+    (layout, daemon)
+}
+
+/// `postern operator --socket S ARGS…` as `user`: (exit code, stdout JSON or null, stderr).
+fn operator_as(
+    accounts: &Accounts,
+    user: &str,
+    layout: &Layout,
+    args: &[&str],
+) -> (i32, Value, String) {
+    let out = accounts
+        .command_as(user, &layout.binary())
+        .arg("operator")
+        .arg("--socket")
+        .arg(layout.operator_socket())
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    (
+        out.status.code().unwrap_or(-1),
+        serde_json::from_str(&stdout).unwrap_or(Value::Null),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+async fn store_credential(socket: &Path) {
+    OperatorClient::new(socket)
+        .call(
+            "set_credential",
+            json!({"credential": {"id": "api-key", "kind": "token", "secret": CANARY}}),
+        )
+        .await
+        .unwrap();
+}
+
+fn http_call(id: i64, url: &str) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+           "params": {"name": "http_request", "arguments": {"url": url, "method": "GET"}}})
+}
+
+/// Waits for one pending approval card through `list`.
+async fn pending_card(list: impl AsyncFn() -> Value) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let cards = list().await;
+        if let Some(card) = cards.as_array().and_then(|c| c.first()) {
+            return card.clone();
+        }
+        assert!(Instant::now() < deadline, "no approval card appeared");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_user_reaches_only_the_agent_socket_and_an_operator_approves() {
+    if !users_possible("the_agent_user_reaches_only_the_agent_socket_and_an_operator_approves") {
+        return;
+    }
+    let server = Adversary::start(Behavior::ok_json(r#"{"paid":true}"#))
+        .await
+        .unwrap();
+    let accounts = Accounts::create();
+    let (layout, daemon) = start_separated(&accounts, &server.base_url());
+    // The operator stores the credential, the secret on stdin.
+    let mut child = accounts
+        .command_as(&accounts.operator, &layout.binary())
+        .arg("operator")
+        .arg("--socket")
+        .arg(layout.operator_socket())
+        .args(["set-credential", "api-key"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(format!("{CANARY}\n").as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stored: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(stored["id"], "api-key");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains(CANARY));
+    let (code, listed, _) = operator_as(&accounts, &accounts.operator, &layout, &["credentials"]);
+    assert_eq!(code, 0);
+    assert_eq!(listed[0]["id"], "api-key", "{listed}");
+
+    // What the agent user cannot read: the data dir, the journal, the sealed vault
+    // (credentials and the audit signing key), the vault key.
+    let sealed: Vec<PathBuf> = std::fs::read_dir(layout.data().join("vault"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(sealed.len(), 2, "the audit key and api-key are sealed");
+    let mut forbidden = vec![
+        layout.data().join("journal.db"),
+        layout.data().join("vault"),
+        layout.key(),
+    ];
+    forbidden.extend(sealed.iter().cloned());
+    for path in &forbidden {
+        let out = accounts
+            .command_as(&accounts.agent, Path::new("/bin/cat"))
+            .arg(path)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "the agent read {}", path.display());
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
+            "{}: {out:?}",
+            path.display()
+        );
+    }
+    let out = accounts
+        .command_as(&accounts.agent, Path::new("/bin/ls"))
+        .arg(layout.data())
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the agent listed the data dir");
+    // Nothing in the data dir holds the secret in the clear.
+    assert!(postern_tests::files_containing(&layout.data(), CANARY.as_bytes()).is_empty());
+
+    // The operator socket is closed to the agent by its file mode.
+    let (code, _, stderr) = operator_as(&accounts, &accounts.agent, &layout, &["approvals"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("Permission denied"), "{stderr}");
+
+    // The agent makes an MCP call over the agent socket; it waits for an approval.
+    let mut command = accounts.command_as(&accounts.agent, &layout.binary());
+    command.env("HOME", "/");
+    let mut bridge = Bridge::spawn_with(command, &layout.agent_socket());
+    bridge.initialize();
+    assert!(bridge.send_json(&http_call(2, &server.url("/v1/pay"))));
+
+    // The operator user sees the card and approves exactly its fingerprint.
+    let card = pending_card(async || {
+        let (code, cards, stderr) =
+            operator_as(&accounts, &accounts.operator, &layout, &["approvals"]);
+        assert_eq!(code, 0, "{stderr}");
+        cards
+    })
+    .await;
+    let id = card["invocation_id"].as_str().unwrap().to_string();
+    let fingerprint = card["fingerprint"].as_str().unwrap().to_string();
+    let digest = card["card_digest"].as_str().unwrap().to_string();
+    assert!(server.requests().is_empty(), "nothing sent before approval");
+    let (code, _, stderr) = operator_as(
+        &accounts,
+        &accounts.operator,
+        &layout,
+        &["approve", &id, &fingerprint, &digest],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let (_, response) = bridge.recv_until_id(&json!(2), Duration::from_secs(20));
+    let response = response.expect("the agent's call completes");
+    assert_ne!(response["result"]["isError"], json!(true), "{response}");
+    assert!(!response.to_string().contains(CANARY));
+    let seen = server.requests();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        seen[0].header("authorization"),
+        Some(format!("Bearer {CANARY}").as_str())
+    );
+
+    // The operator's overview says what this is; the audit chain verifies.
+    let (code, overview, stderr) =
+        operator_as(&accounts, &accounts.operator, &layout, &["overview"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(overview["mode"], "privilege_separated");
+    assert_eq!(overview["keychain"], "file");
+    let (code, verified, stderr) = operator_as(&accounts, &accounts.operator, &layout, &["verify"]);
+    assert_eq!(code, 0, "{stderr} {verified}");
+    assert_eq!(verified["state"], "verified");
+    // The agent's session is listed for the operator.
+    let (code, sessions, _) = operator_as(&accounts, &accounts.operator, &layout, &["sessions"]);
+    assert_eq!(code, 0);
+    assert_eq!(sessions.as_array().map(Vec::len), Some(1), "{sessions}");
+    drop(bridge);
+    drop(daemon);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loosened_operator_socket_still_refuses_the_agent_by_its_uid() {
+    if !users_possible("a_loosened_operator_socket_still_refuses_the_agent_by_its_uid") {
+        return;
+    }
+    let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let accounts = Accounts::create();
+    let (layout, daemon) = start_separated(&accounts, &server.base_url());
+    // Someone loosens the socket's mode: the peer check still holds.
+    chmod(&layout.operator_socket(), 0o666);
+    let (code, answer, stderr) = operator_as(&accounts, &accounts.agent, &layout, &["overview"]);
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(answer["error"]["code"], "OPERATOR_REFUSED", "{answer}");
+    assert!(answer.get("ok").is_none_or(|ok| ok == false));
+    let agent_uid = accounts.id(&accounts.agent, "-u");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !daemon.log().contains(&format!("refused uid {agent_uid}")) {
+        assert!(Instant::now() < deadline, "no log line: {}", daemon.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // An approve attempt from the agent is refused the same way and changes nothing.
+    let (code, answer, _) = operator_as(
+        &accounts,
+        &accounts.agent,
+        &layout,
+        &["approve", "inv_x", "fp", "blake3:00"],
+    );
+    assert_eq!(code, 1);
+    assert_eq!(answer["error"]["code"], "OPERATOR_REFUSED");
+    // The operator sees the count.
+    let (code, overview, stderr) =
+        operator_as(&accounts, &accounts.operator, &layout, &["overview"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(overview["operator_refusals"], 2, "{overview}");
+    drop(daemon);
+}
+
+/// A same-user daemon with the file keychain (no OS keychain needed).
+fn start_local(dir: &Path, base_url: &str) -> Daemon {
+    std::fs::write(
+        dir.join("postern.toml"),
+        target_approved("api", base_url, "per_call"),
+    )
+    .unwrap();
+    std::fs::write(dir.join("vault.key"), [9u8; 32]).unwrap();
+    chmod(&dir.join("vault.key"), 0o600);
+    let mut command = Command::new(POSTERN);
+    command
+        .arg("daemon")
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .arg("--config")
+        .arg(dir.join("postern.toml"))
+        .args(["--keychain", "file", "--vault-key-file"])
+        .arg(dir.join("vault.key"))
+        .args(["--approval-timeout", "60"]);
+    Daemon::spawn(command)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_messages_sent_to_the_agent_socket_grant_nothing() {
+    let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start_local(dir.path(), &server.base_url());
+    let agent_socket = dir.path().join("data/run/postern.sock");
+    let operator = OperatorClient::new(dir.path().join("data/run/operator.sock"));
+    store_credential(&operator.socket).await;
+    let mut bridge = Bridge::spawn(&agent_socket);
+    bridge.initialize();
+    assert!(bridge.send_json(&http_call(2, &server.url("/v1/x"))));
+    let card =
+        pending_card(async || operator.call("list_approvals", Value::Null).await.unwrap()).await;
+    let id = card["invocation_id"].as_str().unwrap();
+    let fingerprint = card["fingerprint"].as_str().unwrap();
+
+    // The agent side speaks the operator protocol at the agent socket, with the right
+    // fingerprint in hand.
+    let mut raw = std::os::unix::net::UnixStream::connect(&agent_socket).unwrap();
+    raw.set_read_timeout(Some(Duration::from_millis(1500)))
+        .unwrap();
+    for line in [
+        json!({"id": 1, "command": "answer_approval",
+               "args": {"invocationId": id, "fingerprint": fingerprint, "cardDigest": card["card_digest"], "decision": "approve"}}),
+        json!({"id": 2, "command": "list_approvals"}),
+        json!({"id": 3, "command": "list_credentials"}),
+        json!({"jsonrpc": "2.0", "id": 4, "method": "answer_approval",
+               "params": {"invocationId": id, "fingerprint": fingerprint, "cardDigest": card["card_digest"], "decision": "approve"}}),
+    ] {
+        raw.write_all(format!("{line}\n").as_bytes()).unwrap();
+    }
+    let mut answered = Vec::new();
+    let _ = raw.read_to_end(&mut answered);
+    let answered = String::from_utf8_lossy(&answered);
+    for line in answered.lines() {
+        let v: Value = serde_json::from_str(line).unwrap_or(Value::Null);
+        assert!(v.get("ok").is_none(), "the agent socket answered: {line}");
+        assert!(
+            v.get("result").is_none(),
+            "the agent socket answered: {line}"
+        );
+    }
+    assert!(!answered.contains("api-key") && !answered.contains("\"pending\""));
+    drop(raw);
+
+    // Still pending, nothing sent; the operator denies and the agent hears so.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let cards = operator.call("list_approvals", Value::Null).await.unwrap();
+    assert_eq!(cards.as_array().unwrap().len(), 1, "{cards}");
+    assert!(server.requests().is_empty());
+    operator
+        .call(
+            "answer_approval",
+            json!({"invocationId": id, "fingerprint": fingerprint, "decision": "deny"}),
+        )
+        .await
+        .unwrap();
+    let (_, response) = bridge.recv_until_id(&json!(2), Duration::from_secs(20));
+    let response = response.expect("the agent's call ends");
+    assert_eq!(
+        response["result"]["structuredContent"]["error"]["code"], "APPROVAL_DENIED",
+        "{response}"
+    );
+    assert!(server.requests().is_empty());
+    drop(bridge);
+    drop(daemon);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_socket_answers_bad_input_with_typed_errors_and_goes_on() {
+    let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let _daemon = start_local(dir.path(), &server.base_url());
+    let socket = dir.path().join("data/run/operator.sock");
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "no operator group: owner only");
+    let stream = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut write = stream.try_clone().unwrap();
+    let mut lines = BufReader::new(stream);
+    let mut ask = |bytes: &[u8]| -> Value {
+        write.write_all(bytes).unwrap();
+        write.write_all(b"\n").unwrap();
+        let mut line = String::new();
+        lines.read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap()
+    };
+    let v = ask(b"not json");
+    assert_eq!(v["id"], Value::Null);
+    assert_eq!(v["error"]["code"], "INVALID_INPUT");
+    let v = ask(br#"{"id": 5, "command": "drop_tables"}"#);
+    assert_eq!(v["id"], 5);
+    assert_eq!(v["error"]["code"], "UNKNOWN_COMMAND");
+    let v = ask(br#"{"id": 6, "command": "answer_approval", "args": {"bogus": 1}}"#);
+    assert_eq!(v["error"]["code"], "INVALID_INPUT");
+    assert_eq!(v["error"]["field"], "args");
+    let v = ask(br#"{"id": 7, "command": "overview", "extra": true}"#);
+    assert_eq!(v["id"], 7);
+    assert_eq!(v["error"]["code"], "INVALID_INPUT");
+    let long = vec![b'x'; MAX_REQUEST + 10];
+    let v = ask(&long);
+    assert_eq!(v["error"]["code"], "INVALID_INPUT");
+    assert_eq!(v["error"]["field"], "request");
+    let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+    let v = ask(deep.as_bytes());
+    assert_eq!(v["error"]["code"], "INVALID_INPUT");
+    let v = ask(
+        br#"{"id": 8, "command": "set_credential", "args": {"credential": "pstn-leak-check-1"}}"#,
+    );
+    assert_eq!(v["error"]["code"], "INVALID_INPUT");
+    assert!(!v.to_string().contains("pstn-leak-check-1"), "{v}");
+    // The connection still works.
+    let v = ask(br#"{"id": 9, "command": "overview"}"#);
+    assert_eq!(v["id"], 9);
+    assert_eq!(v["ok"]["mode"], "single_user");
+    assert_eq!(v["ok"]["keychain"], "file");
+    assert_eq!(v["ok"]["pending_approvals"], 0);
+}
+
+/// The repository root (scripts/ and packaging/ live there).
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+#[test]
+fn the_installer_is_idempotent_and_its_layout_runs_a_broker_an_operator_can_reach() {
+    if !users_possible(
+        "the_installer_is_idempotent_and_its_layout_runs_a_broker_an_operator_can_reach",
+    ) {
+        return;
+    }
+    // The installer's names and paths, moved into a temp tree and throwaway accounts.
+    let accounts = Accounts::create();
+    let inst_user = format!("{}-i", accounts.broker);
+    let inst_group = format!("{}-i", accounts.group);
+    struct Remove(String, String);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = run("userdel", &[&self.0]);
+            let _ = run("groupdel", &[&self.1]);
+        }
+    }
+    let _remove = Remove(inst_user.clone(), inst_group.clone());
+    let tree = tempfile::tempdir().unwrap();
+    chmod(tree.path(), 0o711);
+    let at = |rel: &str| tree.path().join(rel);
+    let install = || {
+        Command::new("bash")
+            .arg(repo_root().join("scripts/install-system.sh"))
+            .args([
+                "--binary",
+                POSTERN,
+                "--operator",
+                &accounts.operator,
+                "--no-start",
+            ])
+            .env("POSTERN_INSTALL_USER", &inst_user)
+            .env("POSTERN_INSTALL_GROUP", &inst_group)
+            .env("POSTERN_INSTALL_STATE_DIR", at("var/lib/postern"))
+            .env("POSTERN_INSTALL_ETC_DIR", at("etc/postern"))
+            .env("POSTERN_INSTALL_BIN_DIR", at("bin"))
+            .env("POSTERN_INSTALL_UNIT_DIR", at("systemd"))
+            .output()
+            .unwrap()
+    };
+    let first = install();
+    assert!(first.status.success(), "{first:?}");
+    let encrypted = at("etc/postern/vault.key.cred");
+    let plain = at("etc/postern/vault.key");
+    let key_before = std::fs::read(&encrypted)
+        .or_else(|_| std::fs::read(&plain))
+        .unwrap();
+    let second = install();
+    assert!(second.status.success(), "{second:?}");
+    let key_after = std::fs::read(&encrypted)
+        .or_else(|_| std::fs::read(&plain))
+        .unwrap();
+    assert_eq!(key_before, key_after, "a second run keeps the vault key");
+    let state = at("var/lib/postern");
+    let meta = std::fs::metadata(&state).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+    use std::os::unix::fs::MetadataExt;
+    let inst_uid = accounts.id(&inst_user, "-u");
+    assert_eq!(meta.uid(), inst_uid);
+    let unit = std::fs::read_to_string(at("systemd/postern.service")).unwrap();
+    for line in [
+        format!("User={inst_user}"),
+        format!("SupplementaryGroups={inst_group}"),
+        "NoNewPrivileges=yes".into(),
+        "ProtectSystem=strict".into(),
+        "ProtectHome=yes".into(),
+        "PrivateTmp=yes".into(),
+        "StateDirectory=postern".into(),
+        "RuntimeDirectory=postern".into(),
+    ] {
+        assert!(unit.lines().any(|l| l == line), "the unit lacks {line}");
+    }
+    let in_group = String::from_utf8(run("id", &["-nG", &accounts.operator]).stdout).unwrap();
+    assert!(
+        in_group.split_whitespace().any(|g| g == inst_group),
+        "{in_group}"
+    );
+
+    // Run the installed broker as systemd would: its key in $CREDENTIALS_DIRECTORY.
+    let creds = at("creds");
+    std::fs::create_dir(&creds).unwrap();
+    let key_file = creds.join("postern-vault-key");
+    if encrypted.exists() {
+        let out = run(
+            "systemd-creds",
+            &[
+                "decrypt",
+                "--name=postern-vault-key",
+                encrypted.to_str().unwrap(),
+                key_file.to_str().unwrap(),
+            ],
+        );
+        assert!(out.status.success(), "{out:?}");
+    } else {
+        assert_eq!(
+            std::fs::metadata(&plain).unwrap().permissions().mode() & 0o777,
+            0o400
+        );
+        std::fs::copy(&plain, &key_file).unwrap();
+    }
+    let inst_gid = accounts.id(&inst_user, "-g");
+    let run_dir = at("run");
+    std::fs::create_dir(&run_dir).unwrap();
+    for (path, mode) in [(&key_file, 0o400), (&creds, 0o500), (&run_dir, 0o755)] {
+        chown(path, inst_uid, inst_gid);
+        chmod(path, mode);
+    }
+    let mut command = accounts.command_as(&inst_user, &at("bin/postern"));
+    command
+        .env("CREDENTIALS_DIRECTORY", &creds)
+        .arg("daemon")
+        .arg("--data-dir")
+        .arg(&state)
+        .arg("--config")
+        .arg(state.join("postern.toml"))
+        .arg("--socket")
+        .arg(run_dir.join("agent.sock"))
+        .arg("--operator-socket")
+        .arg(run_dir.join("operator.sock"))
+        .args(["--operator-group", &inst_group, "--agent-users", "any"])
+        .args(["--keychain", "file"]);
+    let daemon = Daemon::spawn(command);
+    let out = accounts
+        .command_as(&accounts.operator, &at("bin/postern"))
+        .arg("operator")
+        .arg("--socket")
+        .arg(run_dir.join("operator.sock"))
+        .arg("overview")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let overview: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(overview["mode"], "privilege_separated");
+    assert_eq!(overview["keychain"], "file");
+    drop(daemon);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_file_keychain_serves_the_offline_commands_and_refuses_an_open_key() {
+    let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = start_local(dir.path(), &server.base_url());
+    store_credential(&dir.path().join("data/run/operator.sock")).await;
+    // A clean stop signs the final checkpoint.
+    let stopped = Command::new("kill")
+        .args(["-TERM", &daemon.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(stopped.success());
+    let status = daemon.child.wait().unwrap();
+    assert!(status.success(), "{}", daemon.log());
+    let data = dir.path().join("data");
+    let key = dir.path().join("vault.key");
+    let postern = |args: &[&str], key: &Path| {
+        Command::new(POSTERN)
+            .args(args)
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--keychain", "file", "--vault-key-file"])
+            .arg(key)
+            .output()
+            .unwrap()
+    };
+    let verified = postern(&["audit", "verify"], &key);
+    assert!(verified.status.success(), "{verified:?}");
+    // The CLI stores into the same sealed store.
+    let mut child = Command::new(POSTERN)
+        .args(["vault", "set", "other-key", "--data-dir"])
+        .arg(&data)
+        .args(["--keychain", "file", "--vault-key-file"])
+        .arg(&key)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"pstn-second-canary\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(postern_tests::files_containing(&data, b"pstn-second-canary").is_empty());
+    // A key others can read is refused; so is the wrong key.
+    chmod(&key, 0o640);
+    let refused = postern(&["audit", "verify"], &key);
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("readable by its group or others"),
+        "{refused:?}"
+    );
+    let wrong = dir.path().join("wrong.key");
+    std::fs::write(&wrong, [1u8; 32]).unwrap();
+    chmod(&wrong, 0o400);
+    let refused = postern(&["audit", "verify"], &wrong);
+    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("does not open with this vault key"),
+        "{refused:?}"
+    );
+}

@@ -1,0 +1,152 @@
+//! `postern daemon`: the headless broker with both of its sockets. The agent socket
+//! serves MCP; the operator socket serves the console's commands ([`crate::operator`]),
+//! with an approvals queue so per-call approvals can be answered from it.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use postern_broker::approvals::Approvals;
+use postern_broker::clock::SystemClock;
+use postern_mcp::daemon::{
+    self, AgentAccess, DaemonError, bind_with_mode, check_socket_path, file_identity,
+};
+use postern_mcp::server::Sessions;
+use postern_mcp::{DaemonArgs, default_socket};
+
+use crate::console::{Console, Mode, Paths};
+use crate::operator::{
+    OperatorError, OperatorServer, bind_operator, default_operator_socket, lookup_group,
+    serve_operator,
+};
+
+/// Everything `postern daemon` is told.
+#[derive(Debug, Clone)]
+pub struct HeadlessArgs {
+    pub daemon: DaemonArgs,
+    /// The operator socket [default: `operator.sock` beside the agent socket].
+    pub operator_socket: Option<PathBuf>,
+    /// Members of this group may operate the broker (socket 0660, this group).
+    pub operator_group: Option<String>,
+    /// Who may open MCP sessions on the agent socket.
+    pub agent_access: AgentAccess,
+    /// How long a request waits for an operator's answer.
+    pub approval_timeout: Duration,
+}
+
+/// Why the headless broker could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum HeadlessError {
+    #[error("{0}")]
+    Daemon(#[from] DaemonError),
+    #[error("{0}")]
+    Operator(#[from] OperatorError),
+    #[error("the operator socket must not be the agent socket ({0})")]
+    SameSocket(String),
+}
+
+/// Runs until SIGINT or SIGTERM.
+pub async fn run(args: HeadlessArgs) -> Result<(), HeadlessError> {
+    let socket = args
+        .daemon
+        .socket
+        .clone()
+        .unwrap_or_else(|| default_socket(&args.daemon.data_dir));
+    let operator_socket = args
+        .operator_socket
+        .clone()
+        .unwrap_or_else(|| default_operator_socket(&socket));
+    if operator_socket == socket {
+        return Err(HeadlessError::SameSocket(socket.display().to_string()));
+    }
+    // Nothing is created (data dir, keychain entry, journal) before both socket paths
+    // and the group are known to be usable.
+    check_socket_path(&socket)?;
+    check_socket_path(&operator_socket)?;
+    let group = args
+        .operator_group
+        .as_deref()
+        .map(lookup_group)
+        .transpose()?;
+    let approvals = Arc::new(Approvals::new(
+        args.approval_timeout.max(Duration::from_secs(1)),
+        Arc::new(SystemClock),
+    ));
+    let broker = daemon::open_broker(&args.daemon, Some(approvals.clone()))?;
+    let agent_mode = match args.agent_access {
+        AgentAccess::OwnUser => 0o600,
+        AgentAccess::AnyLocalUser => 0o666,
+    };
+    let listener = bind_with_mode(&socket, agent_mode).await?;
+    let operator_listener = bind_operator(&operator_socket, group.as_ref()).await?;
+    let bound = (file_identity(&socket), file_identity(&operator_socket));
+    let sessions = Arc::new(Sessions::default());
+    let mode = if group.is_some() || args.agent_access == AgentAccess::AnyLocalUser {
+        Mode::PrivilegeSeparated
+    } else {
+        Mode::SingleUser
+    };
+    let console = Arc::new(
+        Console::new(
+            broker.clone(),
+            sessions.clone(),
+            approvals,
+            Paths {
+                data_dir: args.daemon.data_dir.clone(),
+                config: args.daemon.config.clone(),
+                socket: socket.clone(),
+                keychain: args.daemon.keychain.as_str().to_string(),
+            },
+        )
+        .with_mode(mode),
+    );
+    let server = Arc::new(OperatorServer::new(console, group.clone())?);
+    eprintln!("postern: broker listening on {}", socket.display());
+    eprintln!(
+        "postern: operator socket on {} ({})",
+        operator_socket.display(),
+        match &group {
+            Some(g) => format!("this user, root and group {}", g.name),
+            None => "this user and root only".to_string(),
+        }
+    );
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|source| DaemonError::Socket {
+        path: socket.display().to_string(),
+        source,
+    })?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let operator = tokio::spawn(serve_operator(
+        server,
+        operator_listener,
+        stopped(stop_rx.clone()),
+    ));
+    let witnessing = tokio::spawn(broker.witnessing.clone().run());
+    let agents = tokio::spawn(daemon::serve_with(
+        broker.clone(),
+        sessions,
+        listener,
+        stopped(stop_rx),
+        args.agent_access,
+    ));
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = terminate.recv() => {},
+    }
+    let _ = stop_tx.send(true);
+    let _ = operator.await;
+    let _ = agents.await;
+    witnessing.abort();
+    // Remove each socket only if it is still the one this daemon bound.
+    for (path, identity) in [(&socket, bound.0), (&operator_socket, bound.1)] {
+        if identity.is_some() && file_identity(path) == identity {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+    // Clean shutdown signs a final audit checkpoint.
+    broker.journal.clone().close().map_err(DaemonError::from)?;
+    Ok(())
+}

@@ -1,0 +1,17 @@
+//! The operator side of Postern, with no GUI dependency: the desktop window and the
+//! headless daemon's operator socket both drive the broker through it.
+//!
+//! # Layout
+//! - [`console`]: what every operator command does, against the broker types.
+//! - [`dispatch`]: every operation by name with JSON arguments: the one path the
+//!   desktop's commands and the operator socket share.
+//! - [`dto`]: the types that cross to the operator (TypeScript bindings are generated
+//!   from them by the desktop crate).
+//! - [`operator`]: the operator socket (server, peer authorization, client).
+//! - [`headless`]: `postern daemon`: the broker with its agent and operator sockets.
+
+pub mod console;
+pub mod dispatch;
+pub mod dto;
+pub mod headless;
+pub mod operator;
