@@ -407,7 +407,7 @@ async fn a_headless_daemon_queues_approvals_for_its_operator_socket() {
         .call(
             "answer_approval",
             json!({"invocationId": card["invocation_id"], "fingerprint": card["fingerprint"],
-                   "decision": "deny"}),
+                   "cardDigest": card["card_digest"], "decision": "deny"}),
         )
         .await
         .unwrap();

@@ -568,7 +568,8 @@ async fn operator_messages_sent_to_the_agent_socket_grant_nothing() {
     operator
         .call(
             "answer_approval",
-            json!({"invocationId": id, "fingerprint": fingerprint, "decision": "deny"}),
+            json!({"invocationId": id, "fingerprint": fingerprint,
+                   "cardDigest": card["card_digest"], "decision": "deny"}),
         )
         .await
         .unwrap();
