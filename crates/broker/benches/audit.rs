@@ -110,6 +110,19 @@ fn bench(c: &mut Criterion) {
     group.sample_size(10);
     group.measurement_time(Duration::from_secs(20));
     group.bench_function("1m_events", |b| b.iter(|| verify_file(&db, &key).unwrap()));
+    // The parts: the chain, tree and checkpoints alone, and the page check alone.
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute_batch("PRAGMA mmap_size = 4294967296").unwrap();
+    group.bench_function("1m_events_chain_tree_checkpoints", |b| {
+        b.iter(|| verify_since(&conn, &key, None).unwrap())
+    });
+    group.bench_function("1m_events_quick_check", |b| {
+        b.iter(|| {
+            conn.query_row("PRAGMA quick_check(20)", [], |r| r.get::<_, String>(0))
+                .unwrap()
+        })
+    });
+    drop(conn);
     group.finish();
 
     // The console's banner: from the last verified prefix, over what came since.

@@ -421,8 +421,7 @@ pub fn verify_file_prefix(
         path: db.display().to_string(),
         detail,
     };
-    let conn = Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .map_err(|e| unreadable(&e))?;
+    let conn = open_for_scan(db).map_err(|e| unreadable(&e))?;
     let mut signed_outside = Vec::new();
     if let Some(w) = read_checkpoint_file(&witness_path(db)).map_err(|e| unreadable(&e))? {
         signed_outside.push(w);
@@ -440,10 +439,16 @@ pub fn verify_file_prefix(
     {
         return Err(damaged(detail));
     }
-    let (report, prefix) = in_snapshot(&conn, |conn| {
-        verify(conn, key, &signed_outside, &outside.heads, None)
-    })
-    .map_err(|e| match e {
+    // The page check reads the whole file on its own connection while the chain and
+    // the tree are checked on this one: two cores, one pass's time.
+    let (chain, pages) = std::thread::scope(|scope| {
+        let pages = scope.spawn(|| quick_check(db));
+        let chain = in_snapshot(&conn, |conn| {
+            verify(conn, key, &signed_outside, &outside.heads, None)
+        });
+        (chain, pages.join())
+    });
+    let (report, prefix) = chain.map_err(|e| match e {
         VerifyFailure::Audit(a) => a,
         VerifyFailure::Sql(s)
             if s.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseCorrupt) =>
@@ -452,26 +457,46 @@ pub fn verify_file_prefix(
         }
         VerifyFailure::Sql(s) => unreadable(&s),
     })?;
-    // quick_check reads every page of the file (it skips only the index-to-table
-    // cross-check of integrity_check, which costs a sort per index).
-    let mut problems: Vec<String> = Vec::new();
-    let checked = conn.prepare("PRAGMA quick_check(20)").and_then(|mut stmt| {
-        let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
-        for row in rows {
-            problems.push(row?);
-        }
-        Ok(())
-    });
-    match checked {
-        Ok(()) if problems.len() == 1 && problems[0] == "ok" => Ok((
+    match pages {
+        Ok(Ok(())) => Ok((
             VerifyReport {
                 outside_checked,
                 ..report
             },
             prefix,
         )),
-        Ok(()) => Err(damaged(problems.join("; "))),
-        Err(e) => Err(damaged(e.to_string())),
+        Ok(Err(problems)) => Err(damaged(problems)),
+        Err(_) => Err(damaged("the page check stopped unexpectedly".into())),
+    }
+}
+
+/// A read-only connection for a pass over the whole file: pages are read through a
+/// memory map rather than copied into SQLite's cache one `read` at a time.
+fn open_for_scan(db: &Path) -> Result<Connection, rusqlite::Error> {
+    let conn = Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+    conn.execute_batch("PRAGMA mmap_size = 4294967296")?;
+    Ok(conn)
+}
+
+/// `PRAGMA quick_check` over the whole file: it reads every page of every table and
+/// index (it skips only integrity_check's index-to-table cross-check, which costs a sort
+/// per index). `Err` carries what it found.
+fn quick_check(db: &Path) -> Result<(), String> {
+    let conn = open_for_scan(db).map_err(|e| e.to_string())?;
+    let mut problems: Vec<String> = Vec::new();
+    conn.prepare("PRAGMA quick_check(20)")
+        .and_then(|mut stmt| {
+            let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+            for row in rows {
+                problems.push(row?);
+            }
+            Ok(())
+        })
+        .map_err(|e| e.to_string())?;
+    if problems.len() == 1 && problems[0] == "ok" {
+        Ok(())
+    } else {
+        Err(problems.join("; "))
     }
 }
 
@@ -632,10 +657,8 @@ fn verify(
         .unwrap_or(0);
     let mut heads: Vec<&TreeHead> = heads.iter().collect();
     heads.sort_by_key(|h| h.size);
-    let mut pending = checkpoints.iter().filter(|c| c.seq > start).peekable();
-    let mut pending_heads = heads.iter().filter(|h| h.size > start).peekable();
 
-    let (mut head, mut frontier) = match from {
+    let (head, frontier) = match from {
         None => (GENESIS, Frontier::default()),
         Some(p) => {
             let stored: Option<Vec<u8>> = conn
@@ -656,7 +679,311 @@ fn verify(
             (p.head, p.frontier.clone())
         }
     };
+    // The sizes whose root something outside the chain vouches for.
+    let mut wanted: Vec<u64> = checkpoints
+        .iter()
+        .filter(|c| c.seq > start && c.root.is_some())
+        .map(|c| c.seq)
+        .chain(heads.iter().map(|h| h.size).filter(|&s| s > start))
+        .collect();
+    wanted.sort_unstable();
+    wanted.dedup();
+
+    // Each link is checked on a second thread against the stored value before it (all
+    // links verifying is the chain verifying, and the first that does not is the first
+    // bad sequence), and the tree is built there over the same values; this thread
+    // reads the rows and applies the checkpoints and the signing policy.
+    let (scanned, worker) = std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<RowBatch>(4);
+        let worker = scope.spawn(move || check_links(rx, head, frontier, &wanted));
+        let mut feed = RowFeed {
+            tx,
+            batch: RowBatch::default(),
+        };
+        let scanned = scan(conn, &checkpoints, &heads, from, policy_from, &mut feed);
+        feed.flush();
+        drop(feed);
+        (scanned, worker.join())
+    });
+    let Linked {
+        frontier,
+        roots,
+        first_bad_link,
+    } = worker.map_err(|_| {
+        VerifyFailure::Audit(AuditError::Unreadable {
+            path: conn.path().unwrap_or("journal").to_string(),
+            detail: "the chain and tree thread stopped unexpectedly".into(),
+        })
+    })?;
+    // A broken link is at or before anything the row pass found from it.
+    let scanned = match (scanned, first_bad_link) {
+        (Err(VerifyFailure::Sql(e)), _) => return Err(VerifyFailure::Sql(e)),
+        (result, Some(seq))
+            if result
+                .as_ref()
+                .err()
+                .and_then(|e| match e {
+                    VerifyFailure::Audit(a) => a.first_bad_seq(),
+                    VerifyFailure::Sql(_) => None,
+                })
+                .is_none_or(|s| seq <= s) =>
+        {
+            return Err(broken(
+                seq,
+                Tamper::HashMismatch,
+                "row contents do not match the chain",
+            )
+            .into());
+        }
+        (result, _) => result,
+    };
+    let root_at = |size: u64| roots.iter().find(|(s, _)| *s == size).map(|(_, r)| *r);
+    let mut root_failure: Option<AuditError> = None;
+    for c in checkpoints.iter().filter(|c| c.seq > start) {
+        if let (Some(signed), Some(built)) = (c.root, root_at(c.seq))
+            && signed != built
+        {
+            root_failure = Some(broken(
+                c.seq,
+                Tamper::CheckpointMismatch,
+                "signed checkpoint root differs from the Merkle tree",
+            ));
+            break;
+        }
+    }
+    for h in &heads {
+        if let Some(built) = root_at(h.size)
+            && built != h.root
+            && root_failure
+                .as_ref()
+                .and_then(AuditError::first_bad_seq)
+                .is_none_or(|s| h.size < s)
+        {
+            root_failure = Some(broken(
+                h.size,
+                Tamper::CheckpointMismatch,
+                format!(
+                    "{} holds a different tree at size {}: the journal was rewritten",
+                    h.source, h.size
+                ),
+            ));
+        }
+    }
+    let scanned = match (scanned, root_failure) {
+        (Err(VerifyFailure::Audit(e)), Some(r))
+            if r.first_bad_seq() < e.first_bad_seq() || e.first_bad_seq().is_none() =>
+        {
+            return Err(r.into());
+        }
+        (Err(e), _) => return Err(e),
+        (Ok(_), Some(r)) => return Err(r.into()),
+        (Ok(s), None) => s,
+    };
+    let Scanned {
+        last,
+        head,
+        next_checkpoint,
+        next_head,
+        last_checkpoint_seq,
+        checkpoint_count,
+        signed_late,
+    } = scanned;
+    if let Some(seq) = next_checkpoint {
+        return Err(broken(
+            last + 1,
+            Tamper::Truncated,
+            format!("checkpoint at sequence {seq} but the journal ends at {last}"),
+        )
+        .into());
+    }
+    if let Some(h) = next_head {
+        return Err(broken(
+            last + 1,
+            Tamper::Truncated,
+            format!(
+                "{} saw {} events but the journal ends at {last}",
+                heads[h].source, heads[h].size
+            ),
+        )
+        .into());
+    }
+    let signed_through = last_checkpoint_seq.unwrap_or(0);
+    if last > signed_through {
+        let n = last - signed_through;
+        return Err(broken(
+            signed_through + 1,
+            Tamper::Unsigned,
+            format!(
+                "{n} events after sequence {signed_through} are not signed: every commit \
+                 carries a checkpoint, so checkpoints were removed (or the broker that wrote \
+                 them predates per-batch signing and has not opened the journal since)"
+            ),
+        )
+        .into());
+    }
+    let root = frontier.root();
+    let prefix = VerifiedPrefix {
+        seq: last,
+        head,
+        frontier,
+        checkpoints: checkpoint_count,
+        last_checkpoint_seq,
+    };
+    Ok((
+        VerifyReport {
+            events: last,
+            verified_through: last,
+            head_hex: hex::encode(head),
+            root_hex: hex::encode(root),
+            checkpoints: checkpoint_count,
+            last_checkpoint_seq,
+            signed_late,
+            outside_checked: 0,
+        },
+        prefix,
+    ))
+}
+
+/// Rows handed to the link thread per message.
+const ROW_BATCH: usize = 4096;
+
+/// Rows as the chain hashes them, packed into one buffer.
+#[derive(Default)]
+struct RowBatch {
+    bytes: Vec<u8>,
+    /// seq, invocation_id end, kind end, body end (offsets into `bytes`), recorded_at,
+    /// stored hash.
+    rows: Vec<(u64, usize, usize, usize, i64, [u8; 32])>,
+}
+
+/// Rows on their way to the link thread.
+struct RowFeed {
+    tx: std::sync::mpsc::SyncSender<RowBatch>,
+    batch: RowBatch,
+}
+
+impl RowFeed {
+    fn push(&mut self, row: &ChainedRow<'_>, stored: [u8; 32]) {
+        let b = &mut self.batch;
+        b.bytes.extend_from_slice(row.invocation_id.as_bytes());
+        let id_end = b.bytes.len();
+        b.bytes.extend_from_slice(row.kind.as_bytes());
+        let kind_end = b.bytes.len();
+        b.bytes.extend_from_slice(row.body.as_bytes());
+        let body_end = b.bytes.len();
+        b.rows
+            .push((row.seq, id_end, kind_end, body_end, row.recorded_at_ms, stored));
+        if b.rows.len() == ROW_BATCH {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        if !self.batch.rows.is_empty() {
+            // A closed channel means the link thread is gone; its join reports that.
+            let _ = self.tx.send(std::mem::take(&mut self.batch));
+        }
+    }
+}
+
+/// What the link thread established.
+struct Linked {
+    frontier: Frontier,
+    /// The root at each wanted size reached.
+    roots: Vec<(u64, [u8; 32])>,
+    /// The first row whose stored hash is not the link from the one before.
+    first_bad_link: Option<u64>,
+}
+
+/// Checks each row's stored hash against the link from the previous stored hash
+/// (starting from `head`), extends `frontier` with the leaves, and records the root at
+/// each size in `wanted` (sorted). Stops hashing at the first bad link.
+fn check_links(
+    rx: std::sync::mpsc::Receiver<RowBatch>,
+    mut head: [u8; 32],
+    mut frontier: Frontier,
+    wanted: &[u64],
+) -> Linked {
     let mut hasher = ChainHasher::new();
+    let mut roots = Vec::new();
+    let mut next = wanted.iter().peekable();
+    let mut first_bad_link = None;
+    for batch in rx {
+        if first_bad_link.is_some() {
+            continue;
+        }
+        let mut start = 0;
+        for &(seq, id_end, kind_end, body_end, recorded_at_ms, stored) in &batch.rows {
+            let text = |from: usize, to: usize| std::str::from_utf8(&batch.bytes[from..to]);
+            let (Ok(invocation_id), Ok(kind), Ok(body)) = (
+                text(start, id_end),
+                text(id_end, kind_end),
+                text(kind_end, body_end),
+            ) else {
+                first_bad_link = Some(seq);
+                break;
+            };
+            start = body_end;
+            let computed = hasher.link(
+                &head,
+                &ChainedRow {
+                    seq,
+                    invocation_id,
+                    kind,
+                    body,
+                    recorded_at_ms,
+                },
+            );
+            if computed != stored {
+                first_bad_link = Some(seq);
+                break;
+            }
+            head = stored;
+            frontier.push_leaf(merkle::leaf_hash(seq, &stored));
+            while next.next_if(|&&s| s == frontier.size()).is_some() {
+                roots.push((frontier.size(), frontier.root()));
+            }
+        }
+    }
+    Linked {
+        frontier,
+        roots,
+        first_bad_link,
+    }
+}
+
+/// What the pass over the rows established.
+struct Scanned {
+    last: u64,
+    head: [u8; 32],
+    /// The first checkpoint past the end (the tail was cut).
+    next_checkpoint: Option<u64>,
+    /// The index (in the sorted heads) of the first outside head past the end.
+    next_head: Option<usize>,
+    last_checkpoint_seq: Option<u64>,
+    checkpoint_count: u64,
+    signed_late: Vec<SignedLate>,
+}
+
+/// One pass over the events after the verified prefix: sequence numbers, the heads
+/// checkpoints sign (against the stored hashes, which the link thread checks), and the
+/// signing policy. Each row goes to `links`.
+fn scan(
+    conn: &Connection,
+    checkpoints: &[Checkpoint],
+    heads: &[&TreeHead],
+    from: Option<&VerifiedPrefix>,
+    policy_from: u64,
+    links: &mut RowFeed,
+) -> Result<Scanned, VerifyFailure> {
+    let start = from.map_or(0, |p| p.seq);
+    let mut head = from.map_or(GENESIS, |p| p.head);
+    let mut pending = checkpoints.iter().filter(|c| c.seq > start).peekable();
+    let mut pending_heads = heads
+        .iter()
+        .enumerate()
+        .filter(|(_, h)| h.size > start)
+        .peekable();
     let mut expected_seq = start + 1;
     let mut segment: Option<Segment> = None;
     let mut signed_late = Vec::new();
@@ -681,9 +1008,12 @@ fn verify(
         let kind = row.get_ref(2)?.as_str().map_err(rusqlite::Error::from)?;
         let body = row.get_ref(3)?.as_str().map_err(rusqlite::Error::from)?;
         let recorded_at_ms = row.get::<_, i64>(4)?;
-        let stored = row.get_ref(5)?.as_blob().map_err(rusqlite::Error::from)?;
-        let computed = hasher.link(
-            &head,
+        let Ok(stored) = <[u8; 32]>::try_from(
+            row.get_ref(5)?.as_blob().map_err(rusqlite::Error::from)?,
+        ) else {
+            return Err(broken(seq, Tamper::HashMismatch, "the stored hash is not 32 bytes").into());
+        };
+        links.push(
             &ChainedRow {
                 seq,
                 invocation_id,
@@ -691,17 +1021,9 @@ fn verify(
                 body,
                 recorded_at_ms,
             },
+            stored,
         );
-        if stored != computed {
-            return Err(broken(
-                seq,
-                Tamper::HashMismatch,
-                "row contents do not match the chain",
-            )
-            .into());
-        }
-        head = computed;
-        frontier.push_leaf(merkle::leaf_hash(seq, &head));
+        head = stored;
         if kind == SIGNING_RESUMED
             && let Some(late) = signed_late_range(body, seq)
         {
@@ -732,16 +1054,6 @@ fn verify(
                 )
                 .into());
             }
-            if let Some(root) = c.root
-                && root != frontier.root()
-            {
-                return Err(broken(
-                    seq,
-                    Tamper::CheckpointMismatch,
-                    "signed checkpoint root differs from the Merkle tree",
-                )
-                .into());
-            }
             if c.root.is_some()
                 && let Some(s) = segment
                 && c.made_at_ms > s.earliest_ms + SIGN_INTERVAL_MS + SIGN_SLACK_MS
@@ -763,78 +1075,18 @@ fn verify(
             last_checkpoint_seq = Some(seq);
             checkpoint_count += 1;
         }
-        while let Some(h) = pending_heads.next_if(|h| h.size == seq) {
-            if h.root != frontier.root() {
-                return Err(broken(
-                    seq,
-                    Tamper::CheckpointMismatch,
-                    format!(
-                        "{} holds a different tree at size {seq}: the journal was rewritten",
-                        h.source
-                    ),
-                )
-                .into());
-            }
-        }
+        while pending_heads.next_if(|(_, h)| h.size == seq).is_some() {}
         expected_seq += 1;
     }
-    let last = expected_seq - 1;
-    if let Some(c) = pending.next() {
-        return Err(broken(
-            last + 1,
-            Tamper::Truncated,
-            format!(
-                "checkpoint at sequence {} but the journal ends at {last}",
-                c.seq
-            ),
-        )
-        .into());
-    }
-    if let Some(h) = pending_heads.next() {
-        return Err(broken(
-            last + 1,
-            Tamper::Truncated,
-            format!(
-                "{} saw {} events but the journal ends at {last}",
-                h.source, h.size
-            ),
-        )
-        .into());
-    }
-    let signed_through = last_checkpoint_seq.unwrap_or(0);
-    if last > signed_through {
-        let n = last - signed_through;
-        return Err(broken(
-            signed_through + 1,
-            Tamper::Unsigned,
-            format!(
-                "{n} events after sequence {signed_through} are not signed: every commit \
-                 carries a checkpoint, so checkpoints were removed (or the broker that wrote \
-                 them predates per-batch signing and has not opened the journal since)"
-            ),
-        )
-        .into());
-    }
-    let prefix = VerifiedPrefix {
-        seq: last,
+    Ok(Scanned {
+        last: expected_seq - 1,
         head,
-        frontier: frontier.clone(),
-        checkpoints: checkpoint_count,
+        next_checkpoint: pending.next().map(|c| c.seq),
+        next_head: pending_heads.next().map(|(i, _)| i),
         last_checkpoint_seq,
-    };
-    Ok((
-        VerifyReport {
-            events: last,
-            verified_through: last,
-            head_hex: hex::encode(head),
-            root_hex: hex::encode(frontier.root()),
-            checkpoints: checkpoint_count,
-            last_checkpoint_seq,
-            signed_late,
-            outside_checked: 0,
-        },
-        prefix,
-    ))
+        checkpoint_count,
+        signed_late,
+    })
 }
 
 /// The range a `SIGNING_RESUMED` event at `seq` names, if it is well formed and lies
