@@ -187,11 +187,8 @@ pub fn audit_key_print(
     json: bool,
 ) -> common::Outcome {
     use postern_broker::transparency::note::{KeyAlg, VerifierKey};
-    let (db, conn) =
-        common::open_journal_read_only(data_dir).map_err(|f| f.with_json(json, "unreadable"))?;
-    let key = audit_key(&conn, &db, backend, service, vault_key_file)
-        .map_err(|f| f.with_json(json, "no_key"))?
-        .verifying_key();
+    let (_, _, key) = journal_and_audit_key(data_dir, backend, service, vault_key_file, json)?;
+    let key = key.verifying_key();
     let origin = audit::log_origin(&key);
     let vkey = VerifierKey::new(&origin, KeyAlg::Ed25519, key)
         .map_err(|e| Failure::unavailable(e.to_string()))?
@@ -203,6 +200,21 @@ pub fn audit_key_print(
         println!("key: {vkey}");
     }
     Ok(())
+}
+
+/// The journal, opened read-only, and its audit key (see [`audit_key`]).
+fn journal_and_audit_key(
+    data_dir: &Path,
+    backend: KeychainBackend,
+    service: &str,
+    vault_key_file: Option<&Path>,
+    json: bool,
+) -> Result<(std::path::PathBuf, rusqlite::Connection, SigningKey), Failure> {
+    let (db, conn) =
+        common::open_journal_read_only(data_dir).map_err(|f| f.with_json(json, "unreadable"))?;
+    let key = audit_key(&conn, &db, backend, service, vault_key_file)
+        .map_err(|f| f.with_json(json, "no_key"))?;
+    Ok((db, conn, key))
 }
 
 /// Reads the audit signing key without creating one and without writing anything:
@@ -263,10 +275,7 @@ pub fn audit_verify(
     vault_key_file: Option<&Path>,
     json: bool,
 ) -> common::Outcome {
-    let (db, conn) =
-        common::open_journal_read_only(data_dir).map_err(|f| f.with_json(json, "unreadable"))?;
-    let key = audit_key(&conn, &db, backend, service, vault_key_file)
-        .map_err(|f| f.with_json(json, "no_key"))?;
+    let (db, conn, key) = journal_and_audit_key(data_dir, backend, service, vault_key_file, json)?;
     let log_key = key.verifying_key();
     let witnesses = match against.config {
         None => Vec::new(),

@@ -48,7 +48,7 @@ use postern_broker::vault::KeychainBackend;
 use crate::bridge::{Line, LineReader, MAX_DEPTH, MAX_LINE, nesting_exceeds};
 use crate::peer::{identify_agent, own_uid, peer_allowed};
 use crate::server::{DELIVERED, Session, Sessions};
-use crate::{DaemonArgs, KeychainChoice, default_socket};
+use crate::{DaemonArgs, KeychainChoice};
 
 /// What was found at a path the daemon would not touch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -656,48 +656,6 @@ pub fn file_identity(path: &Path) -> Option<(u64, u64)> {
     std::fs::symlink_metadata(path)
         .ok()
         .map(|m| (m.dev(), m.ino()))
-}
-
-/// Runs until SIGINT/SIGTERM.
-pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
-    let socket = args
-        .socket
-        .clone()
-        .unwrap_or_else(|| default_socket(&args.data_dir));
-    // Nothing is created (data dir, keychain entry, journal) before the socket path is
-    // known to be usable.
-    check_socket_path(&socket)?;
-    let broker = open_broker(&args, None)?;
-    let listener = bind(&socket).await?;
-    let witnessing = tokio::spawn(broker.witnessing.clone().run());
-    let bound = file_identity(&socket);
-    eprintln!("postern: broker listening on {}", socket.display());
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|source| DaemonError::Socket {
-        path: socket.display().to_string(),
-        source,
-    })?;
-    let stop = async move {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {},
-            _ = terminate.recv() => {},
-        }
-    };
-    serve(
-        broker.clone(),
-        Arc::new(Sessions::default()),
-        listener,
-        stop,
-    )
-    .await;
-    witnessing.abort();
-    // Remove the socket only if it is still the one this daemon bound.
-    if bound.is_some() && file_identity(&socket) == bound {
-        let _ = std::fs::remove_file(&socket);
-    }
-    // Clean shutdown signs a final audit checkpoint.
-    broker.journal.clone().close()?;
-    Ok(())
 }
 
 #[cfg(test)]

@@ -86,11 +86,6 @@ pub fn default_socket(data_dir: &Path) -> PathBuf {
     data_dir.join("run").join("postern.sock")
 }
 
-/// Runs the headless broker until SIGINT or SIGTERM.
-pub async fn run_daemon(args: DaemonArgs) -> Result<(), String> {
-    daemon::run(args).await.map_err(|e| e.to_string())
-}
-
 /// Runs the stdio bridge an agent's MCP client launches.
 pub async fn run_bridge(args: BridgeArgs) -> Result<(), String> {
     bridge::run(&args.socket).await.map_err(|e| e.to_string())

@@ -158,21 +158,25 @@ impl Checkpoint {
         root: [u8; 32],
         made_at_ms: i64,
     ) -> Self {
-        let signature = key.sign(&checkpoint_message(
-            seq,
-            &head,
-            seq,
-            made_at_ms,
-            Some(&root),
-        ));
+        Checkpoint::signed(key, seq, head, Some(root), made_at_ms)
+    }
+
+    fn signed(
+        key: &SigningKey,
+        seq: u64,
+        head: [u8; 32],
+        root: Option<[u8; 32]>,
+        made_at_ms: i64,
+    ) -> Self {
+        let message = checkpoint_message(seq, &head, seq, made_at_ms, root.as_ref());
         Checkpoint {
             seq,
             head,
             count: seq,
             public_key: key.verifying_key().to_bytes(),
-            signature: signature.to_bytes(),
+            signature: key.sign(&message).to_bytes(),
             made_at_ms,
-            root: Some(root),
+            root,
             note: None,
         }
     }
@@ -193,17 +197,7 @@ impl Checkpoint {
     /// for tests of journals written by earlier versions.
     #[doc(hidden)]
     pub fn sign_chain_only(key: &SigningKey, seq: u64, head: [u8; 32], made_at_ms: i64) -> Self {
-        let signature = key.sign(&checkpoint_message(seq, &head, seq, made_at_ms, None));
-        Checkpoint {
-            seq,
-            head,
-            count: seq,
-            public_key: key.verifying_key().to_bytes(),
-            signature: signature.to_bytes(),
-            made_at_ms,
-            root: None,
-            note: None,
-        }
+        Checkpoint::signed(key, seq, head, None, made_at_ms)
     }
 
     /// Whether `key` signed exactly these fields.
@@ -617,9 +611,15 @@ fn verify(
     let start = from.map_or(0, |p| p.seq);
     let mut checkpoints = load_checkpoints(conn, start)?;
     for w in signed_outside {
-        // Signed outside copies count like any checkpoint.
-        if !checkpoints.iter().any(|c| c == w) {
-            checkpoints.push(w.clone());
+        // Signed outside copies count like any checkpoint; a copy of a row adds its note
+        // (published copies carry one, rows do not), which is then checked too.
+        match checkpoints
+            .iter_mut()
+            .find(|c| c.seq == w.seq && c.signature == w.signature)
+        {
+            Some(c) if c.note.is_none() => c.note = w.note.clone(),
+            Some(c) if c.note == w.note => {}
+            _ => checkpoints.push(w.clone()),
         }
     }
     checkpoints.sort_by_key(|c| c.seq);
@@ -871,8 +871,14 @@ impl RowFeed {
         let kind_end = b.bytes.len();
         b.bytes.extend_from_slice(row.body.as_bytes());
         let body_end = b.bytes.len();
-        b.rows
-            .push((row.seq, id_end, kind_end, body_end, row.recorded_at_ms, stored));
+        b.rows.push((
+            row.seq,
+            id_end,
+            kind_end,
+            body_end,
+            row.recorded_at_ms,
+            stored,
+        ));
         if b.rows.len() == ROW_BATCH {
             self.flush();
         }
@@ -1008,10 +1014,12 @@ fn scan(
         let kind = row.get_ref(2)?.as_str().map_err(rusqlite::Error::from)?;
         let body = row.get_ref(3)?.as_str().map_err(rusqlite::Error::from)?;
         let recorded_at_ms = row.get::<_, i64>(4)?;
-        let Ok(stored) = <[u8; 32]>::try_from(
-            row.get_ref(5)?.as_blob().map_err(rusqlite::Error::from)?,
-        ) else {
-            return Err(broken(seq, Tamper::HashMismatch, "the stored hash is not 32 bytes").into());
+        let Ok(stored) =
+            <[u8; 32]>::try_from(row.get_ref(5)?.as_blob().map_err(rusqlite::Error::from)?)
+        else {
+            return Err(
+                broken(seq, Tamper::HashMismatch, "the stored hash is not 32 bytes").into(),
+            );
         };
         links.push(
             &ChainedRow {

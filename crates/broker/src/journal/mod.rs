@@ -550,7 +550,9 @@ impl Journal {
         let verifying_key = options.signing_key.verifying_key();
         let reserve = space::reserve_path(path);
         let low_space = Arc::new(AtomicBool::new(!space::ensure_reserve(&reserve)));
-        let latest_durable = Arc::new(Mutex::new(newest.clone()));
+        let latest_durable = Arc::new(Mutex::new(
+            newest.clone().map(|c| c.with_note(&options.signing_key)),
+        ));
         let state = WriterState {
             conn,
             cache: ProjectionCache::default(),
@@ -1509,8 +1511,7 @@ impl WriterState {
             self.pos.head,
             self.pos.frontier.root(),
             now_ms,
-        )
-        .with_note(&self.signing_key);
+        );
         insert_checkpoint(&self.conn, &cp)?;
         let mut retention = self.retention;
         if let Some((seq, made_at)) = retention.provisional {
@@ -1545,11 +1546,8 @@ impl WriterState {
         }
     }
 
-    /// `cp` is on disk: witnesses may see it, and it goes outside when due.
+    /// `cp` is on disk: it goes outside (and to witnesses) when due.
     fn published(&mut self, cp: Checkpoint) {
-        if let Ok(mut latest) = self.latest_durable.lock() {
-            *latest = Some(cp.clone());
-        }
         self.outside_pending = Some(cp);
     }
 
@@ -1563,6 +1561,12 @@ impl WriterState {
     /// the signed rows in the database remain the primary record.
     fn write_outside(&mut self) {
         if let Some(cp) = self.outside_pending.take() {
+            // The C2SP note witnesses read is signed here, once per publication rather
+            // than in every commit.
+            let cp = cp.with_note(&self.signing_key);
+            if let Ok(mut latest) = self.latest_durable.lock() {
+                *latest = Some(cp.clone());
+            }
             let _ = write_checkpoint_file(&self.witness, &cp);
             if let Some(anchor) = &self.anchor {
                 let _ = write_checkpoint_file(anchor, &cp);
