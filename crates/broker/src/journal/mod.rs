@@ -1578,6 +1578,10 @@ impl WriterState {
     fn run_batch(&mut self, batch: Vec<Job>) {
         if self.low_space.load(Ordering::Relaxed) {
             self.try_leave_low_space();
+        } else if space::free_bytes(&self.db).is_some_and(|free| free < space::LOW_WATER_BYTES) {
+            // Every commit now carries a checkpoint and tree hashes, so the disk can fill
+            // on any commit: stop taking new work while the reserve is still there.
+            self.enter_low_space();
         }
         let low_space = self.low_space.load(Ordering::Relaxed);
         let mut disk_full = false;

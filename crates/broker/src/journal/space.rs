@@ -20,6 +20,11 @@ use std::path::{Path, PathBuf};
 /// Space kept aside for invocations in flight when the disk fills up.
 pub const RESERVE_BYTES: u64 = 4 * 1024 * 1024;
 
+/// Below this much free space the writer gives the reserve back and refuses new
+/// invocations before a commit of one already in flight can fail: the first full-disk
+/// error must not land on a request that was already sent.
+pub const LOW_WATER_BYTES: u64 = 1024 * 1024;
+
 /// A WAL larger than this is checkpointed and truncated by the writer, even while
 /// readers keep a passive checkpoint from resetting it.
 pub const WAL_CHECKPOINT_AT: u64 = 16 * 1024 * 1024;
