@@ -17,26 +17,9 @@ use serde_json::Value;
 use crate::console::Console;
 use crate::dto::*;
 
-/// Every command [`dispatch`] understands, in the order the desktop registers them.
-pub const COMMANDS: &[&str] = &[
-    "overview",
-    "list_approvals",
-    "answer_approval",
-    "list_sessions",
-    "session_timeline",
-    "query_activity",
-    "export_activity",
-    "invocation_detail",
-    "needs_reconciliation",
-    "run_reconcile_query",
-    "attest_outcome",
-    "list_credentials",
-    "set_credential",
-    "remove_credential",
-    "list_targets",
-    "update_target",
-    "integrity",
-];
+/// Every command [`dispatch`] understands, in the order the desktop registers them (the
+/// desktop's `commands_list.rs` includes the same file).
+pub const COMMANDS: &[&str] = &include!("command_names.in");
 
 /// Who is asking, as far as the broker records it.
 #[derive(Debug, Clone)]
