@@ -811,6 +811,11 @@ async fn a_missing_credential_fails_in_injection_and_sends_nothing() {
         Code::CredentialMissing,
     );
     assert_eq!(server.connections(), 0);
+    // The agent learns that a credential is missing, not which one or where it lives.
+    let message = &error(&out).error.message;
+    assert!(message.contains("not in the keychain"), "{message}");
+    assert!(!message.contains("api-key"), "{message}");
+    assert!(!message.contains("postern vault"), "{message}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

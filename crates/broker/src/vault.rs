@@ -454,6 +454,21 @@ pub enum VaultError {
 }
 
 impl VaultError {
+    /// What the agent is told: the contract's own words for the code, never the
+    /// credential id, the keychain service or the platform's detail (the operator reads
+    /// those in the console and the CLI, where [`VaultError`]'s display is shown).
+    pub fn agent_message(&self) -> String {
+        let what = match self {
+            VaultError::Missing { .. } => {
+                "The target's credential is not in the keychain; an operator must add it."
+            }
+            VaultError::Locked { .. } => "The keychain is locked or cannot be reached.",
+            VaultError::Corrupt { .. } => "The target's credential could not be read back.",
+            _ => "The target's credential could not be read.",
+        };
+        format!("{what} Nothing was sent.")
+    }
+
     /// The contract code an invocation reports for this error.
     pub fn code(&self) -> Code {
         match self {
@@ -1179,7 +1194,7 @@ pub async fn read_bound_credential(
                 phase: crate::contract::Phase::CredentialInjection,
                 code: e.code(),
                 retry: e.code().spec().retry,
-                message: e.to_string(),
+                message: e.agent_message(),
             });
         }
         Err(_) => {

@@ -305,7 +305,7 @@ impl<T: Channel> Pipeline<T> {
                     Phase::CredentialInjection,
                     e.code(),
                     e.code().spec().retry,
-                    &e.to_string(),
+                    &e.agent_message(),
                     None,
                 )));
             }
