@@ -66,6 +66,21 @@ pub fn open_and_migrate(path: &Path) -> Result<Connection, JournalError> {
 /// WAL mode the main file holds at least as many pages as its own header names; newer
 /// pages live in the WAL until a checkpoint copies them, header included.
 pub fn check_length(path: &Path) -> Result<(), JournalError> {
+    // A checkpoint of a live journal writes page 1 (with the new size) before the pages
+    // that extend the file: a shortfall seen once may be one in progress. A file that
+    // stays short for ~100 ms is cut.
+    let mut result = check_length_once(path);
+    for _ in 0..5 {
+        if result.is_ok() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        result = check_length_once(path);
+    }
+    result
+}
+
+fn check_length_once(path: &Path) -> Result<(), JournalError> {
     let Some((len, header)) = read_header(path) else {
         // Missing (a new journal), empty, or too short to be SQLite: identification
         // reports the last; other errors surface when SQLite opens it.
