@@ -352,6 +352,7 @@ pub fn audit_verify(
             first_bad_seq,
             kind,
             detail,
+            ..
         }) => {
             let kind_name = serde_json::to_value(kind)
                 .ok()

@@ -95,6 +95,17 @@ impl Frontier {
     }
 }
 
+/// Writes the hashes [`Frontier::push`] returned for the event with sequence `seq` into
+/// the journal's `merkle` table, at their stored-hash indexes.
+pub fn store_hashes(conn: &Connection, seq: u64, stored: &[[u8; 32]]) -> rusqlite::Result<()> {
+    let base = tlog::stored_hash_index(0, seq - 1);
+    let mut insert = conn.prepare_cached("INSERT INTO merkle (idx, hash) VALUES (?1, ?2)")?;
+    for (k, h) in stored.iter().enumerate() {
+        insert.execute(rusqlite::params![(base + k as u64) as i64, &h[..]])?;
+    }
+    Ok(())
+}
+
 /// Reads stored hashes from a journal's `merkle` table.
 pub struct StoredHashes<'a> {
     pub conn: &'a Connection,

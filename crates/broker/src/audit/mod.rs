@@ -286,6 +286,9 @@ pub enum AuditError {
         first_bad_seq: u64,
         kind: Tamper,
         detail: String,
+        /// With [`Tamper::Unsigned`]: how many events are past the last checkpoint.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        unsigned_events: Option<u64>,
     },
     #[error("cannot read the audit record in {path}: {detail}")]
     Unreadable { path: String, detail: String },
@@ -314,14 +317,8 @@ impl AuditError {
     pub fn unsigned_events(&self) -> Option<u64> {
         match self {
             AuditError::Broken {
-                kind: Tamper::Unsigned,
-                first_bad_seq,
-                detail,
-            } => detail
-                .split_whitespace()
-                .next()
-                .and_then(|n| n.parse().ok())
-                .or(Some(*first_bad_seq)),
+                unsigned_events, ..
+            } => *unsigned_events,
             _ => None,
         }
     }
@@ -380,6 +377,7 @@ fn broken(first_bad_seq: u64, kind: Tamper, detail: impl Into<String>) -> AuditE
         first_bad_seq,
         kind,
         detail: detail.into(),
+        unsigned_events: None,
     }
 }
 
@@ -737,7 +735,13 @@ fn verify(
         }
         (result, _) => result,
     };
-    let root_at = |size: u64| roots.iter().find(|(s, _)| *s == size).map(|(_, r)| *r);
+    // `roots` comes in size order (the wanted sizes, sorted).
+    let root_at = |size: u64| {
+        roots
+            .binary_search_by_key(&size, |(s, _)| *s)
+            .ok()
+            .map(|i| roots[i].1)
+    };
     let mut root_failure: Option<AuditError> = None;
     for c in checkpoints.iter().filter(|c| c.seq > start) {
         if let (Some(signed), Some(built)) = (c.root, root_at(c.seq))
@@ -810,15 +814,16 @@ fn verify(
     let signed_through = last_checkpoint_seq.unwrap_or(0);
     if last > signed_through {
         let n = last - signed_through;
-        return Err(broken(
-            signed_through + 1,
-            Tamper::Unsigned,
-            format!(
+        return Err(AuditError::Broken {
+            first_bad_seq: signed_through + 1,
+            kind: Tamper::Unsigned,
+            detail: format!(
                 "{n} events after sequence {signed_through} are not signed: every commit \
                  carries a checkpoint, so checkpoints were removed (or the broker that wrote \
                  them predates per-batch signing and has not opened the journal since)"
             ),
-        )
+            unsigned_events: Some(n),
+        }
         .into());
     }
     let root = frontier.root();
@@ -1113,6 +1118,38 @@ fn signed_late_range(body: &str, seq: u64) -> Option<SignedLate> {
     })
 }
 
+/// The columns [`checkpoint_row`] reads, in order.
+pub(crate) const CHECKPOINT_COLUMNS: &str =
+    "seq, head, count, public_key, signature, made_at_ms, root, note";
+
+/// A checkpoint from a row of [`CHECKPOINT_COLUMNS`], or its sequence and which field
+/// is malformed.
+pub(crate) fn checkpoint_row(
+    row: &rusqlite::Row<'_>,
+) -> rusqlite::Result<Result<Checkpoint, (u64, &'static str)>> {
+    let seq = u64::try_from(row.get::<_, i64>(0)?).unwrap_or(0);
+    let head = <[u8; 32]>::try_from(row.get::<_, Vec<u8>>(1)?);
+    let public_key = <[u8; 32]>::try_from(row.get::<_, Vec<u8>>(3)?);
+    let signature = <[u8; 64]>::try_from(row.get::<_, Vec<u8>>(4)?);
+    let root = row
+        .get::<_, Option<Vec<u8>>>(6)?
+        .map(<[u8; 32]>::try_from)
+        .transpose();
+    let (count, made_at_ms, note) = (row.get::<_, i64>(2)?, row.get(5)?, row.get(7)?);
+    Ok((|| {
+        Ok(Checkpoint {
+            seq,
+            head: head.map_err(|_| (seq, "head"))?,
+            count: u64::try_from(count).unwrap_or(0),
+            public_key: public_key.map_err(|_| (seq, "key"))?,
+            signature: signature.map_err(|_| (seq, "signature"))?,
+            made_at_ms,
+            root: root.map_err(|_| (seq, "root"))?,
+            note,
+        })
+    })())
+}
+
 fn load_checkpoints(conn: &Connection, after: u64) -> Result<Vec<Checkpoint>, VerifyFailure> {
     // A journal no broker of this version has opened yet has no tree columns.
     let has_tree: bool = conn.query_row(
@@ -1120,50 +1157,28 @@ fn load_checkpoints(conn: &Connection, after: u64) -> Result<Vec<Checkpoint>, Ve
         [],
         |r| r.get::<_, i64>(0).map(|n| n > 0),
     )?;
-    let mut stmt = conn.prepare(if has_tree {
-        "SELECT seq, head, count, public_key, signature, made_at_ms, root, note FROM checkpoints
-         WHERE seq > ?1 ORDER BY seq"
+    let columns = if has_tree {
+        CHECKPOINT_COLUMNS
     } else {
-        "SELECT seq, head, count, public_key, signature, made_at_ms, NULL, NULL FROM checkpoints
-         WHERE seq > ?1 ORDER BY seq"
-    })?;
+        "seq, head, count, public_key, signature, made_at_ms, NULL, NULL"
+    };
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {columns} FROM checkpoints WHERE seq > ?1 ORDER BY seq"
+    ))?;
     let mut out = Vec::new();
     let mut rows = stmt.query([after as i64])?;
     while let Some(row) = rows.next()? {
-        let seq = u64::try_from(row.get::<_, i64>(0)?).unwrap_or(0);
-        let malformed = |what: &str| {
-            VerifyFailure::Audit(broken(
-                seq,
-                Tamper::BadSignature,
-                format!("malformed checkpoint {what}"),
-            ))
-        };
-        let head: [u8; 32] = row
-            .get::<_, Vec<u8>>(1)?
-            .try_into()
-            .map_err(|_| malformed("head"))?;
-        let public_key: [u8; 32] = row
-            .get::<_, Vec<u8>>(3)?
-            .try_into()
-            .map_err(|_| malformed("key"))?;
-        let signature: [u8; 64] = row
-            .get::<_, Vec<u8>>(4)?
-            .try_into()
-            .map_err(|_| malformed("signature"))?;
-        let root = match row.get::<_, Option<Vec<u8>>>(6)? {
-            None => None,
-            Some(r) => Some(<[u8; 32]>::try_from(r).map_err(|_| malformed("root"))?),
-        };
-        out.push(Checkpoint {
-            seq,
-            head,
-            count: u64::try_from(row.get::<_, i64>(2)?).unwrap_or(0),
-            public_key,
-            signature,
-            made_at_ms: row.get(5)?,
-            root,
-            note: row.get(7)?,
-        });
+        match checkpoint_row(row)? {
+            Ok(c) => out.push(c),
+            Err((seq, what)) => {
+                return Err(broken(
+                    seq,
+                    Tamper::BadSignature,
+                    format!("malformed checkpoint {what}"),
+                )
+                .into());
+            }
+        }
     }
     Ok(out)
 }

@@ -273,10 +273,12 @@ pub fn cosigned_heads(
             &w.name,
             &w.key.key,
         )
-        .map_err(|e| AuditError::Broken {
-            first_bad_seq: size,
-            kind: Tamper::BadSignature,
-            detail: format!("the stored cosignature of witness {name} does not verify: {e}"),
+        .map_err(|e| {
+            super::broken(
+                size,
+                Tamper::BadSignature,
+                format!("the stored cosignature of witness {name} does not verify: {e}"),
+            )
         })?;
         heads.push(TreeHead {
             size: opened.body.size,

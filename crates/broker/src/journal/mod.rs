@@ -42,8 +42,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::audit::merkle::{self, Frontier};
 use crate::audit::{
-    ChainHasher, ChainedRow, Checkpoint, GENESIS, SIGN_INTERVAL_MS, witness_path,
-    write_checkpoint_file,
+    CHECKPOINT_COLUMNS, ChainHasher, ChainedRow, Checkpoint, GENESIS, SIGN_INTERVAL_MS,
+    checkpoint_row, witness_path, write_checkpoint_file,
 };
 use crate::clock::Clock;
 use events::{Channel, Event, EventBody, JOURNAL_SCOPE};
@@ -282,13 +282,7 @@ impl WriteCtx<'_> {
         self.pos
             .frontier
             .push(merkle::leaf_hash(seq, &hash), self.stored);
-        let base = tlog_tiles::tlog::stored_hash_index(0, seq - 1);
-        let mut insert = self
-            .conn
-            .prepare_cached("INSERT INTO merkle (idx, hash) VALUES (?1, ?2)")?;
-        for (k, h) in self.stored.iter().enumerate() {
-            insert.execute(params![(base + k as u64) as i64, &h[..]])?;
-        }
+        merkle::store_hashes(self.conn, seq, self.stored)?;
         self.pos.last_seq = seq;
         self.pos.head = hash;
         Ok(seq)
@@ -404,37 +398,16 @@ fn insert_checkpoint(conn: &Connection, cp: &Checkpoint) -> Result<(), rusqlite:
     Ok(())
 }
 
-/// The newest checkpoint row, if any.
+/// The newest checkpoint row, if any (a malformed one counts as none; verification
+/// reports it).
 fn newest_checkpoint(conn: &Connection) -> Result<Option<Checkpoint>, rusqlite::Error> {
     conn.query_row(
-        "SELECT seq, head, count, public_key, signature, made_at_ms, root, note
-         FROM checkpoints ORDER BY seq DESC LIMIT 1",
+        &format!("SELECT {CHECKPOINT_COLUMNS} FROM checkpoints ORDER BY seq DESC LIMIT 1"),
         [],
-        |r| {
-            let fixed = |v: Vec<u8>| -> Option<Vec<u8>> { Some(v) };
-            let head: Vec<u8> = r.get(1)?;
-            let public_key: Vec<u8> = r.get(3)?;
-            let signature: Vec<u8> = r.get(4)?;
-            let root: Option<Vec<u8>> = r.get(6)?;
-            Ok((|| {
-                Some(Checkpoint {
-                    seq: u64::try_from(r.get::<_, i64>(0).ok()?).ok()?,
-                    head: fixed(head)?.try_into().ok()?,
-                    count: u64::try_from(r.get::<_, i64>(2).ok()?).ok()?,
-                    public_key: public_key.try_into().ok()?,
-                    signature: signature.try_into().ok()?,
-                    made_at_ms: r.get(5).ok()?,
-                    root: match root {
-                        None => None,
-                        Some(v) => Some(v.try_into().ok()?),
-                    },
-                    note: r.get(7).ok()?,
-                })
-            })())
-        },
+        checkpoint_row,
     )
     .optional()
-    .map(Option::flatten)
+    .map(|row| row.and_then(Result::ok))
 }
 
 /// The tree's right edge for the `last_seq` events: read from the stored hashes when
@@ -473,7 +446,6 @@ fn load_or_rebuild_tree(
     let rebuilt = (|| -> Result<Frontier, rusqlite::Error> {
         let mut frontier = Frontier::default();
         let mut stored = Vec::new();
-        let mut insert = conn.prepare("INSERT INTO merkle (idx, hash) VALUES (?1, ?2)")?;
         let mut stmt = conn.prepare("SELECT seq, hash FROM events ORDER BY seq")?;
         let mut rows = stmt.query([])?;
         while let Some(row) = rows.next()? {
@@ -482,10 +454,7 @@ fn load_or_rebuild_tree(
                 rusqlite::Error::InvalidColumnType(1, "hash".into(), rusqlite::types::Type::Blob)
             })?;
             frontier.push(merkle::leaf_hash(seq, &chain), &mut stored);
-            let base = tlog_tiles::tlog::stored_hash_index(0, seq - 1);
-            for (k, h) in stored.iter().enumerate() {
-                insert.execute(params![(base + k as u64) as i64, &h[..]])?;
-            }
+            merkle::store_hashes(conn, seq, &stored)?;
         }
         Ok(frontier)
     })();
@@ -1606,13 +1575,14 @@ impl WriterState {
         }
 
         for job in batch {
-            let before = self.pos.clone();
             let savepoint = self.conn.execute_batch("SAVEPOINT job");
+            // The job works on a copy of the position; `self.pos` stays as it was until
+            // the job is kept.
             let mut ctx = WriteCtx {
                 conn: &self.conn,
                 cache: &mut self.cache,
                 touched: Vec::new(),
-                pos: before.clone(),
+                pos: self.pos.clone(),
                 hasher: &mut self.hasher,
                 stored: &mut self.stored,
                 now_ms,
@@ -1628,7 +1598,6 @@ impl WriterState {
             } else {
                 // Undo only this job's writes; the chain position stays where it was.
                 let _ = self.conn.execute_batch("ROLLBACK TO job; RELEASE job");
-                self.pos = before;
                 for id in touched {
                     self.cache.map.remove(&id);
                 }

@@ -91,7 +91,7 @@ fn h32(s: &str) -> [u8; 32] {
 #[test]
 fn merkle_leaves_roots_and_consistency_proofs_match_the_known_answers() {
     use postern_broker::audit::merkle::{
-        Frontier, check_consistency, consistency_proof, leaf_hash,
+        Frontier, check_consistency, consistency_proof, leaf_hash, store_hashes,
     };
     let v: MerkleVectors = serde_json::from_str(include_str!("../vectors/merkle_v1.json")).unwrap();
     // The first chain values are the audit-chain vectors' own.
@@ -111,14 +111,7 @@ fn merkle_leaves_roots_and_consistency_proofs_match_the_known_answers() {
         let leaf = leaf_hash(seq, &h32(chain));
         assert_eq!(hex::encode(leaf), v.leaves[i], "leaf {seq}");
         frontier.push(leaf, &mut stored);
-        let base = tlog_tiles::tlog::stored_hash_index(0, i as u64);
-        for (k, h) in stored.iter().enumerate() {
-            conn.execute(
-                "INSERT INTO merkle (idx, hash) VALUES (?1, ?2)",
-                rusqlite::params![(base + k as u64) as i64, &h[..]],
-            )
-            .unwrap();
-        }
+        store_hashes(&conn, seq, &stored).unwrap();
         assert_eq!(
             hex::encode(frontier.root()),
             v.roots[i + 1],
