@@ -4,11 +4,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::process::Command;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use ed25519_dalek::SigningKey;
 use postern_broker::transparency::client::{WitnessError, fetch_latest, submit};
@@ -16,6 +14,9 @@ use postern_broker::transparency::note::{
     KeyAlg, VerifierKey, open_cosigned, parse_note, sign_checkpoint, verify_cosignature,
 };
 use tlog_tiles::tlog::{Hash, HashReader, prove_tree, stored_hashes, tree_hash};
+
+mod support;
+use support::serve_witness;
 
 const POSTERN: &str = env!("CARGO_BIN_EXE_postern");
 const ORIGIN: &str = "postern.test/journal";
@@ -75,27 +76,6 @@ impl Tree {
     }
 }
 
-/// A `postern witness serve` child, SIGKILLed on drop.
-struct Served {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Served {
-    /// SIGKILL: no shutdown path runs.
-    fn kill_9(mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-}
-
 fn postern(args: &[&str], dir: &Path) -> std::process::Output {
     Command::new(POSTERN)
         .arg("witness")
@@ -105,36 +85,6 @@ fn postern(args: &[&str], dir: &Path) -> std::process::Output {
         .args(&args[1..])
         .output()
         .unwrap()
-}
-
-fn serve(dir: &Path) -> Served {
-    let mut child = Command::new(POSTERN)
-        .args(["witness", "serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    let line = rx
-        .recv_timeout(Duration::from_secs(30))
-        .expect("the witness printed no address");
-    let addr = line.trim();
-    assert!(
-        addr.starts_with("127.0.0.1:"),
-        "unexpected address line {line:?}"
-    );
-    Served {
-        child,
-        url: format!("http://{addr}"),
-    }
 }
 
 /// A witness data dir with the test log added; returns the witness's verifier key.
@@ -173,7 +123,7 @@ fn witness_cosigns_extensions_refuses_rewrites_and_remembers_across_sigkill() {
     let data = dir.path().join("witness");
     let log_key = SigningKey::from_bytes(&[0x11; 32]);
     let witness_key = init(&data, &log_key);
-    let served = serve(&data);
+    let served = serve_witness(&data);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let client = reqwest::Client::new();
     let tree = Tree::new(12, None);
@@ -291,7 +241,7 @@ fn witness_cosigns_extensions_refuses_rewrites_and_remembers_across_sigkill() {
 
     // SIGKILL, restart on the same data dir: size 9 is still what it knows.
     served.kill_9();
-    let served = serve(&data);
+    let served = serve_witness(&data);
     let err = rt
         .block_on(submit(&client, &served.url, 0, &[], &note9))
         .unwrap_err();
@@ -338,7 +288,7 @@ fn a_stale_old_size_answers_409_with_the_tlog_size_content_type() {
     let dir = tempfile::tempdir().unwrap();
     let log_key = SigningKey::from_bytes(&[0x33; 32]);
     init(dir.path(), &log_key);
-    let served = serve(dir.path());
+    let served = serve_witness(dir.path());
     let tree = Tree::new(4, None);
     let note4 = sign_checkpoint(ORIGIN, 4, tree.root(4), ORIGIN, &log_key).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();

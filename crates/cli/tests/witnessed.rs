@@ -52,26 +52,6 @@ fn ok(out: &std::process::Output) -> String {
     String::from_utf8(out.stdout.clone()).unwrap()
 }
 
-/// `postern witness serve` on 127.0.0.1:0; returns the process and its URL.
-fn serve_witness(dir: &Path) -> (Child9, String) {
-    let mut child = Command::new(POSTERN)
-        .args(["witness", "serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    let line = rx.recv_timeout(Duration::from_secs(30)).unwrap();
-    (Child9(child), format!("http://{}", line.trim()))
-}
-
 struct Broker {
     dir: tempfile::TempDir,
     config: PathBuf,
@@ -289,7 +269,8 @@ async fn a_witness_cosigns_the_journal_and_refutes_a_rewrite_signed_with_the_sto
     ]))
     .trim()
     .to_string();
-    let (_witness, witness_url) = serve_witness(witness_dir.path());
+    let witness = support::serve_witness(witness_dir.path());
+    let witness_url = witness.url.clone();
 
     // The broker: a target, the witness in its configuration, the token in a test-only
     // keychain service.

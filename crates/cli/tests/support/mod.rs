@@ -367,3 +367,55 @@ impl Bridge {
         self.stderr.recv_timeout(within).unwrap_or_default()
     }
 }
+
+/// A `postern witness serve` child, SIGKILLed on drop.
+pub struct Served {
+    child: Child,
+    pub url: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Served {
+    /// SIGKILL: no shutdown path runs.
+    pub fn kill_9(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+/// `postern witness serve` on 127.0.0.1:0 over the witness data dir `dir`.
+pub fn serve_witness(dir: &Path) -> Served {
+    let mut child = Command::new(POSTERN)
+        .args(["witness", "serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the witness printed no address");
+    let addr = line.trim();
+    assert!(
+        addr.starts_with("127.0.0.1:"),
+        "unexpected address line {line:?}"
+    );
+    Served {
+        child,
+        url: format!("http://{addr}"),
+    }
+}
