@@ -128,7 +128,60 @@ pub enum ProvenanceError {
 }
 
 /// Hashes a file's bytes with blake3, or says why it could not.
+///
+/// Every agent session hashes its executable, and agents are few binaries run many
+/// times (an interpreter can be 100 MB): a digest is reused while the file's identity
+/// and its modification and change times are what they were. The change time cannot be
+/// set by a user, so a file rewritten in place is hashed again.
 pub fn digest_file(path: &Path) -> ExecutableDigest {
+    #[cfg(unix)]
+    {
+        use std::collections::HashMap;
+        use std::os::unix::fs::MetadataExt;
+        use std::sync::Mutex;
+        type Key = (u64, u64, u64, i64, i64, i64, i64);
+        static SEEN: Mutex<Option<HashMap<Key, String>>> = Mutex::new(None);
+        const MAX_SEEN: usize = 256;
+        let key = |m: &std::fs::Metadata| -> Key {
+            (
+                m.dev(),
+                m.ino(),
+                m.size(),
+                m.mtime(),
+                m.mtime_nsec(),
+                m.ctime(),
+                m.ctime_nsec(),
+            )
+        };
+        let Ok(before) = std::fs::metadata(path) else {
+            return hash_file(path);
+        };
+        if let Some(hex) = SEEN
+            .lock()
+            .ok()
+            .and_then(|seen| seen.as_ref()?.get(&key(&before)).cloned())
+        {
+            return ExecutableDigest::Blake3 { hex };
+        }
+        let digest = hash_file(path);
+        // Kept only if the file did not change while it was read.
+        if let ExecutableDigest::Blake3 { hex } = &digest
+            && std::fs::metadata(path).is_ok_and(|after| key(&after) == key(&before))
+            && let Ok(mut seen) = SEEN.lock()
+        {
+            let seen = seen.get_or_insert_with(HashMap::new);
+            if seen.len() >= MAX_SEEN {
+                seen.clear();
+            }
+            seen.insert(key(&before), hex.clone());
+        }
+        digest
+    }
+    #[cfg(not(unix))]
+    hash_file(path)
+}
+
+fn hash_file(path: &Path) -> ExecutableDigest {
     let mut hasher = blake3::Hasher::new();
     let read = std::fs::File::open(path).and_then(|f| {
         let mut f = f;
@@ -603,6 +656,24 @@ mod tests {
             ExecutableDigest::Unreadable { reason } => assert!(reason.contains("No such file")),
             other => panic!("expected unreadable, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_file_rewritten_in_place_is_hashed_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent");
+        std::fs::write(&path, b"first build").unwrap();
+        let first = digest_file(&path);
+        assert_eq!(digest_file(&path), first, "the same file, the same digest");
+        std::fs::write(&path, b"other build").unwrap();
+        let second = digest_file(&path);
+        assert_ne!(second, first);
+        assert_eq!(
+            second,
+            ExecutableDigest::Blake3 {
+                hex: blake3::hash(b"other build").to_hex().to_string()
+            }
+        );
     }
 
     #[test]
