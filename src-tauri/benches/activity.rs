@@ -45,6 +45,7 @@ fn build(path: &std::path::Path) {
                         target: target.clone(),
                         summary: summary.clone(),
                         session: Some(session.clone()),
+                        parent: None,
                     };
                     let seq = ctx.append_unchecked_for_bench(&id, &body)?;
                     // The indexed status must be what the events fold to: 1% of the
@@ -111,6 +112,7 @@ fn dispatched_lifecycle(target: &str) -> Vec<EventBody> {
                 remote_contract: RemoteContract::None,
                 idempotency: None,
                 reconcile_configured: false,
+                source_query: None,
                 retry_budget: 1,
             },
         },

@@ -149,6 +149,7 @@ pub fn run_lifecycle(
             summary: format!("POST {}", action.url()),
             session: None,
             idempotency_key: None,
+            parent: None,
         },
     )?;
     after(1);
@@ -160,6 +161,7 @@ pub fn run_lifecycle(
             remote_contract: RemoteContract::None,
             idempotency: None,
             reconcile_configured: false,
+            source_query: None,
             retry_budget: 1,
         },
     )?;

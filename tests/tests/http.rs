@@ -9,6 +9,7 @@ use std::time::Duration;
 use postern_broker::channel::http::{HttpOutcome, HttpRequest};
 use postern_broker::contract::{Code, Outcome, Phase, Retry, Stage};
 use postern_broker::invocation::CallContext;
+use postern_broker::journal::events::{EventBody, Relation};
 use postern_broker::retry::{Decision, Verdict};
 use postern_tests::adversary::{
     Adversary, Behavior, Encoding, TestCert, TestPki, encodings, refused_addr,
@@ -372,6 +373,24 @@ async fn applied_then_closed_without_a_contract_reconciles_through_the_configure
     assert_eq!(manifest.decision, Decision::Reconcile);
     assert_eq!(manifest.verdict, Verdict::QueryFirstRequired);
     assert_eq!(server.effects(), 1, "no second payment");
+    // The manifest names the query bound at preflight, and the broker's key signs it.
+    let query = manifest.source_query_predicate.clone().unwrap();
+    assert_eq!(
+        (query.method.as_str(), query.path.as_str()),
+        ("GET", "/payments/lookup")
+    );
+    assert!(
+        manifest.directive.contains("GET /payments/lookup"),
+        "{manifest:?}"
+    );
+    postern_broker::retry::verify_manifest(&manifest, Some(&f.broker.journal.verifying_key()))
+        .expect("the manifest verifies with the broker's public key");
+    let recorded = f.broker.journal.events(&out.invocation_id).unwrap();
+    assert!(recorded.iter().any(|e| matches!(
+        &e.body,
+        EventBody::RetryManifest { digest, signature: Some(sig), source_query_predicate: Some(q), .. }
+            if *digest == manifest.digest && *sig == manifest.signature && *q == query
+    )));
 
     // The configured query settles it without rewriting the attempt.
     let before = f.broker.journal.events(&out.invocation_id).unwrap();
@@ -390,6 +409,10 @@ async fn applied_then_closed_without_a_contract_reconciles_through_the_configure
     let after = f.broker.journal.events(&out.invocation_id).unwrap();
     assert_eq!(&after[..before.len()], &before[..]);
     assert_eq!(server.effects(), 1);
+    // The query ran as its own invocation, linked to the one it settled.
+    let children = f.broker.journal.children(&out.invocation_id).unwrap();
+    assert_eq!(children.len(), 1, "{children:?}");
+    assert_eq!(children[0].relation, Relation::ReconcileQuery);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -956,6 +979,20 @@ async fn an_opted_in_same_target_redirect_is_a_new_linked_exchange() {
         )
         .unwrap();
     assert_eq!(dispatches, 2);
+    // The child names its parent; the parent lists the child.
+    let child = f.broker.journal.projection(&out.invocation_id).unwrap();
+    let link = child
+        .evidence()
+        .parent
+        .expect("the followed request names its parent");
+    assert_eq!(link.relation, Relation::Redirect);
+    let parent = f.broker.journal.projection(&link.invocation_id).unwrap();
+    assert_eq!(parent.evidence().http_status, Some(307));
+    assert_eq!(parent.evidence().parent, None);
+    let children = f.broker.journal.children(&link.invocation_id).unwrap();
+    assert_eq!(children.len(), 1);
+    assert_eq!(children[0].invocation_id, out.invocation_id);
+    assert_eq!(children[0].relation, Relation::Redirect);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

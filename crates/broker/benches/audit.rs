@@ -21,6 +21,7 @@ fn lifecycle(fp: &str) -> Vec<EventBody> {
             target: "payments".into(),
             summary: "POST https://api.example.test/v1/payments?account=acct_123".into(),
             session: Some("session-4242".into()),
+            parent: None,
         },
         EventBody::CredentialAuthorized {
             credential_id: "payments-key".into(),

@@ -34,6 +34,7 @@ fn durable_append(journal: &Journal, n: u64) {
                     target: "payments".into(),
                     summary: "POST https://api.example.test/v1/payments".into(),
                     session: Some("session-1".into()),
+                    parent: None,
                 },
             )
         })

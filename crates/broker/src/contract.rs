@@ -296,6 +296,9 @@ pub struct Evidence {
     pub redirect_location: Option<String>,
     /// Earliest time a new attempt is allowed (from Retry-After), unix ms.
     pub not_before_ms: Option<i64>,
+    /// The invocation this one was started for, and why (a followed redirect, a job,
+    /// a job poll, a reconcile query).
+    pub parent: Option<crate::journal::events::ParentLink>,
 }
 
 /// The `error` member of the envelope.

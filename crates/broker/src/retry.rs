@@ -107,8 +107,36 @@ impl Decision {
     }
 }
 
+/// The query that settles an unknown outcome, bound at preflight from the target's
+/// `[http.reconcile]` with the invocation's key filled in (seed 003's
+/// `source_query_predicate`): what a person or a program runs, and how to read its answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceQueryPredicate {
+    pub method: String,
+    /// Relative to the target's base URL, placeholders filled in.
+    pub path: String,
+    /// Statuses that prove the operation was applied.
+    pub committed_status: Vec<u16>,
+    /// Statuses that prove it was not.
+    pub not_applied_status: Vec<u16>,
+}
+
+impl SourceQueryPredicate {
+    /// One line for people: `GET /v1/payments/k1 (200 = applied; 404 = not applied)`.
+    pub fn describe(&self) -> String {
+        let list = |s: &[u16]| s.iter().map(u16::to_string).collect::<Vec<_>>().join("/");
+        format!(
+            "{} {} ({} = applied; {} = not applied)",
+            self.method,
+            self.path,
+            list(&self.committed_status),
+            list(&self.not_applied_status)
+        )
+    }
+}
+
 /// The recorded facts `decide` reads, taken from the journal projection.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RecordFacts {
     pub invocation_id: String,
     /// Sequence of the last event the facts reflect; binds the manifest to a state.
@@ -126,6 +154,8 @@ pub struct RecordFacts {
     pub retry_budget: u32,
     /// Earliest time a new attempt is allowed (Retry-After), unix ms.
     pub not_before_ms: Option<i64>,
+    /// The bound query that settles an unknown outcome, if the target has one.
+    pub source_query: Option<SourceQueryPredicate>,
 }
 
 /// The operation a caller wants to retry.
@@ -198,8 +228,11 @@ pub fn decide(record: &RecordFacts, request: &RetryRequest, now_ms: i64) -> Deci
     }
 }
 
-/// The retry manifest: the verdict, a directive for people, and a digest binding the
-/// evidence used (the retry safety proof). Appended to the journal before any retry.
+/// The retry manifest: the verdict, a directive for people, the facts the decision
+/// read (including the bound source query), a digest binding them (the retry safety
+/// proof) and the broker's signature over that digest, so a party holding only the
+/// broker's public key (`postern audit key`) can check it. Appended to the journal
+/// before any retry.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RetryManifest {
     pub invocation_id: String,
@@ -207,26 +240,131 @@ pub struct RetryManifest {
     pub decision: Decision,
     pub verdict: Verdict,
     pub directive: String,
-    /// `blake3:` + hex over the canonical encoding of the facts and the decision.
+    /// The query to run before any retry (seed 003's `source_query_predicate`), when
+    /// the target configures one.
+    pub source_query_predicate: Option<SourceQueryPredicate>,
+    /// The facts the decision was taken on; the digest covers every one of them.
+    pub facts: RecordFacts,
+    /// When the decision was taken (unix ms); covered by the digest.
+    pub made_at_ms: i64,
+    /// `blake3:` + hex over the canonical encoding of the facts and the decision
+    /// ([`manifest_digest`]).
     pub digest: String,
+    /// The signing broker's ed25519 public key, hex.
+    pub public_key: String,
+    /// ed25519 signature, hex, over [`MANIFEST_SIGNING_CONTEXT`] followed by `digest`.
+    pub signature: String,
 }
 
-/// Builds the manifest for a decision taken on `record`.
+/// What the broker's signature on a manifest covers, before the digest.
+pub const MANIFEST_SIGNING_CONTEXT: &[u8] = b"postern retry-manifest signature v2\n";
+
+/// Builds and signs the manifest for a decision taken on `record`.
 pub fn manifest(
     record: &RecordFacts,
     decision: Decision,
     for_generation: u32,
     now_ms: i64,
+    key: &ed25519_dalek::SigningKey,
 ) -> RetryManifest {
+    use ed25519_dalek::Signer;
     let (verdict, directive) = verdict_for(record, decision);
+    let directive = match (&record.source_query, verdict) {
+        (Some(q), Verdict::QueryFirstRequired) if decision == Decision::Reconcile => {
+            format!("{directive} Query: {}.", q.describe())
+        }
+        _ => directive.to_string(),
+    };
+    let digest = manifest_digest(
+        record,
+        decision,
+        verdict,
+        &directive,
+        for_generation,
+        now_ms,
+    );
+    let signature = key.sign(&signed_message(&digest));
     RetryManifest {
         invocation_id: record.invocation_id.clone(),
         for_generation,
         decision,
         verdict,
-        directive: directive.to_string(),
-        digest: manifest_digest(record, decision, verdict, for_generation, now_ms),
+        directive,
+        source_query_predicate: record.source_query.clone(),
+        facts: record.clone(),
+        made_at_ms: now_ms,
+        digest,
+        public_key: hex::encode(key.verifying_key().to_bytes()),
+        signature: hex::encode(signature.to_bytes()),
     }
+}
+
+fn signed_message(digest: &str) -> Vec<u8> {
+    let mut message = MANIFEST_SIGNING_CONTEXT.to_vec();
+    message.extend_from_slice(digest.as_bytes());
+    message
+}
+
+/// Why a manifest does not check out.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ManifestError {
+    #[error(
+        "the manifest's digest does not match its facts and decision: it was changed after it was made"
+    )]
+    DigestMismatch,
+    #[error("the manifest was signed by {found}, not by the expected broker key {expected}")]
+    WrongKey { expected: String, found: String },
+    #[error("the manifest's public key or signature is not valid hex of the right length")]
+    Malformed,
+    #[error("the broker's signature on the manifest does not verify")]
+    BadSignature,
+    #[error("the manifest's invocation or generation differs from its facts")]
+    Inconsistent,
+}
+
+/// Checks a manifest as another party would: recomputes the digest from the facts and
+/// decision it carries, and verifies the signature with `expected` (the broker's public
+/// key), or with the key the manifest names when `expected` is `None`.
+pub fn verify_manifest(
+    m: &RetryManifest,
+    expected: Option<&ed25519_dalek::VerifyingKey>,
+) -> Result<(), ManifestError> {
+    if m.facts.invocation_id != m.invocation_id || m.source_query_predicate != m.facts.source_query
+    {
+        return Err(ManifestError::Inconsistent);
+    }
+    let digest = manifest_digest(
+        &m.facts,
+        m.decision,
+        m.verdict,
+        &m.directive,
+        m.for_generation,
+        m.made_at_ms,
+    );
+    if digest != m.digest {
+        return Err(ManifestError::DigestMismatch);
+    }
+    let key_bytes: [u8; 32] = hex::decode(&m.public_key)
+        .ok()
+        .and_then(|b| b.try_into().ok())
+        .ok_or(ManifestError::Malformed)?;
+    let sig_bytes: [u8; 64] = hex::decode(&m.signature)
+        .ok()
+        .and_then(|b| b.try_into().ok())
+        .ok_or(ManifestError::Malformed)?;
+    let key = ed25519_dalek::VerifyingKey::from_bytes(&key_bytes)
+        .map_err(|_| ManifestError::Malformed)?;
+    if let Some(expected) = expected
+        && expected.to_bytes() != key_bytes
+    {
+        return Err(ManifestError::WrongKey {
+            expected: hex::encode(expected.to_bytes()),
+            found: m.public_key.clone(),
+        });
+    }
+    let signature = ed25519_dalek::Signature::from_bytes(&sig_bytes);
+    key.verify_strict(&signed_message(&m.digest), &signature)
+        .map_err(|_| ManifestError::BadSignature)
 }
 
 fn verdict_for(record: &RecordFacts, decision: Decision) -> (Verdict, &'static str) {
@@ -278,12 +416,16 @@ fn verdict_for(record: &RecordFacts, decision: Decision) -> (Verdict, &'static s
     }
 }
 
-const MANIFEST_CONTEXT: &str = "postern 2026 retry-manifest v1";
+const MANIFEST_CONTEXT: &str = "postern 2026 retry-manifest v2";
 
-fn manifest_digest(
+/// The manifest digest: blake3 in derive-key mode (context `postern 2026 retry-manifest
+/// v2`) over each field in order, each prefixed by its length as u64 little-endian;
+/// optional fields carry a presence byte. `docs/errors.md` lists the order.
+pub fn manifest_digest(
     record: &RecordFacts,
     decision: Decision,
     verdict: Verdict,
+    directive: &str,
     for_generation: u32,
     now_ms: i64,
 ) -> String {
@@ -312,11 +454,26 @@ fn manifest_digest(
     field(&record.attempts_used.to_le_bytes());
     field(&record.retry_budget.to_le_bytes());
     field(&optional_i64(record.not_before_ms));
+    match &record.source_query {
+        None => field(&[0]),
+        Some(q) => {
+            field(&[1]);
+            field(q.method.as_bytes());
+            field(q.path.as_bytes());
+            field(&statuses(&q.committed_status));
+            field(&statuses(&q.not_applied_status));
+        }
+    }
     field(&now_ms.to_le_bytes());
     field(decision.as_str().as_bytes());
     field(verdict.as_str().as_bytes());
+    field(directive.as_bytes());
     field(&for_generation.to_le_bytes());
     format!("blake3:{}", h.finalize().to_hex())
+}
+
+fn statuses(list: &[u16]) -> Vec<u8> {
+    list.iter().flat_map(|s| s.to_le_bytes()).collect()
 }
 
 fn optional(value: Option<&[u8]>) -> Vec<u8> {

@@ -376,6 +376,7 @@ fn accept(journal: &Journal, id: &str, target: &str, session: Option<&str>) -> R
             summary: format!("POST https://{target}.example.test/v1/{id}"),
             session: session.map(str::to_string),
             idempotency_key: None,
+            parent: None,
         },
     )
     .unwrap()
@@ -398,6 +399,7 @@ fn make_ready(rec: &mut Recorder, target: &str) {
             remote_contract: RemoteContract::None,
             idempotency: None,
             reconcile_configured: false,
+            source_query: None,
             retry_budget: 1,
         },
     )

@@ -284,6 +284,7 @@ impl Session {
             session: Some(self.identity.session.clone()),
             approver: self.broker.approver.clone(),
             cancel: context.ct.clone(),
+            parent: None,
         };
         let progress = self.progress_ticker(context);
         let outcome = self.broker.http.execute(request, &ctx).await;
@@ -330,6 +331,7 @@ impl Session {
             session: Some(self.identity.session.clone()),
             approver: self.broker.approver.clone(),
             cancel: context.ct.clone(),
+            parent: None,
         };
         let progress = self.progress_ticker(context);
         let outcome = self.broker.ssh.execute(request, &ctx).await;
@@ -409,7 +411,13 @@ impl Session {
                 })
             })
             .collect();
+        let children = self
+            .broker
+            .journal
+            .children(&args.invocation_id)
+            .map_err(|e| McpError::internal_error(e.to_string(), None))?;
         let mut status = evidence::invocation_status(&p, now);
+        status["children"] = serde_json::to_value(children).unwrap_or(Value::Null);
         status["events"] = Value::Array(events);
         Ok(CallToolResult::structured(status))
     }
@@ -436,6 +444,7 @@ impl Session {
             session: Some(self.identity.session.clone()),
             approver: self.broker.approver.clone(),
             cancel: context.ct.clone(),
+            parent: None,
         };
         let outcome = self.broker.http.retry(&args.invocation_id, &ctx).await;
         self.remember(context, &outcome.invocation_id);

@@ -28,7 +28,7 @@ use crate::action::{ConfigSnapshot, Fingerprint, NormalizedAction};
 use crate::approvals::{ApprovalAnswer, ApprovalDetail, ApprovalRequest, Approver};
 use crate::config::{ApprovalMode, Config, ConfigHandle};
 use crate::contract::{Code, Phase, Retry};
-use crate::journal::events::{Channel as ChannelKind, EventBody, OperationFacts};
+use crate::journal::events::{Channel as ChannelKind, EventBody, OperationFacts, ParentLink};
 use crate::journal::projection::Projection;
 use crate::journal::{Journal, JournalError, NewInvocation, StoredResult};
 use crate::retry::{Decision, RetryRequest};
@@ -42,6 +42,9 @@ pub struct CallContext {
     /// Cancelled when the caller loses interest; after dispatch the outcome stays
     /// unknown (the remote may still be running).
     pub cancel: CancellationToken,
+    /// Set when the broker starts this call for another invocation (a followed
+    /// redirect, a job poll); recorded in the new invocation's ACTION_ACCEPTED.
+    pub parent: Option<ParentLink>,
 }
 
 /// What ACTION_ACCEPTED records before anything is validated.
@@ -217,7 +220,7 @@ impl<T: Channel> Pipeline<T> {
 
     /// Runs one request as a new invocation, end to end.
     pub async fn run(&self, request: &T::Request, ctx: &CallContext) -> Outcome<T::Result> {
-        let rec = match self.accept(request, ctx.session.clone()) {
+        let rec = match self.accept(request, ctx) {
             Ok(rec) => rec,
             Err(outcome) => return *outcome,
         };
@@ -245,7 +248,7 @@ impl<T: Channel> Pipeline<T> {
     pub fn accept(
         &self,
         request: &T::Request,
-        session: Option<String>,
+        ctx: &CallContext,
     ) -> Result<Recorder, Box<Outcome<T::Result>>> {
         let id = new_invocation_id().map_err(|e| Box::new(unrecorded("inv_unassigned", &e)))?;
         let accepted = self
@@ -259,8 +262,9 @@ impl<T: Channel> Pipeline<T> {
                 channel: T::KIND,
                 target: accepted.target.unwrap_or_default(),
                 summary: accepted.summary,
-                session,
+                session: ctx.session.clone(),
                 idempotency_key: accepted.idempotency_key,
+                parent: ctx.parent.clone(),
             },
         )
         .map_err(|e| Box::new(unrecorded(&id, &e)))

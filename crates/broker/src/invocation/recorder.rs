@@ -586,13 +586,17 @@ impl Recorder {
         let facts = p.record_facts(now);
         let decision = retry::decide(&facts, request, now);
         let next_generation = p.attempt.generation + 1;
-        let manifest = retry::manifest(&facts, decision, next_generation, now);
+        let manifest = self
+            .journal
+            .sign_manifest(&facts, decision, next_generation, now);
         self.append(EventBody::RetryManifest {
             for_generation: next_generation,
             verdict: manifest.verdict,
             decision,
             directive: manifest.directive.clone(),
             digest: manifest.digest.clone(),
+            source_query_predicate: manifest.source_query_predicate.clone(),
+            signature: Some(manifest.signature.clone()),
         })?;
         Ok(RetryPlan {
             decision,

@@ -13,7 +13,7 @@ use crate::contract::{
     Code, ConfidenceSource, IdempotencyEvidence, Outcome, Phase, RemoteContract, Retry, Stage,
 };
 use crate::provenance::{ApprovalCard, SessionOpened};
-use crate::retry::{Decision, Verdict};
+use crate::retry::{Decision, SourceQueryPredicate, Verdict};
 
 /// Which channel an invocation runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -33,6 +33,10 @@ pub struct OperationFacts {
     pub idempotency: Option<IdempotencyEvidence>,
     /// A reconcile query is configured, so an unknown outcome can be queried first.
     pub reconcile_configured: bool,
+    /// That query, bound with this invocation's key (absent in older records, which
+    /// read the configuration at reconcile time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_query: Option<SourceQueryPredicate>,
     /// How many dispatches this invocation may make in total, across restarts.
     pub retry_budget: u32,
 }
@@ -45,6 +49,49 @@ pub enum Settlement {
     Committed,
     /// The remote did not apply it.
     NotApplied,
+}
+
+/// Why an invocation was started by the broker on behalf of another one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Relation {
+    /// The parent's complete 3xx answer was followed (a new dispatch to its `Location`).
+    Redirect,
+    /// The job a parent's 202 Accepted queued: tracked as its own operation.
+    Job,
+    /// One read of a job's status resource.
+    JobPoll,
+    /// The reconcile query run for the parent's unknown outcome.
+    ReconcileQuery,
+}
+
+impl Relation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Relation::Redirect => "redirect",
+            Relation::Job => "job",
+            Relation::JobPoll => "job_poll",
+            Relation::ReconcileQuery => "reconcile_query",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Relation> {
+        [
+            Relation::Redirect,
+            Relation::Job,
+            Relation::JobPoll,
+            Relation::ReconcileQuery,
+        ]
+        .into_iter()
+        .find(|r| r.as_str() == s)
+    }
+}
+
+/// The invocation a broker-started invocation belongs to, named in its ACTION_ACCEPTED.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParentLink {
+    pub invocation_id: String,
+    pub relation: Relation,
 }
 
 /// Non-secret facts about a settled remote result.
@@ -77,6 +124,10 @@ pub enum EventBody {
         /// command digest) for people reading the log.
         summary: String,
         session: Option<String>,
+        /// Set when the broker started this invocation for another one (a followed
+        /// redirect, a job, a reconcile query); absent for an agent's own request.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        parent: Option<ParentLink>,
     },
     /// Target resolved, request normalized, configuration snapshot and fingerprint bound.
     PreflightValidated {
@@ -183,6 +234,12 @@ pub enum EventBody {
         decision: Decision,
         directive: String,
         digest: String,
+        /// The bound source query the manifest names (absent before v2 manifests).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        source_query_predicate: Option<SourceQueryPredicate>,
+        /// The broker's ed25519 signature over the digest, hex (absent before v2).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signature: Option<String>,
     },
     /// A later observer settled an unknown outcome. Never rewrites the attempt.
     Reconciled {

@@ -160,6 +160,8 @@ struct Inner {
     clock: Arc<dyn Clock>,
     /// The public half of the checkpoint signing key, to verify this journal's file.
     verifying_key: ed25519_dalek::VerifyingKey,
+    /// The same key, for signing retry manifests (never leaves this struct).
+    manifest_key: SigningKey,
     /// Set by the writer while the disk is full (see [`space`]).
     low_space: Arc<AtomicBool>,
     /// Invocations refused before their acceptance could be recorded, so `get_invocation`
@@ -196,6 +198,8 @@ pub struct NewInvocation {
     pub summary: String,
     pub session: Option<String>,
     pub idempotency_key: Option<String>,
+    /// The invocation the broker started this one for, if it did.
+    pub parent: Option<events::ParentLink>,
 }
 
 type Finish = Box<dyn FnOnce(Result<(), JournalError>) + Send>;
@@ -517,6 +521,7 @@ impl Journal {
         let reader = schema::open_reader(path)?;
         let (sender, receiver) = mpsc::sync_channel::<Job>(4096);
         let verifying_key = options.signing_key.verifying_key();
+        let manifest_key = options.signing_key.clone();
         let reserve = space::reserve_path(path);
         let low_space = Arc::new(AtomicBool::new(!space::ensure_reserve(&reserve)));
         let latest_durable = Arc::new(Mutex::new(
@@ -566,6 +571,7 @@ impl Journal {
                 reader: Mutex::new(reader),
                 clock: options.clock,
                 verifying_key,
+                manifest_key,
                 low_space,
                 unrecorded: Mutex::new(std::collections::VecDeque::new()),
                 latest_durable,
@@ -671,6 +677,23 @@ impl Journal {
     /// The key this journal's checkpoints are signed with (public half).
     pub fn verifying_key(&self) -> ed25519_dalek::VerifyingKey {
         self.inner.verifying_key
+    }
+
+    /// The retry manifest for `decision` on `facts`, signed with the broker's key.
+    pub fn sign_manifest(
+        &self,
+        facts: &crate::retry::RecordFacts,
+        decision: crate::retry::Decision,
+        for_generation: u32,
+        now_ms: i64,
+    ) -> crate::retry::RetryManifest {
+        crate::retry::manifest(
+            facts,
+            decision,
+            for_generation,
+            now_ms,
+            &self.inner.manifest_key,
+        )
     }
 
     pub fn now_ms(&self) -> i64 {
@@ -994,6 +1017,32 @@ impl Journal {
         load_events(&conn, invocation_id)
     }
 
+    /// The invocations the broker started for `invocation_id` (followed redirects, its
+    /// job, job polls, reconcile queries), oldest first.
+    pub fn children(&self, invocation_id: &str) -> Result<Vec<events::ParentLink>, JournalError> {
+        let conn = self.inner.reader.lock().map_err(|_| JournalError::Closed)?;
+        let mut stmt = conn.prepare_cached(
+            "SELECT id, relation FROM invocations WHERE parent_id = ?1 ORDER BY accepted_seq",
+        )?;
+        let rows = stmt.query_map([invocation_id], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?))
+        })?;
+        let mut children = Vec::new();
+        for row in rows {
+            let (id, relation) = row?;
+            let Some(relation) = relation.as_deref().and_then(events::Relation::parse) else {
+                return Err(JournalError::Storage(format!(
+                    "invocation {id} names {invocation_id} as its parent without a known relation"
+                )));
+            };
+            children.push(events::ParentLink {
+                invocation_id: id,
+                relation,
+            });
+        }
+        Ok(children)
+    }
+
     /// The current status of one invocation.
     pub fn projection(&self, invocation_id: &str) -> Result<Projection, JournalError> {
         let events = self.events(invocation_id)?;
@@ -1157,6 +1206,7 @@ fn accept_in(ctx: &mut WriteCtx<'_>, new: NewInvocation) -> Result<Appended, Jou
         target: new.target.clone(),
         summary: new.summary.clone(),
         session: new.session.clone(),
+        parent: new.parent.clone(),
     };
     let appended = ctx.append_checked(&new.invocation_id, &body)?;
     let channel = match new.channel {
@@ -1167,8 +1217,8 @@ fn accept_in(ctx: &mut WriteCtx<'_>, new: NewInvocation) -> Result<Appended, Jou
         .prepare_cached(
             "INSERT INTO invocations
              (id, accepted_seq, accepted_at_ms, channel, target, session_id, idempotency_key,
-              phase, outcome, code, summary)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, NULL, ?10)",
+              phase, outcome, code, summary, parent_id, relation)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, NULL, ?10, ?11, ?12)",
         )?
         .execute(params![
             new.invocation_id,
@@ -1180,7 +1230,9 @@ fn accept_in(ctx: &mut WriteCtx<'_>, new: NewInvocation) -> Result<Appended, Jou
             new.idempotency_key,
             appended.projection.phase.as_str(),
             appended.projection.outcome.as_str(),
-            new.summary
+            new.summary,
+            new.parent.as_ref().map(|l| l.invocation_id.as_str()),
+            new.parent.as_ref().map(|l| l.relation.as_str()),
         ])?;
     ctx.conn()
         .prepare_cached("INSERT INTO invocation_search (rowid, text) VALUES (?1, ?2)")?

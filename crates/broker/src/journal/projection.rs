@@ -11,7 +11,9 @@ use crate::contract::{
     AttemptEvidence, Code, ConfidenceSource, Envelope, ErrorBody, Evidence, Outcome, Phase,
     RemoteContract, Retry,
 };
-use crate::journal::events::{Channel, Event, EventBody, OperationFacts, ResultFacts, Settlement};
+use crate::journal::events::{
+    Channel, Event, EventBody, OperationFacts, ParentLink, ResultFacts, Settlement,
+};
 use crate::retry::{RecordFacts, disposition_for_unknown};
 
 /// Why an event cannot follow the ones before it.
@@ -90,6 +92,8 @@ pub struct Projection {
     /// The key holds session records ([`crate::provenance`]), not an invocation: it
     /// never exists as one and there is nothing to recover.
     pub session_record: bool,
+    /// The invocation this one was started for (a followed redirect, a job, a query).
+    pub parent: Option<ParentLink>,
 }
 
 impl Projection {
@@ -127,6 +131,7 @@ impl Projection {
             reconciled: None,
             last_seq: 0,
             session_record: false,
+            parent: None,
         }
     }
 
@@ -199,10 +204,12 @@ impl Projection {
                 target,
                 summary,
                 session,
+                parent,
             } => {
                 if accepted {
                     return refuse(self, "an invocation is accepted once");
                 }
+                self.parent = parent.clone();
                 self.channel = Some(*channel);
                 self.target = Some(target.clone());
                 self.summary = Some(summary.clone());
@@ -606,6 +613,7 @@ impl Projection {
             status_resource: facts.status_resource.clone(),
             redirect_location: facts.redirect_location.clone(),
             not_before_ms: facts.not_before_ms,
+            parent: self.parent.clone(),
         }
     }
 
@@ -649,6 +657,7 @@ impl Projection {
             attempts_used: self.dispatches,
             retry_budget: op.map_or(1, |o| o.retry_budget),
             not_before_ms: None,
+            source_query: op.and_then(|o| o.source_query.clone()),
         }
     }
 }

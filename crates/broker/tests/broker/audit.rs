@@ -1316,6 +1316,8 @@ fn a_journal_from_before_the_tree_is_upgraded_at_open_and_its_old_checkpoints_st
     conn.execute_batch(
         "DROP TABLE merkle; DROP TABLE cosignatures; DELETE FROM checkpoints;
          ALTER TABLE checkpoints DROP COLUMN root; ALTER TABLE checkpoints DROP COLUMN note;
+         DROP INDEX invocations_by_parent; ALTER TABLE invocations DROP COLUMN parent_id;
+         ALTER TABLE invocations DROP COLUMN relation;
          PRAGMA user_version = 6;",
     )
     .unwrap();

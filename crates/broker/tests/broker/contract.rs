@@ -55,6 +55,7 @@ fn full_envelope() -> Envelope {
             status_resource: None,
             redirect_location: None,
             not_before_ms: None,
+            parent: None,
         },
     }
 }

@@ -26,6 +26,7 @@ fn accepted() -> EventBody {
         target: "payments".into(),
         summary: "POST https://api.example.test/v1/payments".into(),
         session: Some("session-1".into()),
+        parent: None,
     }
 }
 
@@ -150,6 +151,8 @@ fn manifest(for_generation: u32, decision: Decision) -> EventBody {
         decision,
         directive: "test".into(),
         digest: format!("blake3:{}", "ab".repeat(32)),
+        source_query_predicate: None,
+        signature: None,
     }
 }
 
@@ -1041,6 +1044,7 @@ fn arb_operation() -> impl Strategy<Value = OperationFacts> {
                         expires_at_ms: expiry,
                     }),
                     reconcile_configured,
+                    source_query: None,
                     retry_budget,
                 }
             },
@@ -1149,6 +1153,8 @@ fn arb_manifest(generation: impl Strategy<Value = u32>) -> impl Strategy<Value =
             decision,
             directive: "x".into(),
             digest: "blake3:x".into(),
+            source_query_predicate: None,
+            signature: None,
         },
     )
 }
@@ -1186,6 +1192,7 @@ fn arb_event() -> impl Strategy<Value = EventBody> {
             target,
             summary: "summary".into(),
             session,
+            parent: None,
         });
     let preflight = (fp(), arb_operation()).prop_map(|(fingerprint, operation)| {
         EventBody::PreflightValidated {

@@ -26,6 +26,7 @@ fn accept(f: &Fixture, id: &str, target: &str, session: Option<&str>) -> Recorde
             summary: format!("GET https://{target}.example.test/{id}"),
             session: session.map(str::to_string),
             idempotency_key: None,
+            parent: None,
         },
     )
     .unwrap()
@@ -485,11 +486,13 @@ fn the_search_index_is_rebuilt_for_journals_written_before_it() {
     } = populated();
     journal.close().unwrap();
     let db = dir.path().join("journal.db");
-    // Undo migrations 7 and 6 and the summary column's contents, as a journal written
-    // by an older build would be; reopening migrates it again.
+    // Undo migrations 8, 7 and 6 and the summary column's contents, as a journal
+    // written by an older build would be; reopening migrates it again.
     let conn = Connection::open(&db).unwrap();
     conn.execute_batch(
-        "DROP TABLE merkle; DROP TABLE cosignatures;
+        "DROP INDEX invocations_by_parent; ALTER TABLE invocations DROP COLUMN parent_id;
+         ALTER TABLE invocations DROP COLUMN relation;
+         DROP TABLE merkle; DROP TABLE cosignatures;
          ALTER TABLE checkpoints DROP COLUMN root; ALTER TABLE checkpoints DROP COLUMN note;
          DROP TABLE invocation_search; UPDATE invocations SET summary = NULL;
          PRAGMA user_version = 5;",

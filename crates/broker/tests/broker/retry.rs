@@ -4,7 +4,8 @@
 
 use postern_broker::contract::{Code, Outcome, RemoteContract, Retry};
 use postern_broker::retry::{
-    Decision, RecordFacts, RetryRequest, Verdict, decide, disposition_for_unknown, manifest,
+    self, Decision, ManifestError, RecordFacts, RetryManifest, RetryRequest, SourceQueryPredicate,
+    Verdict, decide, disposition_for_unknown, verify_manifest,
 };
 
 use crate::support::{FP, T0};
@@ -29,6 +30,25 @@ fn facts(outcome: Outcome, retry: Retry) -> RecordFacts {
         attempts_used: 1,
         retry_budget: 3,
         not_before_ms: None,
+        source_query: None,
+    }
+}
+
+fn broker_key() -> ed25519_dalek::SigningKey {
+    ed25519_dalek::SigningKey::from_bytes(&[7u8; 32])
+}
+
+/// The manifest as the broker makes it, signed with the test broker key.
+fn manifest(f: &RecordFacts, decision: Decision, generation: u32, now_ms: i64) -> RetryManifest {
+    retry::manifest(f, decision, generation, now_ms, &broker_key())
+}
+
+fn predicate() -> SourceQueryPredicate {
+    SourceQueryPredicate {
+        method: "GET".into(),
+        path: "/v1/payments/k-1".into(),
+        committed_status: vec![200],
+        not_applied_status: vec![404],
     }
 }
 
@@ -473,6 +493,7 @@ fn full_facts() -> RecordFacts {
         code: Some(Code::RemoteTimeout),
         reconcile_configured: false,
         not_before_ms: Some(T0 + 5_000),
+        source_query: Some(predicate()),
         ..keyed_unknown()
     }
 }
@@ -520,6 +541,27 @@ fn manifest_digest_changes_when_any_single_fact_changes() {
         ("retry_budget", |f| f.retry_budget += 1),
         ("not_before_ms", |f| f.not_before_ms = Some(T0 + 6_000)),
         ("not_before_ms removed", |f| f.not_before_ms = None),
+        ("query method", |f| {
+            if let Some(q) = &mut f.source_query {
+                q.method = "HEAD".into();
+            }
+        }),
+        ("query path", |f| {
+            if let Some(q) = &mut f.source_query {
+                q.path = "/v1/payments/k-2".into();
+            }
+        }),
+        ("query committed statuses", |f| {
+            if let Some(q) = &mut f.source_query {
+                q.committed_status.push(204);
+            }
+        }),
+        ("query not-applied statuses", |f| {
+            if let Some(q) = &mut f.source_query {
+                q.not_applied_status = vec![410];
+            }
+        }),
+        ("query removed", |f| f.source_query = None),
     ];
     let base = full_facts();
     let decision = Decision::RetrySameKey;
@@ -552,4 +594,97 @@ fn manifest_digest_changes_when_any_single_fact_changes() {
         );
         seen.push(digest);
     }
+}
+
+#[test]
+fn a_manifest_names_the_bound_query_and_halts_on_it() {
+    let f = with(facts(Outcome::Unknown, Retry::Reconcile), |f| {
+        f.reconcile_configured = true;
+        f.source_query = Some(predicate());
+    });
+    let decision = decide(
+        &f,
+        &RetryRequest {
+            fingerprint: FP.into(),
+        },
+        T0,
+    );
+    assert_eq!(decision, Decision::Reconcile);
+    let m = manifest(&f, decision, 2, T0);
+    assert_eq!(m.verdict, Verdict::QueryFirstRequired);
+    assert_eq!(m.source_query_predicate, Some(predicate()));
+    assert!(m.directive.starts_with("HALT"), "{}", m.directive);
+    assert!(
+        m.directive
+            .contains("GET /v1/payments/k-1 (200 = applied; 404 = not applied)"),
+        "{}",
+        m.directive
+    );
+}
+
+#[test]
+fn a_signed_manifest_verifies_with_the_broker_key_and_only_as_made() {
+    let m = manifest(&full_facts(), Decision::Reconcile, 2, T0);
+    let key = broker_key().verifying_key();
+    assert_eq!(m.public_key, hex::encode(key.to_bytes()));
+    verify_manifest(&m, Some(&key)).expect("as made, it verifies");
+    verify_manifest(&m, None).expect("and with the key it names");
+    // Through JSON, as another party receives it.
+    let wire: RetryManifest =
+        serde_json::from_str(&serde_json::to_string(&m).expect("encodes")).expect("decodes");
+    verify_manifest(&wire, Some(&key)).expect("a JSON round trip keeps it valid");
+
+    let other = ed25519_dalek::SigningKey::from_bytes(&[8u8; 32]).verifying_key();
+    assert!(matches!(
+        verify_manifest(&m, Some(&other)),
+        Err(ManifestError::WrongKey { .. })
+    ));
+    type Tamper = fn(&mut RetryManifest);
+    let digest_changes: Vec<(&str, Tamper)> = vec![
+        ("decision", |m| m.decision = Decision::RetryNewAttempt),
+        ("verdict", |m| m.verdict = Verdict::IdempotentSafe),
+        ("directive", |m| m.directive = "PROCEED: go ahead.".into()),
+        ("generation", |m| m.for_generation = 3),
+        ("time", |m| m.made_at_ms += 1),
+        ("attempts used", |m| m.facts.attempts_used = 0),
+        ("outcome", |m| m.facts.outcome = Outcome::NotAttempted),
+    ];
+    for (name, tamper) in digest_changes {
+        let mut t = m.clone();
+        tamper(&mut t);
+        assert_eq!(
+            verify_manifest(&t, Some(&key)),
+            Err(ManifestError::DigestMismatch),
+            "{name}"
+        );
+    }
+    // A query swapped in both places, digest recomputed: the signature no longer holds.
+    let mut t = m.clone();
+    t.facts.source_query = None;
+    t.source_query_predicate = None;
+    t.digest = retry::manifest_digest(
+        &t.facts,
+        t.decision,
+        t.verdict,
+        &t.directive,
+        t.for_generation,
+        t.made_at_ms,
+    );
+    assert_eq!(
+        verify_manifest(&t, Some(&key)),
+        Err(ManifestError::BadSignature)
+    );
+    // The query shown beside the facts must be the one the digest covers.
+    let mut t = m.clone();
+    t.source_query_predicate = None;
+    assert_eq!(
+        verify_manifest(&t, Some(&key)),
+        Err(ManifestError::Inconsistent)
+    );
+    let mut t = m.clone();
+    t.signature = "zz".into();
+    assert_eq!(
+        verify_manifest(&t, Some(&key)),
+        Err(ManifestError::Malformed)
+    );
 }

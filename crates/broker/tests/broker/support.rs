@@ -76,6 +76,7 @@ pub fn new_invocation(id: &str, key: Option<&str>) -> NewInvocation {
         summary: "POST https://api.example.test/v1/payments".to_string(),
         session: Some("session-1".to_string()),
         idempotency_key: key.map(str::to_string),
+        parent: None,
     }
 }
 
@@ -106,6 +107,7 @@ pub fn operation(idempotent: bool, key: Option<&str>) -> OperationFacts {
             expires_at_ms: Some(T0 + 24 * 3600 * 1000),
         }),
         reconcile_configured: false,
+        source_query: None,
         retry_budget: 3,
     }
 }

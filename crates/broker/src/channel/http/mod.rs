@@ -24,15 +24,18 @@ use serde::{Deserialize, Serialize};
 use crate::action::NormalizedHttp;
 use crate::approvals::ApprovalDetail;
 use crate::channel::redact::{Redactor, percent_encode};
-use crate::config::{Config, ConfigHandle, HttpTarget};
+use crate::config::{Config, ConfigHandle, HttpTarget, ReconcileQuery};
 use crate::contract::{Code, ConfidenceSource, IdempotencyEvidence, Outcome, RemoteContract};
 use crate::invocation::outcome::unrecorded;
 use crate::invocation::{
     Accepted, Attempt, Bound, CallContext, Channel, Failure, Invalid, Pipeline, Recorder,
     Validated, new_invocation_id,
 };
-use crate::journal::events::{self, OperationFacts, Settlement as Reconciled};
+use crate::journal::events::{
+    self, OperationFacts, ParentLink, Relation, Settlement as Reconciled,
+};
 use crate::journal::{Journal, NewInvocation, StoredResult};
+use crate::retry::SourceQueryPredicate;
 use crate::vault::{Secret, Vault};
 use status::Repeat;
 
@@ -138,6 +141,24 @@ pub struct Http {
     trust: inject::Trust,
 }
 
+/// The target's reconcile query bound to one invocation: `{idempotency_key}` filled in
+/// (percent-encoded). `None` when the path needs a key the invocation does not have.
+fn source_query(query: &ReconcileQuery, key: Option<&str>) -> Option<SourceQueryPredicate> {
+    let path = match (key, query.path.contains("{idempotency_key}")) {
+        (Some(k), true) => query
+            .path
+            .replace("{idempotency_key}", &percent_encode(k.as_bytes())),
+        (None, true) => return None,
+        (_, false) => query.path.clone(),
+    };
+    Some(SourceQueryPredicate {
+        method: query.method.clone(),
+        path,
+        committed_status: query.committed_status.clone(),
+        not_applied_status: query.not_applied_status.clone(),
+    })
+}
+
 /// The target whose base URL and path prefix cover `url`.
 fn target_of<'c>(config: &'c Config, method: &str, url: &str) -> Option<&'c HttpTarget> {
     let action = NormalizedHttp::new(method, url, &[], &[], &[]).ok()?;
@@ -191,6 +212,9 @@ impl Channel for Http {
                     }),
                 }),
             reconcile_configured: target.is_some_and(|t| t.reconcile.is_some()),
+            source_query: target
+                .and_then(|t| t.reconcile.as_ref())
+                .and_then(|q| source_query(q, bound.idempotency_key.as_deref())),
             retry_budget: RETRY_BUDGET,
         }
     }
@@ -302,6 +326,13 @@ impl Pipeline<Http> {
         } else {
             ("GET".to_string(), Vec::new())
         };
+        let child_ctx = CallContext {
+            parent: Some(ParentLink {
+                invocation_id: outcome.invocation_id.clone(),
+                relation: Relation::Redirect,
+            }),
+            ..ctx.clone()
+        };
         let child = HttpRequest {
             url: next.to_string(),
             method,
@@ -311,7 +342,7 @@ impl Pipeline<Http> {
             idempotency_key: None,
             timeout_ms: request.timeout_ms,
         };
-        Box::pin(self.execute_following(&child, ctx, redirects + 1)).await
+        Box::pin(self.execute_following(&child, &child_ctx, redirects + 1)).await
     }
 
     /// `retry_invocation`: the stored request, retried if the record's decision allows.
@@ -349,29 +380,34 @@ impl Pipeline<Http> {
         let Some(target) = p.target.as_deref().and_then(|t| config.http_target(t)) else {
             return self.outcome_of(&rec);
         };
-        let Some(query) = &target.reconcile else {
-            return self.outcome_of(&rec);
-        };
+        // The query bound at preflight (what the retry manifest named); a record from
+        // before binding reads the configuration.
         let key = p
             .operation
             .as_ref()
             .and_then(|o| o.idempotency.as_ref())
             .map(|i| i.key.clone());
-        let path = match (&key, query.path.contains("{idempotency_key}")) {
-            (Some(k), true) => query
-                .path
-                .replace("{idempotency_key}", &percent_encode(k.as_bytes())),
-            (None, true) => return self.outcome_of(&rec),
-            (_, false) => query.path.clone(),
+        let bound_query = p.operation.as_ref().and_then(|o| o.source_query.clone());
+        let Some(query) = bound_query.or_else(|| {
+            target
+                .reconcile
+                .as_ref()
+                .and_then(|q| source_query(q, key.as_deref()))
+        }) else {
+            return self.outcome_of(&rec);
         };
         let base = target.base_url.as_str().trim_end_matches('/');
         let request = HttpRequest {
-            url: format!("{base}/{}", path.trim_start_matches('/')),
+            url: format!("{base}/{}", query.path.trim_start_matches('/')),
             method: query.method.clone(),
             ..Default::default()
         };
         let ctx = CallContext {
             session: Some(format!("reconcile:{invocation_id}")),
+            parent: Some(ParentLink {
+                invocation_id: invocation_id.to_string(),
+                relation: Relation::ReconcileQuery,
+            }),
             ..Default::default()
         };
         let probe = match new_invocation_id() {
@@ -429,6 +465,7 @@ impl Pipeline<Http> {
                 summary: validate::summary(request),
                 session: ctx.session.clone(),
                 idempotency_key: None,
+                parent: ctx.parent.clone(),
             },
         ) {
             Ok(rec) => rec,

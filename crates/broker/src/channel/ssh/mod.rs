@@ -222,6 +222,7 @@ impl Channel for Ssh {
             remote_contract: RemoteContract::None,
             idempotency: None,
             reconcile_configured: false,
+            source_query: None,
             retry_budget: RETRY_BUDGET,
         }
     }
