@@ -9,7 +9,7 @@ use std::time::Duration;
 use postern_broker::channel::http::{HttpOutcome, HttpRequest};
 use postern_broker::contract::{Code, Outcome, Phase, Retry, Stage};
 use postern_broker::invocation::CallContext;
-use postern_broker::journal::events::{EventBody, Relation};
+use postern_broker::journal::events::{EventBody, JobState, Relation};
 use postern_broker::retry::{Decision, Verdict};
 use postern_tests::adversary::{
     Adversary, Behavior, Encoding, TestCert, TestPki, encodings, refused_addr,
@@ -1591,5 +1591,149 @@ async fn a_parameter_a_server_could_read_as_the_injected_one_is_refused() {
     assert!(
         sent.starts_with("tokens=1&my_token=2&token_id=3&x-token=4&token="),
         "{sent}"
+    );
+}
+
+const JOB: &str = r#"
+[http.job]
+id_pointer = "/id"
+state_pointer = "/state"
+pending = ["queued", "running"]
+succeeded = ["done"]
+failed = ["error"]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_202_starts_a_linked_job_that_polls_settle_and_the_submission_stays_committed() {
+    let server = Adversary::start(Behavior::Sequence(vec![
+        Behavior::respond(202, "{\"id\":\"job-7\"}").header("Location", "/v1/jobs/7"),
+        Behavior::respond(202, "{\"state\":\"queued\"}"),
+        Behavior::ok_json("{\"state\":\"running\"}"),
+        Behavior::ok_json("{\"state\":\"done\"}"),
+    ]))
+    .await
+    .unwrap();
+    let f = fixture(&config(&server.base_url(), JOB));
+    let submitted = run(&f, post(server.url("/v1/exports"), "{}")).await;
+    assert_eq!(submitted.outcome, Outcome::Committed, "{submitted:?}");
+    let submission = &submitted.invocation_id;
+
+    // The job is its own invocation, named by the submission's children.
+    let children = f.broker.journal.children(submission).unwrap();
+    assert_eq!(children.len(), 1, "{children:?}");
+    assert_eq!(children[0].relation, Relation::Job);
+    let job_id = children[0].invocation_id.clone();
+    let job = f.broker.journal.projection(&job_id).unwrap();
+    let facts = job.job.clone().unwrap();
+    assert_eq!(facts.job_id.as_deref(), Some("job-7"));
+    assert_eq!(facts.status_resource, server.url("/v1/jobs/7"));
+    assert!(facts.pollable);
+    assert_eq!(job.outcome, Outcome::Unknown);
+    assert_eq!(job.effective_code(), Some(Code::JobPending));
+    assert_eq!(job.retry(0), Retry::Reconcile);
+
+    // Polling through the submission's id or the job's: pending, pending, done.
+    let ctx = CallContext::default();
+    for (by, expected) in [
+        (submission.as_str(), JobState::Pending),
+        (job_id.as_str(), JobState::Pending),
+        (job_id.as_str(), JobState::Succeeded),
+    ] {
+        let polled = f.broker.channel.poll_job(by, &ctx).await.unwrap();
+        let poll = polled.poll.expect("a pending job is read");
+        assert_eq!(poll.outcome, Outcome::Committed, "{poll:?}");
+        let p = f.broker.journal.projection(&poll.invocation_id).unwrap();
+        assert_eq!(
+            p.parent
+                .as_ref()
+                .map(|l| (l.invocation_id.as_str(), l.relation)),
+            Some((job_id.as_str(), Relation::JobPoll))
+        );
+        assert_eq!(
+            f.broker
+                .journal
+                .projection(&job_id)
+                .unwrap()
+                .job
+                .unwrap()
+                .state,
+            expected
+        );
+    }
+    let job = f.broker.journal.projection(&job_id).unwrap();
+    assert_eq!(job.outcome, Outcome::Committed);
+    assert_eq!(job.effective_code(), None);
+    assert_eq!(job.job.as_ref().unwrap().polls, 3);
+    // A settled job is answered from its record: nothing more is sent.
+    let again = f.broker.channel.poll_job(&job_id, &ctx).await.unwrap();
+    assert!(again.poll.is_none());
+    assert_eq!(again.job.outcome, Outcome::Committed);
+    let seen = server.requests();
+    assert_eq!(seen.len(), 4, "one submission, three reads");
+    assert!(seen[1..].iter().all(|r| r.path() == "/v1/jobs/7"));
+    assert_eq!(
+        seen.iter().filter(|r| r.path() == "/v1/exports").count(),
+        1,
+        "the submission is never repeated"
+    );
+    // The submission itself is unchanged: committed by its 202.
+    let sub = f.broker.journal.projection(submission).unwrap();
+    assert_eq!(sub.outcome, Outcome::Committed);
+    assert_eq!(sub.evidence().http_status, Some(202));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_reports_failure_is_committed_with_job_failed_and_a_foreign_status_url_is_never_read()
+ {
+    let server = Adversary::start(Behavior::Sequence(vec![
+        Behavior::respond(202, "{}").header("Location", "/v1/jobs/8"),
+        Behavior::ok_json("{\"state\":\"error\"}"),
+        Behavior::respond(202, "{}").header("Location", "https://elsewhere.example.test/jobs/9"),
+    ]))
+    .await
+    .unwrap();
+    let f = fixture(&config(&server.base_url(), JOB));
+    let ctx = CallContext::default();
+    let first = run(&f, post(server.url("/v1/exports"), "{}")).await;
+    let polled = f
+        .broker
+        .channel
+        .poll_job(&first.invocation_id, &ctx)
+        .await
+        .unwrap();
+    assert_eq!(polled.job.outcome, Outcome::Committed);
+    let env = polled.job.error.expect("a failed job carries its code");
+    assert_eq!(env.error.code, Code::JobFailed);
+    assert_eq!(env.error.retry, Retry::Reconcile);
+
+    // A status resource outside the target is recorded, and the credential never goes there.
+    let second = run(&f, post(server.url("/v1/exports"), "{}")).await;
+    let polled = f
+        .broker
+        .channel
+        .poll_job(&second.invocation_id, &ctx)
+        .await
+        .unwrap();
+    assert!(polled.poll.is_none());
+    assert_eq!(polled.job.outcome, Outcome::Unknown);
+    let job = f
+        .broker
+        .journal
+        .projection(&polled.job.invocation_id)
+        .unwrap();
+    assert!(!job.job.unwrap().pollable);
+    assert_eq!(server.requests().len(), 3);
+
+    // A plain 200 queued nothing: poll_job refuses, naming why.
+    let plain = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let g = fixture(&config(&plain.base_url(), ""));
+    let done = run(&g, get(plain.url("/v1/items"))).await;
+    let refused = g.broker.channel.poll_job(&done.invocation_id, &ctx).await;
+    assert!(
+        matches!(
+            refused,
+            Err(postern_broker::channel::http::PollRefused::NotAJob(_))
+        ),
+        "{refused:?}"
     );
 }

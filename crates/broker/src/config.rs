@@ -31,7 +31,10 @@
 //!       0x4d group idempotency { 0x50 header (lowercase), 0x51 scope, 0x52 retention
 //!       seconds u64 },
 //!       0x4e group reconcile { 0x58 method, 0x59 path, 0x5a LIST committed_status (u16 LE,
-//!       sorted, deduplicated), 0x5b LIST not_applied_status (same) }
+//!       sorted, deduplicated), 0x5b LIST not_applied_status (same) },
+//!       then, only when the target has one, 0x4f group job { 0x70 OPT id_pointer,
+//!       0x71 OPT status_pointer, 0x72 OPT state_pointer, 0x73 LIST pending, 0x74 LIST
+//!       succeeded, 0x75 LIST failed (each sorted) }
 //! ssh:  0x02 "ssh", 0x60 name, 0x61 host (normalized), 0x62 port u16, 0x63 user,
 //!       0x64 credential, 0x65 OPT host_key (`<algo> <base64>`), 0x66 approval,
 //!       0x67 timeout_ms u64, 0x68 max_output_bytes u64
@@ -50,6 +53,7 @@ use serde::{Deserialize, Serialize};
 use url::Url;
 
 use crate::action::{Canonical, NormalizedHttp, is_token, normalize_path};
+use crate::channel::http::job::{JobContract, JobProblem, RawJob};
 use crate::contract::Code;
 use crate::vault::CredentialId;
 
@@ -185,6 +189,8 @@ pub struct HttpTarget {
     pub follow_redirects: bool,
     pub idempotency: Option<IdempotencyContract>,
     pub reconcile: Option<ReconcileQuery>,
+    /// How this API's 202 Accepted names its job and how its status resource reads.
+    pub job: Option<JobContract>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -327,6 +333,14 @@ pub enum Problem {
     InvalidReconcilePath,
     #[error("`{{idempotency_key}}` needs an [http.idempotency] contract to mean anything")]
     PlaceholderWithoutContract,
+    #[error("not a JSON pointer (RFC 6901): it must be empty or start with `/`")]
+    InvalidPointer,
+    #[error("job states are listed but `state_pointer` does not say where to read them")]
+    StatesWithoutPointer,
+    #[error("`state_pointer` is set but no value in `succeeded` says the job finished")]
+    NoSuccessState,
+    #[error("`{value}` is listed under two job states")]
+    ConflictingState { value: String },
     #[error("not a valid host name or IP address")]
     InvalidHost,
     #[error("not `<algorithm> <base64 key>`: {reason}")]
@@ -456,6 +470,7 @@ struct RawHttp {
     follow_redirects: bool,
     idempotency: Option<RawIdempotency>,
     reconcile: Option<RawReconcile>,
+    job: Option<RawJob>,
 }
 
 #[derive(Deserialize)]
@@ -1297,6 +1312,20 @@ fn validate_http(ctx: &Ctx<'_>, raw: RawHttp, base_dir: &Path) -> Result<HttpTar
         .reconcile
         .map(|r| check_reconcile(ctx, r, idempotency.is_some()))
         .transpose()?;
+    let job = raw
+        .job
+        .map(JobContract::check)
+        .transpose()
+        .map_err(|problem| match problem {
+            JobProblem::Pointer { field } => ctx.err(field, Problem::InvalidPointer),
+            JobProblem::StatesWithoutPointer => {
+                ctx.err("job.state_pointer", Problem::StatesWithoutPointer)
+            }
+            JobProblem::NoSuccessState => ctx.err("job.succeeded", Problem::NoSuccessState),
+            JobProblem::ConflictingState { value } => {
+                ctx.err("job", Problem::ConflictingState { value })
+            }
+        })?;
     Ok(HttpTarget {
         name: raw.name,
         base_url,
@@ -1312,6 +1341,7 @@ fn validate_http(ctx: &Ctx<'_>, raw: RawHttp, base_dir: &Path) -> Result<HttpTar
         follow_redirects: raw.follow_redirects,
         idempotency,
         reconcile,
+        job,
     })
 }
 
@@ -1458,6 +1488,17 @@ impl HttpTarget {
             c.str(0x59, &r.path);
             status_list(&mut c, 0x5a, &r.committed_status);
             status_list(&mut c, 0x5b, &r.not_applied_status);
+        }
+        // Later groups are encoded only when present, so the version of a target that
+        // does not use them is what it was before they existed.
+        if let Some(j) = &self.job {
+            c.presence(0x4f, true);
+            c.opt(0x70, j.id_pointer.as_deref().map(str::as_bytes));
+            c.opt(0x71, j.status_pointer.as_deref().map(str::as_bytes));
+            c.opt(0x72, j.state_pointer.as_deref().map(str::as_bytes));
+            sorted_list(&mut c, 0x73, &j.pending);
+            sorted_list(&mut c, 0x74, &j.succeeded);
+            sorted_list(&mut c, 0x75, &j.failed);
         }
         TargetVersion::from_digest(c.finish())
     }

@@ -207,6 +207,12 @@ codes! {
         "A complete response asked the caller to slow down (HTTP 429/503 with Retry-After).";
     RemoteServerError = "REMOTE_SERVER_ERROR", RE, COM, Reconcile,
         "A complete server-error response (HTTP 5xx): the application answered and may have changed state first.";
+    JobPending = "JOB_PENDING", RE, UNK, Reconcile,
+        "The job an HTTP 202 queued has not reported completion; read its status with poll_job, never by submitting again.";
+    JobFailed = "JOB_FAILED", RE, COM, Reconcile,
+        "The job's status resource reported failure; the job ran and may have partly acted, so check remote state before submitting again.";
+    BatchPartial = "BATCH_PARTIAL", RE, COM, Never,
+        "A complete batch response settled only some members; each member carries its own outcome and retry. Never resend the whole batch.";
     ResultDeliveryFailed = "RESULT_DELIVERY_FAILED", RD, COM, FetchResult,
         "The settled result is stored but could not be returned; read it with fetch_result, never by re-running.";
     ResultStoreFailed = "RESULT_STORE_FAILED", RD, UNK, Reconcile,
@@ -299,6 +305,8 @@ pub struct Evidence {
     /// The invocation this one was started for, and why (a followed redirect, a job,
     /// a job poll, a reconcile query).
     pub parent: Option<crate::journal::events::ParentLink>,
+    /// For a job invocation: the job, where its status is read, and its last state.
+    pub job: Option<crate::journal::events::JobFacts>,
 }
 
 /// The `error` member of the envelope.

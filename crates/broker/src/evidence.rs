@@ -34,7 +34,8 @@ pub enum Step {
     Failed,
     Retry,
     Reconciled,
-    Imported,
+    /// A tracked job and what its status resource said.
+    Job,
     /// A journal-level record (not an invocation's step).
     Journal,
     /// A session record (not an invocation step): who the agent is.
@@ -57,7 +58,7 @@ impl Step {
             Step::Failed => "failed",
             Step::Retry => "retry",
             Step::Reconciled => "reconciled",
-            Step::Imported => "imported",
+            Step::Job => "job",
             Step::Journal => "journal",
             Step::Session => "session",
         }
@@ -89,7 +90,7 @@ pub fn step_of(body: &EventBody) -> Step {
         EventBody::Failed { .. } => Step::Failed,
         EventBody::RetryManifest { .. } => Step::Retry,
         EventBody::Reconciled { .. } => Step::Reconciled,
-        EventBody::ImportedEvidence { .. } => Step::Imported,
+        EventBody::JobTracked { .. } | EventBody::JobStatus { .. } => Step::Job,
         EventBody::SigningResumed { .. } => Step::Journal,
         EventBody::SessionOpened(_) => Step::Session,
     }

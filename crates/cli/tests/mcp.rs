@@ -77,7 +77,8 @@ async fn a_get_through_the_bridge_returns_the_result_with_its_outcome() {
             "fetch_result",
             "get_invocation",
             "retry_invocation",
-            "list_targets"
+            "list_targets",
+            "poll_job"
         ]
     );
 

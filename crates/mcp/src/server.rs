@@ -25,13 +25,13 @@ use rmcp::service::{NotificationContext, RequestContext, RoleServer};
 use serde_json::{Value, json};
 
 use postern_broker::broker::Broker;
-use postern_broker::channel::http::{HttpOutcome, HttpRequest, HttpResponse};
+use postern_broker::channel::http::{HttpOutcome, HttpRequest, HttpResponse, PollRefused};
 use postern_broker::channel::ssh::{SshOutcome, SshRequest, SshResult};
 use postern_broker::contract::{Code, ErrorBody, Outcome, Phase, Retry};
 use postern_broker::evidence;
 use postern_broker::invocation;
 use postern_broker::invocation::CallContext;
-use postern_broker::journal::events::Channel;
+use postern_broker::journal::events::{Channel, Relation};
 use postern_broker::journal::projection::Projection;
 use postern_broker::provenance::{self, SessionOpened};
 
@@ -290,7 +290,25 @@ impl Session {
         let outcome = self.broker.http.execute(request, &ctx).await;
         progress.abort();
         self.remember(context, &outcome.invocation_id);
-        Ok(result_of(&outcome))
+        let (mut value, failed) = outcome_json(&outcome);
+        // A 202 queued a job: say which invocation tracks it, for poll_job.
+        if let Some(job) = self
+            .broker
+            .journal
+            .children(&outcome.invocation_id)
+            .ok()
+            .and_then(|c| c.into_iter().find(|l| l.relation == Relation::Job))
+        {
+            value["job"] = json!({
+                "invocation_id": job.invocation_id,
+                "poll_with": tools::POLL_JOB,
+            });
+        }
+        Ok(if failed {
+            CallToolResult::structured_error(value)
+        } else {
+            CallToolResult::structured(value)
+        })
     }
 
     /// Progress notifications while the call waits (approval, remote), if the client
@@ -420,6 +438,61 @@ impl Session {
         status["children"] = serde_json::to_value(children).unwrap_or(Value::Null);
         status["events"] = Value::Array(events);
         Ok(CallToolResult::structured(status))
+    }
+
+    async fn poll_job(
+        &self,
+        args: InvocationArgs,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, McpError> {
+        if let Err(refusal) = self.opened().await {
+            return Ok(refusal);
+        }
+        // Only the agent's own submission or job is read.
+        if let Err(answer) = self.owned_or_unrecorded(&args.invocation_id)? {
+            return Ok(answer);
+        }
+        let ctx = CallContext {
+            session: Some(self.identity.session.clone()),
+            approver: self.broker.approver.clone(),
+            cancel: context.ct.clone(),
+            parent: None,
+        };
+        let polled = match self.broker.http.poll_job(&args.invocation_id, &ctx).await {
+            Ok(polled) => polled,
+            Err(PollRefused::NotAJob(id)) => {
+                let error = ErrorBody {
+                    code: Code::InvalidRequest,
+                    phase: Phase::Validation,
+                    outcome: Outcome::NotAttempted,
+                    retry: Retry::AfterCorrection,
+                    message: PollRefused::NotAJob(id.clone()).to_string(),
+                };
+                return Ok(CallToolResult::structured_error(json!({
+                    "invocation_id": id,
+                    "error": error,
+                    "outcome": Outcome::NotAttempted,
+                })));
+            }
+            Err(e) => return Err(McpError::internal_error(e.to_string(), None)),
+        };
+        if let Some(poll) = &polled.poll {
+            self.remember(context, &poll.invocation_id);
+        }
+        let job = self
+            .broker
+            .journal
+            .projection(&polled.job.invocation_id)
+            .map_err(|e| McpError::internal_error(e.to_string(), None))?;
+        let mut value = evidence::invocation_status(&job, self.broker.journal.now_ms());
+        if let Some(envelope) = &polled.job.error {
+            value["error"] = serde_json::to_value(&envelope.error).unwrap_or(Value::Null);
+        }
+        value["poll"] = match &polled.poll {
+            Some(poll) => outcome_json(poll).0,
+            None => Value::Null,
+        };
+        Ok(CallToolResult::structured(value))
     }
 
     async fn retry_invocation(
@@ -556,6 +629,16 @@ fn response_json(response: &HttpResponse) -> Value {
 /// A tool result: the remote response with `invocation_id` and `outcome`, or, when the
 /// record carries a code, `isError` with the envelope (plus the response, if complete).
 pub fn result_of(outcome: &HttpOutcome) -> CallToolResult {
+    let (value, failed) = outcome_json(outcome);
+    if failed {
+        CallToolResult::structured_error(value)
+    } else {
+        CallToolResult::structured(value)
+    }
+}
+
+/// An HTTP outcome as the JSON an agent reads, and whether it is an error answer.
+fn outcome_json(outcome: &HttpOutcome) -> (Value, bool) {
     let mut value = match &outcome.error {
         Some(envelope) => serde_json::to_value(envelope).unwrap_or(Value::Null),
         None => json!({ "invocation_id": outcome.invocation_id, "outcome": outcome.outcome }),
@@ -572,11 +655,7 @@ pub fn result_of(outcome: &HttpOutcome) -> CallToolResult {
     if let Some(manifest) = &outcome.manifest {
         value["manifest"] = serde_json::to_value(manifest).unwrap_or(Value::Null);
     }
-    if outcome.error.is_some() {
-        CallToolResult::structured_error(value)
-    } else {
-        CallToolResult::structured(value)
-    }
+    (value, outcome.error.is_some())
 }
 
 /// The refusal an agent gets when its session could not be recorded: nothing runs
@@ -653,6 +732,7 @@ impl ServerHandler for Session {
             tools::FETCH_RESULT => self.fetch_result(parse(&request)?)?,
             tools::GET_INVOCATION => self.get_invocation(parse(&request)?)?,
             tools::RETRY_INVOCATION => self.retry_invocation(parse(&request)?, &context).await?,
+            tools::POLL_JOB => self.poll_job(parse(&request)?, &context).await?,
             tools::LIST_TARGETS => {
                 let _: NoArgs = parse(&request)?;
                 self.list_targets()

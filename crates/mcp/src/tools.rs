@@ -17,6 +17,7 @@ pub const FETCH_RESULT: &str = "fetch_result";
 pub const GET_INVOCATION: &str = "get_invocation";
 pub const RETRY_INVOCATION: &str = "retry_invocation";
 pub const LIST_TARGETS: &str = "list_targets";
+pub const POLL_JOB: &str = "poll_job";
 
 /// Every tool's name, for checking that nothing else is exposed.
 pub const ALL: &[&str] = &[
@@ -26,6 +27,7 @@ pub const ALL: &[&str] = &[
     GET_INVOCATION,
     RETRY_INVOCATION,
     LIST_TARGETS,
+    POLL_JOB,
 ];
 
 const OUTCOMES: &str = "Every answer carries `invocation_id` and `outcome`. Outcomes: \
@@ -123,6 +125,17 @@ pub fn tools() -> Vec<Tool> {
                  contract); otherwise it returns the recorded evidence and a retry manifest \
                  saying why not (for example: reconcile first). {OUTCOMES}"
             ),
+            invocation_schema(),
+        ),
+        Tool::new(
+            POLL_JOB,
+            "Check on a job that an http_request queued (the API answered 202 Accepted; the \
+             answer's `job.invocation_id` names it). Pass the job's or the submission's \
+             invocation_id. Postern reads the job's status resource once, with the target's \
+             credential, and answers the job's `outcome`: `unknown` with code JOB_PENDING \
+             while it runs, `committed` once it finished (code JOB_FAILED if it reported \
+             failure), plus the read itself under `poll`. Never re-submit a pending job: \
+             the submission was accepted and the job may still act.",
             invocation_schema(),
         ),
         Tool::new(

@@ -1,8 +1,8 @@
 //! The journal's event vocabulary: the nine lifecycle transitions (accepted, validated,
 //! credential authorized, dispatch started, request sent, response started, response
 //! complete, result committed, result delivered) plus connection
-//! attempts, approvals, attempt leases, retry manifests, reconciliation and imported
-//! evidence; and, outside any invocation, the session records of
+//! attempts, approvals, attempt leases, retry manifests, reconciliation and the
+//! tracking of an accepted job; and, outside any invocation, the session records of
 //! [`crate::provenance`]. Bodies are stored as canonical JSON (serde field order, no maps with
 //! unordered keys) and that exact text is what the audit chain hashes.
 
@@ -92,6 +92,54 @@ impl Relation {
 pub struct ParentLink {
     pub invocation_id: String,
     pub relation: Relation,
+}
+
+/// What a job's status resource said, read through its configured contract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    /// Still queued or running (HTTP 202, or a configured pending value).
+    Pending,
+    /// Finished and applied (HTTP 303, or a configured success value).
+    Succeeded,
+    /// Finished and reported failure (a configured failure value).
+    Failed,
+    /// The status resource answered without a state the contract can read.
+    Unreported,
+}
+
+impl JobState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Pending => "pending",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Unreported => "unreported",
+        }
+    }
+
+    /// A state that settles the job.
+    pub fn is_final(self) -> bool {
+        matches!(self, JobState::Succeeded | JobState::Failed)
+    }
+}
+
+/// The job an invocation tracks, folded from JOB_TRACKED and JOB_STATUS.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobFacts {
+    /// The submission whose 202 queued it.
+    pub submission: String,
+    /// The job's id in the remote system, when the contract says where to find it.
+    pub job_id: Option<String>,
+    /// Where its status is read.
+    pub status_resource: String,
+    /// The status resource lies under the submission's target, so the broker may read
+    /// it with that target's credential; otherwise it is recorded and never read.
+    pub pollable: bool,
+    pub state: JobState,
+    pub polls: u32,
+    /// The job_poll invocation that last read the status.
+    pub last_poll: Option<String>,
 }
 
 /// Non-secret facts about a settled remote result.
@@ -249,11 +297,20 @@ pub enum EventBody {
         note: String,
         http_status: Option<u16>,
     },
-    /// Evidence from another broker, attached with its origin, never spliced in.
-    ImportedEvidence {
-        source: String,
-        source_seq: u64,
-        summary: serde_json::Value,
+    /// The job a submission's 202 Accepted queued, tracked as its own operation: the
+    /// first event after the ACTION_ACCEPTED of an invocation whose parent relation is
+    /// `job`. Its outcome stays unknown until its status resource settles it.
+    JobTracked {
+        submission: String,
+        job_id: Option<String>,
+        status_resource: String,
+        pollable: bool,
+    },
+    /// One read of the job's status resource by the job_poll invocation `poll`.
+    JobStatus {
+        poll: String,
+        http_status: u16,
+        state: JobState,
     },
     /// Journal-level, not an invocation's: at open, the writer found events after the last
     /// checkpoint (a run ended without signing them, or a version before per-batch
@@ -312,7 +369,8 @@ impl EventBody {
             EventBody::Failed { .. } => "FAILED",
             EventBody::RetryManifest { .. } => "RETRY_MANIFEST",
             EventBody::Reconciled { .. } => "RECONCILED",
-            EventBody::ImportedEvidence { .. } => "IMPORTED_EVIDENCE",
+            EventBody::JobTracked { .. } => "JOB_TRACKED",
+            EventBody::JobStatus { .. } => "JOB_STATUS",
             EventBody::SigningResumed { .. } => crate::audit::SIGNING_RESUMED,
             EventBody::SessionOpened(_) => "SESSION_OPENED",
         }
@@ -330,6 +388,8 @@ impl EventBody {
                 | EventBody::Failed { .. }
                 | EventBody::RetryManifest { .. }
                 | EventBody::Reconciled { .. }
+                | EventBody::JobTracked { .. }
+                | EventBody::JobStatus { .. }
                 | EventBody::SigningResumed { .. }
                 | EventBody::SessionOpened(_)
         )

@@ -1098,7 +1098,8 @@ impl Journal {
                     WHERE invocation_id IN (SELECT id FROM invocations)
                     GROUP BY invocation_id)
                  AND kind NOT IN ('RESULT_COMMITTED', 'RESULT_DELIVERED', 'DELIVERY_FAILED',
-                                  'FAILED', 'RECONCILED', 'RETRY_MANIFEST', 'IMPORTED_EVIDENCE')
+                                  'FAILED', 'RECONCILED', 'RETRY_MANIFEST', 'JOB_TRACKED',
+                                  'JOB_STATUS')
                  ORDER BY seq",
             )?;
             stmt.query_map([], |r| r.get(0))?

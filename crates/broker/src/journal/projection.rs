@@ -12,7 +12,8 @@ use crate::contract::{
     RemoteContract, Retry,
 };
 use crate::journal::events::{
-    Channel, Event, EventBody, OperationFacts, ParentLink, ResultFacts, Settlement,
+    Channel, Event, EventBody, JobFacts, JobState, OperationFacts, ParentLink, Relation,
+    ResultFacts, Settlement,
 };
 use crate::retry::{RecordFacts, disposition_for_unknown};
 
@@ -94,6 +95,8 @@ pub struct Projection {
     pub session_record: bool,
     /// The invocation this one was started for (a followed redirect, a job, a query).
     pub parent: Option<ParentLink>,
+    /// For a job invocation: the job and what its status resource last said.
+    pub job: Option<JobFacts>,
 }
 
 impl Projection {
@@ -132,6 +135,7 @@ impl Projection {
             last_seq: 0,
             session_record: false,
             parent: None,
+            job: None,
         }
     }
 
@@ -523,7 +527,74 @@ impl Projection {
                 self.authorized_generation = None;
                 self.terminal = true;
             }
-            EventBody::ImportedEvidence { .. } => {}
+            EventBody::JobTracked {
+                submission,
+                job_id,
+                status_resource,
+                pollable,
+            } => {
+                let is_job = self
+                    .parent
+                    .as_ref()
+                    .is_some_and(|l| l.relation == Relation::Job && l.invocation_id == *submission);
+                if !is_job {
+                    return refuse(self, "only a job invocation tracks its submission's job");
+                }
+                if self.job.is_some() || self.fingerprint.is_some() || self.terminal {
+                    return refuse(self, "a job is tracked once, right after acceptance");
+                }
+                self.job = Some(JobFacts {
+                    submission: submission.clone(),
+                    job_id: job_id.clone(),
+                    status_resource: status_resource.clone(),
+                    pollable: *pollable,
+                    state: JobState::Pending,
+                    polls: 0,
+                    last_poll: None,
+                });
+                // The submission's complete 202 proves the job was queued, not that it
+                // ran: the remote may act at any time, so the outcome is unknown.
+                self.phase = Phase::RemoteExecution;
+                self.outcome = Outcome::Unknown;
+                self.code = Some(Code::JobPending);
+                self.recorded_retry = Some(Retry::Reconcile);
+                self.confidence = Some(ConfidenceSource::RemoteResponse);
+                self.terminal = true;
+            }
+            EventBody::JobStatus {
+                poll,
+                http_status,
+                state,
+            } => {
+                let Some(job) = self.job.as_mut() else {
+                    return refuse(self, "job status belongs to a tracked job");
+                };
+                if self.outcome != Outcome::Unknown {
+                    return refuse(self, "a settled job is not read again");
+                }
+                job.polls += 1;
+                job.state = *state;
+                job.last_poll = Some(poll.clone());
+                let (outcome, code, retry) = match state {
+                    JobState::Succeeded => (Outcome::Committed, None, Retry::Never),
+                    JobState::Failed => {
+                        (Outcome::Committed, Some(Code::JobFailed), Retry::Reconcile)
+                    }
+                    JobState::Pending | JobState::Unreported => {
+                        (Outcome::Unknown, Some(Code::JobPending), Retry::Reconcile)
+                    }
+                };
+                self.outcome = outcome;
+                self.code = code;
+                self.recorded_retry = Some(retry);
+                self.message = Some(format!(
+                    "The job's status resource answered {http_status} ({}) to poll {poll}.",
+                    state.as_str()
+                ));
+                if state.is_final() {
+                    self.confidence = Some(ConfidenceSource::RemoteQuery);
+                }
+            }
             // Journal-level: never stored under an invocation's id.
             EventBody::SigningResumed { .. } => {}
             // Handled before the match.
@@ -614,6 +685,7 @@ impl Projection {
             redirect_location: facts.redirect_location.clone(),
             not_before_ms: facts.not_before_ms,
             parent: self.parent.clone(),
+            job: self.job.clone(),
         }
     }
 

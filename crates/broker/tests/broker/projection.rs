@@ -273,11 +273,6 @@ fn the_first_event_must_be_action_accepted() {
             Retry::AfterCorrection,
             Code::InvalidRequest,
         ),
-        EventBody::ImportedEvidence {
-            source: "broker-b".into(),
-            source_seq: 1,
-            summary: serde_json::json!({}),
-        },
     ] {
         let mut log = Log::new();
         let err = log.refused(body);
@@ -1232,12 +1227,6 @@ fn arb_event() -> impl Strategy<Value = EventBody> {
         code,
         message: "x".into(),
     });
-    let imported =
-        (short(), 0u64..5).prop_map(|(source, source_seq)| EventBody::ImportedEvidence {
-            source,
-            source_seq,
-            summary: serde_json::json!({"k": source_seq}),
-        });
     prop_oneof![
         accepted.boxed(),
         preflight.boxed(),
@@ -1255,7 +1244,6 @@ fn arb_event() -> impl Strategy<Value = EventBody> {
         arb_failed().boxed(),
         arb_manifest(generation()).boxed(),
         arb_reconciled().boxed(),
-        imported.boxed(),
     ]
 }
 
