@@ -113,6 +113,7 @@ fn dispatched_lifecycle(target: &str) -> Vec<EventBody> {
                 idempotency: None,
                 reconcile_configured: false,
                 source_query: None,
+                batch: None,
                 retry_budget: 1,
             },
         },

@@ -31,6 +31,7 @@
 //! | `Respond` | every request whose method is not `GET`/`HEAD`/`OPTIONS` |
 //! | `ApplyThenClose`, `ApplyThen500`, `ShortBody`, `BrokenChunked`, `Stall` | every request it read completely, whatever the method |
 //! | `ApplyThenCloseWithLookup` | every request that is not a `GET`/`HEAD` |
+//! | `BatchApplyThenCloseWithLookup` | the first `apply` members of every batch that is not a `GET`/`HEAD` |
 //! | `Idempotent` | the first use of each key (and every keyless non-`GET` request) |
 //! | `CloseBeforeReading`, `ReadHeadersThenClose`, `ContinueThenClose`, `Status`, `EchoAuthorization`, `EchoCompressed`, `CompressionBomb`, `EchoHeadersEncoded` | never |
 //!
@@ -161,6 +162,12 @@ pub enum Behavior {
     /// `GET` to *any* path (query ignored) is the reconciliation lookup: `200` with
     /// `{"applied":<effects>}` once anything was applied, else `404 {"applied":0}`.
     ApplyThenCloseWithLookup,
+    /// A batch endpoint that fails part-way: a request that is not a `GET`/`HEAD` is read
+    /// as `{"items":[{"id":..},...]}`, its first `apply` members are applied (one effect
+    /// each, their ids remembered) and the connection closes without an answer. A `GET`
+    /// whose path ends in `/<id>` is the member lookup: `200 {"id":..}` if that member
+    /// was applied, else `404`.
+    BatchApplyThenCloseWithLookup { apply: usize },
     /// Connection n (0-based, in accept order) gets behaviour n; the last one repeats. An
     /// empty sequence behaves like `CloseBeforeReading`.
     Sequence(Vec<Behavior>),
@@ -486,6 +493,8 @@ struct Shared {
     next_id: AtomicU64,
     requests: Mutex<Vec<SeenRequest>>,
     idempotent: Mutex<HashMap<String, StoredReply>>,
+    /// Batch member ids applied by `BatchApplyThenCloseWithLookup`.
+    applied_members: Mutex<Vec<String>>,
     released: watch::Sender<bool>,
 }
 
@@ -556,6 +565,7 @@ impl Adversary {
             next_id: AtomicU64::new(0),
             requests: Mutex::new(Vec::new()),
             idempotent: Mutex::new(HashMap::new()),
+            applied_members: Mutex::new(Vec::new()),
             released,
         });
         let is_tls = tls.is_some();
@@ -1079,6 +1089,39 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             header,
             close_after_apply_first,
         } => idempotent(&head, &body, header, *close_after_apply_first, shared),
+        Behavior::BatchApplyThenCloseWithLookup { apply } => {
+            if head.is_read_only() {
+                let path = head.target.split('?').next().unwrap_or_default();
+                let id = path.rsplit('/').next().unwrap_or_default().to_string();
+                let applied = lock(&shared.applied_members).contains(&id);
+                let status = if applied { 200 } else { 404 };
+                Some(json_response(
+                    status,
+                    &serde_json::json!({"id": id}),
+                    &[],
+                    method,
+                ))
+            } else {
+                let doc: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                let ids = doc["items"]
+                    .as_array()
+                    .map(|items| {
+                        items
+                            .iter()
+                            .filter_map(|m| match &m["id"] {
+                                serde_json::Value::String(s) => Some(s.clone()),
+                                other => other.as_u64().map(|n| n.to_string()),
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                    .unwrap_or_default();
+                for id in ids.into_iter().take(*apply) {
+                    shared.apply();
+                    lock(&shared.applied_members).push(id);
+                }
+                None
+            }
+        }
         Behavior::ApplyThenCloseWithLookup => {
             if head.is_read_only() {
                 let applied = shared.effects.load(Ordering::SeqCst);

@@ -162,6 +162,7 @@ pub fn run_lifecycle(
             idempotency: None,
             reconcile_configured: false,
             source_query: None,
+            batch: None,
             retry_budget: 1,
         },
     )?;

@@ -1737,3 +1737,241 @@ async fn a_job_that_reports_failure_is_committed_with_job_failed_and_a_foreign_s
         "{refused:?}"
     );
 }
+
+const BATCH: &str = r#"
+[http.batch]
+path = "/batch"
+members = "/items"
+member_id = "/id"
+results = "/results"
+result_id = "/id"
+status = "/status"
+applied = ["201"]
+not_applied = ["409", "422"]
+partial_header = "X-Partial"
+
+[http.batch.query]
+method = "GET"
+path = "/items/{member_id}"
+committed_status = [200]
+not_applied_status = [404]
+"#;
+
+const FIVE: &str = r#"{"items":[{"id":"a"},{"id":"b"},{"id":"c"},{"id":"d"},{"id":"e"}]}"#;
+
+fn member_outcomes(p: &postern_broker::journal::projection::Projection) -> Vec<(String, Outcome)> {
+    p.members
+        .iter()
+        .map(|m| (m.id.clone(), m.outcome))
+        .collect()
+}
+
+fn expect_members(
+    p: &postern_broker::journal::projection::Projection,
+    expected: &[(&str, Outcome)],
+) {
+    let expected: Vec<(String, Outcome)> = expected
+        .iter()
+        .map(|(id, o)| (id.to_string(), *o))
+        .collect();
+    assert_eq!(member_outcomes(p), expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_applied_three_of_five_then_closed_is_reconciled_member_by_member() {
+    let server = Adversary::start(Behavior::BatchApplyThenCloseWithLookup { apply: 3 })
+        .await
+        .unwrap();
+    let f = fixture(&config(&server.base_url(), BATCH));
+    let out = run(&f, post(server.url("/v1/batch"), FIVE)).await;
+    assert_error(
+        &out,
+        Phase::RemoteExecution,
+        Outcome::Unknown,
+        Retry::Reconcile,
+        Code::RemoteOutcomeUnknown,
+    );
+    assert_eq!(server.effects(), 3, "the origin applied three members");
+    let p = f.broker.journal.projection(&out.invocation_id).unwrap();
+    use Outcome::{Committed, Rejected, Unknown};
+    expect_members(
+        &p,
+        &[
+            ("a", Unknown),
+            ("b", Unknown),
+            ("c", Unknown),
+            ("d", Unknown),
+            ("e", Unknown),
+        ],
+    );
+
+    // retry_invocation never resends the batch; the manifest lists what each member needs.
+    let retried = f
+        .broker
+        .channel
+        .retry(&out.invocation_id, &CallContext::default())
+        .await;
+    let manifest = retried.manifest.clone().unwrap();
+    assert_eq!(manifest.decision, Decision::Reconcile);
+    assert_eq!(manifest.verdict, Verdict::QueryFirstRequired);
+    assert_eq!(manifest.facts.members.len(), 5);
+    let queries: Vec<String> = manifest
+        .facts
+        .members
+        .iter()
+        .map(|m| m.query.as_ref().unwrap().path.clone())
+        .collect();
+    assert_eq!(
+        queries,
+        ["/items/a", "/items/b", "/items/c", "/items/d", "/items/e"]
+    );
+    assert!(
+        manifest
+            .directive
+            .contains("0 applied, 0 not applied, 5 unknown"),
+        "{}",
+        manifest.directive
+    );
+    postern_broker::retry::verify_manifest(&manifest, Some(&f.broker.journal.verifying_key()))
+        .unwrap();
+    assert_eq!(server.effects(), 3, "nothing was resent");
+
+    // Reconciliation asks about each member, then settles the batch as a whole.
+    let settled = f
+        .broker
+        .channel
+        .reconcile(&out.invocation_id, "operator")
+        .await;
+    assert_eq!(settled.outcome, Outcome::Committed, "{settled:?}");
+    assert_eq!(error(&settled).error.code, Code::ReconciledCommitted);
+    let p = f.broker.journal.projection(&out.invocation_id).unwrap();
+    expect_members(
+        &p,
+        &[
+            ("a", Committed),
+            ("b", Committed),
+            ("c", Committed),
+            ("d", Rejected),
+            ("e", Rejected),
+        ],
+    );
+    assert_eq!(
+        error(&settled).evidence.members.len(),
+        5,
+        "the evidence carries every member"
+    );
+    let lookups: Vec<String> = server
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET")
+        .map(|r| r.path().to_string())
+        .collect();
+    assert_eq!(
+        lookups,
+        [
+            "/v1/items/a",
+            "/v1/items/b",
+            "/v1/items/c",
+            "/v1/items/d",
+            "/v1/items/e"
+        ]
+    );
+    let children = f.broker.journal.children(&out.invocation_id).unwrap();
+    assert_eq!(children.len(), 5);
+    assert!(
+        children
+            .iter()
+            .all(|c| c.relation == Relation::ReconcileQuery)
+    );
+
+    // Afterwards the manifest says which members may be resent: only those not applied.
+    let after = f
+        .broker
+        .channel
+        .retry(&out.invocation_id, &CallContext::default())
+        .await;
+    let manifest = after.manifest.unwrap();
+    assert_eq!(manifest.decision, Decision::ReturnRecordedResult);
+    assert!(
+        manifest
+            .directive
+            .contains("3 applied, 2 not applied, 0 unknown"),
+        "{}",
+        manifest.directive
+    );
+    assert!(manifest.facts.members.iter().all(|m| m.query.is_none()));
+    assert_eq!(server.effects(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_complete_partial_batch_response_settles_each_member_and_is_never_resent_whole() {
+    let body = r#"{"results":[
+        {"id":"a","status":201},{"id":"b","status":201},{"id":"c","status":409},
+        {"id":"d","status":201}]}"#;
+    let server = Adversary::start(
+        Behavior::respond(207, body)
+            .header("content-type", "application/json")
+            .header("X-Partial", "true"),
+    )
+    .await
+    .unwrap();
+    let f = fixture(&config(&server.base_url(), BATCH));
+    let out = run(&f, post(server.url("/v1/batch"), FIVE)).await;
+    assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
+    let env = error(&out);
+    assert_eq!(env.error.code, Code::BatchPartial);
+    assert_eq!(env.error.retry, Retry::Never);
+    let p = f.broker.journal.projection(&out.invocation_id).unwrap();
+    use Outcome::{Committed, Rejected, Unknown};
+    expect_members(
+        &p,
+        &[
+            ("a", Committed),
+            ("b", Committed),
+            ("c", Rejected),
+            ("d", Committed),
+            ("e", Unknown),
+        ],
+    );
+    let facts = p.result_facts.clone().unwrap().batch.unwrap();
+    assert!(facts.partial_signature);
+    assert_eq!(facts.members[2].status.as_deref(), Some("409"));
+
+    // A refused batch (all members not applied) is rejected as a whole.
+    let refused = r#"{"results":[{"id":"a","status":422},{"id":"b","status":409}]}"#;
+    let server = Adversary::start(Behavior::respond(200, refused))
+        .await
+        .unwrap();
+    let f = fixture(&config(&server.base_url(), BATCH));
+    let two = r#"{"items":[{"id":"a"},{"id":"b"}]}"#;
+    let out = run(&f, post(server.url("/v1/batch"), two)).await;
+    assert_eq!(out.outcome, Outcome::Rejected, "{out:?}");
+    assert_eq!(error(&out).error.code, Code::RemoteRejected);
+
+    // A batch body the contract cannot read is refused before anything is sent.
+    let out = run(&f, post(server.url("/v1/batch"), r#"{"items":[{"x":1}]}"#)).await;
+    assert_error(
+        &out,
+        Phase::Validation,
+        Outcome::NotAttempted,
+        Retry::AfterCorrection,
+        Code::InvalidRequest,
+    );
+    assert_eq!(error(&out).evidence.field.as_deref(), Some("body"));
+    assert_eq!(server.requests().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_atomic_batch_applies_every_member_with_one_answer() {
+    let server = Adversary::start(Behavior::respond(200, "{}"))
+        .await
+        .unwrap();
+    let atomic = BATCH.replace("partial_header = \"X-Partial\"", "atomic = true");
+    let f = fixture(&config(&server.base_url(), &atomic));
+    let out = run(&f, post(server.url("/v1/batch"), FIVE)).await;
+    assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
+    assert!(out.error.is_none(), "{out:?}");
+    let p = f.broker.journal.projection(&out.invocation_id).unwrap();
+    assert!(p.members.iter().all(|m| m.outcome == Outcome::Committed));
+    assert_eq!(p.members.len(), 5);
+}

@@ -34,7 +34,12 @@
 //!       sorted, deduplicated), 0x5b LIST not_applied_status (same) },
 //!       then, only when the target has one, 0x4f group job { 0x70 OPT id_pointer,
 //!       0x71 OPT status_pointer, 0x72 OPT state_pointer, 0x73 LIST pending, 0x74 LIST
-//!       succeeded, 0x75 LIST failed (each sorted) }
+//!       succeeded, 0x75 LIST failed (each sorted) },
+//!       then, only when the target has one, 0x7f group batch { 0x80 path, 0x81 members,
+//!       0x82 OPT member_id, 0x83 results, 0x84 OPT result_id, 0x85 status, 0x86 LIST
+//!       applied, 0x87 LIST not_applied (sorted), 0x88 OPT partial_header (lowercase),
+//!       0x89 OPT partial_pointer, 0x8a atomic bool, 0x8b group query { 0x8c method,
+//!       0x8d path, 0x8e LIST committed_status, 0x8f LIST not_applied_status } }
 //! ssh:  0x02 "ssh", 0x60 name, 0x61 host (normalized), 0x62 port u16, 0x63 user,
 //!       0x64 credential, 0x65 OPT host_key (`<algo> <base64>`), 0x66 approval,
 //!       0x67 timeout_ms u64, 0x68 max_output_bytes u64
@@ -53,6 +58,7 @@ use serde::{Deserialize, Serialize};
 use url::Url;
 
 use crate::action::{Canonical, NormalizedHttp, is_token, normalize_path};
+use crate::channel::http::batch::{BatchContract, BatchProblem, RawBatch};
 use crate::channel::http::job::{JobContract, JobProblem, RawJob};
 use crate::contract::Code;
 use crate::vault::CredentialId;
@@ -191,6 +197,8 @@ pub struct HttpTarget {
     pub reconcile: Option<ReconcileQuery>,
     /// How this API's 202 Accepted names its job and how its status resource reads.
     pub job: Option<JobContract>,
+    /// Which requests are batches and how their members are reported.
+    pub batch: Option<BatchContract>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -339,8 +347,12 @@ pub enum Problem {
     StatesWithoutPointer,
     #[error("`state_pointer` is set but no value in `succeeded` says the job finished")]
     NoSuccessState,
-    #[error("`{value}` is listed under two job states")]
+    #[error("`{value}` is listed under two states")]
     ConflictingState { value: String },
+    #[error(
+        "must start with `/` and hold no query, fragment or placeholder (a member query's path holds `{{member_id}}` exactly once)"
+    )]
+    InvalidBatchPath,
     #[error("not a valid host name or IP address")]
     InvalidHost,
     #[error("not `<algorithm> <base64 key>`: {reason}")]
@@ -471,6 +483,7 @@ struct RawHttp {
     idempotency: Option<RawIdempotency>,
     reconcile: Option<RawReconcile>,
     job: Option<RawJob>,
+    batch: Option<RawBatch>,
 }
 
 #[derive(Deserialize)]
@@ -1326,6 +1339,27 @@ fn validate_http(ctx: &Ctx<'_>, raw: RawHttp, base_dir: &Path) -> Result<HttpTar
                 ctx.err("job", Problem::ConflictingState { value })
             }
         })?;
+    let batch =
+        raw.batch
+            .map(BatchContract::check)
+            .transpose()
+            .map_err(|problem| match problem {
+                BatchProblem::Pointer { field } => ctx.err(field, Problem::InvalidPointer),
+                BatchProblem::Path { field } => ctx.err(field, Problem::InvalidBatchPath),
+                BatchProblem::Empty { field } => ctx.err(field, Problem::Empty),
+                BatchProblem::Conflicting { value } => {
+                    ctx.err("batch", Problem::ConflictingState { value })
+                }
+                BatchProblem::Method { value } => {
+                    ctx.err("batch.query.method", Problem::InvalidMethod { value })
+                }
+                BatchProblem::Status { status } => {
+                    ctx.err("batch.query", Problem::InvalidStatus { status })
+                }
+                BatchProblem::HeaderName => {
+                    ctx.err("batch.partial_header", Problem::InvalidHeaderName)
+                }
+            })?;
     Ok(HttpTarget {
         name: raw.name,
         base_url,
@@ -1342,6 +1376,7 @@ fn validate_http(ctx: &Ctx<'_>, raw: RawHttp, base_dir: &Path) -> Result<HttpTar
         idempotency,
         reconcile,
         job,
+        batch,
     })
 }
 
@@ -1499,6 +1534,27 @@ impl HttpTarget {
             sorted_list(&mut c, 0x73, &j.pending);
             sorted_list(&mut c, 0x74, &j.succeeded);
             sorted_list(&mut c, 0x75, &j.failed);
+        }
+        if let Some(b) = &self.batch {
+            c.presence(0x7f, true);
+            c.str(0x80, &b.path);
+            c.str(0x81, &b.members);
+            c.opt(0x82, b.member_id.as_deref().map(str::as_bytes));
+            c.str(0x83, &b.results);
+            c.opt(0x84, b.result_id.as_deref().map(str::as_bytes));
+            c.str(0x85, &b.status);
+            sorted_list(&mut c, 0x86, &b.applied);
+            sorted_list(&mut c, 0x87, &b.not_applied);
+            c.opt(0x88, b.partial_header.as_deref().map(str::as_bytes));
+            c.opt(0x89, b.partial_pointer.as_deref().map(str::as_bytes));
+            c.bytes(0x8a, &[u8::from(b.atomic)]);
+            c.presence(0x8b, b.query.is_some());
+            if let Some(q) = &b.query {
+                c.str(0x8c, &q.method);
+                c.str(0x8d, &q.path);
+                status_list(&mut c, 0x8e, &q.committed_status);
+                status_list(&mut c, 0x8f, &q.not_applied_status);
+            }
         }
         TargetVersion::from_digest(c.finish())
     }

@@ -307,6 +307,8 @@ pub struct Evidence {
     pub parent: Option<crate::journal::events::ParentLink>,
     /// For a job invocation: the job, where its status is read, and its last state.
     pub job: Option<crate::journal::events::JobFacts>,
+    /// For a batch: each member's outcome and what settled it (empty otherwise).
+    pub members: Vec<crate::journal::events::MemberState>,
 }
 
 /// The `error` member of the envelope.

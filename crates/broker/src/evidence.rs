@@ -89,7 +89,7 @@ pub fn step_of(body: &EventBody) -> Step {
         EventBody::ResultDelivered | EventBody::DeliveryFailed { .. } => Step::Delivered,
         EventBody::Failed { .. } => Step::Failed,
         EventBody::RetryManifest { .. } => Step::Retry,
-        EventBody::Reconciled { .. } => Step::Reconciled,
+        EventBody::Reconciled { .. } | EventBody::MemberReconciled { .. } => Step::Reconciled,
         EventBody::JobTracked { .. } | EventBody::JobStatus { .. } => Step::Job,
         EventBody::SigningResumed { .. } => Step::Journal,
         EventBody::SessionOpened(_) => Step::Session,

@@ -122,6 +122,17 @@ pub struct SourceQueryPredicate {
 }
 
 impl SourceQueryPredicate {
+    /// A batch's member query for one member: `{member_id}` filled in, percent-encoded.
+    pub fn for_member(&self, id: &str) -> SourceQueryPredicate {
+        SourceQueryPredicate {
+            path: self.path.replace(
+                crate::channel::http::batch::MEMBER_ID_PLACEHOLDER,
+                &crate::channel::redact::percent_encode(id.as_bytes()),
+            ),
+            ..self.clone()
+        }
+    }
+
     /// One line for people: `GET /v1/payments/k1 (200 = applied; 404 = not applied)`.
     pub fn describe(&self) -> String {
         let list = |s: &[u16]| s.iter().map(u16::to_string).collect::<Vec<_>>().join("/");
@@ -156,6 +167,19 @@ pub struct RecordFacts {
     pub not_before_ms: Option<i64>,
     /// The bound query that settles an unknown outcome, if the target has one.
     pub source_query: Option<SourceQueryPredicate>,
+    /// For a batch: every member, settled or not, in request order.
+    pub members: Vec<MemberDisposition>,
+}
+
+/// One batch member in a retry manifest: what is settled about it, and for a member
+/// whose outcome is unknown the query that settles it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberDisposition {
+    pub id: String,
+    pub outcome: Outcome,
+    /// Present for an unknown member when the target has a member query (and does not
+    /// apply batches atomically).
+    pub query: Option<SourceQueryPredicate>,
 }
 
 /// The operation a caller wants to retry.
@@ -269,12 +293,16 @@ pub fn manifest(
 ) -> RetryManifest {
     use ed25519_dalek::Signer;
     let (verdict, directive) = verdict_for(record, decision);
-    let directive = match (&record.source_query, verdict) {
+    let mut directive = match (&record.source_query, verdict) {
         (Some(q), Verdict::QueryFirstRequired) if decision == Decision::Reconcile => {
             format!("{directive} Query: {}.", q.describe())
         }
         _ => directive.to_string(),
     };
+    if !record.members.is_empty() {
+        directive.push(' ');
+        directive.push_str(&members_line(&record.members));
+    }
     let digest = manifest_digest(
         record,
         decision,
@@ -297,6 +325,25 @@ pub fn manifest(
         public_key: hex::encode(key.verifying_key().to_bytes()),
         signature: hex::encode(signature.to_bytes()),
     }
+}
+
+/// `Batch members: 3 applied, 1 not applied, 1 unknown (query each before resending
+/// it; resend only members not applied).`
+fn members_line(members: &[MemberDisposition]) -> String {
+    let count = |o: Outcome| members.iter().filter(|m| m.outcome == o).count();
+    let unknown = count(Outcome::Unknown);
+    let advice = if unknown == 0 {
+        "resend only members not applied, as a new request"
+    } else if members.iter().any(|m| m.query.is_some()) {
+        "query each unknown member before resending it; resend only members not applied"
+    } else {
+        "an operator must check the unknown members; resend only members not applied"
+    };
+    format!(
+        "Batch members: {} applied, {} not applied, {unknown} unknown ({advice}).",
+        count(Outcome::Committed),
+        count(Outcome::Rejected) + count(Outcome::NotAttempted),
+    )
 }
 
 fn signed_message(digest: &str) -> Vec<u8> {
@@ -454,7 +501,24 @@ pub fn manifest_digest(
     field(&record.attempts_used.to_le_bytes());
     field(&record.retry_budget.to_le_bytes());
     field(&optional_i64(record.not_before_ms));
-    match &record.source_query {
+    query_fields(record.source_query.as_ref(), &mut field);
+    field(&(record.members.len() as u64).to_le_bytes());
+    for m in &record.members {
+        field(m.id.as_bytes());
+        field(m.outcome.as_str().as_bytes());
+        query_fields(m.query.as_ref(), &mut field);
+    }
+    field(&now_ms.to_le_bytes());
+    field(decision.as_str().as_bytes());
+    field(verdict.as_str().as_bytes());
+    field(directive.as_bytes());
+    field(&for_generation.to_le_bytes());
+    format!("blake3:{}", h.finalize().to_hex())
+}
+
+/// A query's fields in the digest: a presence byte, then method, path and both lists.
+fn query_fields(q: Option<&SourceQueryPredicate>, field: &mut impl FnMut(&[u8])) {
+    match q {
         None => field(&[0]),
         Some(q) => {
             field(&[1]);
@@ -464,12 +528,6 @@ pub fn manifest_digest(
             field(&statuses(&q.not_applied_status));
         }
     }
-    field(&now_ms.to_le_bytes());
-    field(decision.as_str().as_bytes());
-    field(verdict.as_str().as_bytes());
-    field(directive.as_bytes());
-    field(&for_generation.to_le_bytes());
-    format!("blake3:{}", h.finalize().to_hex())
 }
 
 fn statuses(list: &[u16]) -> Vec<u8> {

@@ -400,6 +400,7 @@ fn make_ready(rec: &mut Recorder, target: &str) {
             idempotency: None,
             reconcile_configured: false,
             source_query: None,
+            batch: None,
             retry_budget: 1,
         },
     )

@@ -605,6 +605,27 @@ impl Recorder {
         })
     }
 
+    /// Settles one batch member whose outcome was unknown, from a query about it or an
+    /// operator's attestation.
+    pub fn reconcile_member(
+        &self,
+        member: &str,
+        source: ConfidenceSource,
+        settlement: Settlement,
+        by: &str,
+        note: &str,
+        http_status: Option<u16>,
+    ) -> Result<Appended, JournalError> {
+        self.append(EventBody::MemberReconciled {
+            member: member.to_string(),
+            source,
+            settlement,
+            by: by.to_string(),
+            note: note.to_string(),
+            http_status,
+        })
+    }
+
     /// Settles an unknown outcome from a remote query or an operator's attestation. The
     /// original attempt stays as recorded.
     pub fn reconcile(

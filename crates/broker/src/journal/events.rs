@@ -37,8 +37,43 @@ pub struct OperationFacts {
     /// read the configuration at reconcile time).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_query: Option<SourceQueryPredicate>,
+    /// For a batch request: its members, bound before dispatch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<BatchOperation>,
     /// How many dispatches this invocation may make in total, across restarts.
     pub retry_budget: u32,
+}
+
+/// A batch request's members and how to settle them, bound at preflight.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchOperation {
+    /// Member ids in request order.
+    pub members: Vec<String>,
+    /// The remote applies the batch entirely or not at all: it is reconciled as one.
+    pub atomic: bool,
+    /// The per-member query, its path still holding `{member_id}`.
+    pub member_query: Option<SourceQueryPredicate>,
+}
+
+/// One member of a batch: its outcome and what settled it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberState {
+    pub id: String,
+    pub outcome: Outcome,
+    /// The per-member status a response reported, as text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    /// How the member's outcome became known (absent while it is unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settled_by: Option<ConfidenceSource>,
+}
+
+/// What a complete response said about a batch's members.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchResult {
+    pub members: Vec<MemberState>,
+    /// The response carried the target's partial-application signature.
+    pub partial_signature: bool,
 }
 
 /// How a reconciliation settled an unknown outcome.
@@ -158,6 +193,9 @@ pub struct ResultFacts {
     /// Retry-After, as an absolute time (unix ms).
     #[serde(default)]
     pub not_before_ms: Option<i64>,
+    /// For a batch: each member's outcome as the response reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<BatchResult>,
 }
 
 /// One journal transition. The `kind` tag is also stored in its own column.
@@ -297,6 +335,16 @@ pub enum EventBody {
         note: String,
         http_status: Option<u16>,
     },
+    /// One member of a batch whose outcome was not known, settled by a query about that
+    /// member (its own invocation) or by an operator. Never rewrites the attempt.
+    MemberReconciled {
+        member: String,
+        source: ConfidenceSource,
+        settlement: Settlement,
+        by: String,
+        note: String,
+        http_status: Option<u16>,
+    },
     /// The job a submission's 202 Accepted queued, tracked as its own operation: the
     /// first event after the ACTION_ACCEPTED of an invocation whose parent relation is
     /// `job`. Its outcome stays unknown until its status resource settles it.
@@ -369,6 +417,7 @@ impl EventBody {
             EventBody::Failed { .. } => "FAILED",
             EventBody::RetryManifest { .. } => "RETRY_MANIFEST",
             EventBody::Reconciled { .. } => "RECONCILED",
+            EventBody::MemberReconciled { .. } => "MEMBER_RECONCILED",
             EventBody::JobTracked { .. } => "JOB_TRACKED",
             EventBody::JobStatus { .. } => "JOB_STATUS",
             EventBody::SigningResumed { .. } => crate::audit::SIGNING_RESUMED,
@@ -388,6 +437,7 @@ impl EventBody {
                 | EventBody::Failed { .. }
                 | EventBody::RetryManifest { .. }
                 | EventBody::Reconciled { .. }
+                | EventBody::MemberReconciled { .. }
                 | EventBody::JobTracked { .. }
                 | EventBody::JobStatus { .. }
                 | EventBody::SigningResumed { .. }

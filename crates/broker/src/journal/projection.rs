@@ -12,10 +12,10 @@ use crate::contract::{
     RemoteContract, Retry,
 };
 use crate::journal::events::{
-    Channel, Event, EventBody, JobFacts, JobState, OperationFacts, ParentLink, Relation,
-    ResultFacts, Settlement,
+    Channel, Event, EventBody, JobFacts, JobState, MemberState, OperationFacts, ParentLink,
+    Relation, ResultFacts, Settlement,
 };
-use crate::retry::{RecordFacts, disposition_for_unknown};
+use crate::retry::{MemberDisposition, RecordFacts, disposition_for_unknown};
 
 /// Why an event cannot follow the ones before it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -97,6 +97,8 @@ pub struct Projection {
     pub parent: Option<ParentLink>,
     /// For a job invocation: the job and what its status resource last said.
     pub job: Option<JobFacts>,
+    /// For a batch: each member's outcome, in request order.
+    pub members: Vec<MemberState>,
 }
 
 impl Projection {
@@ -136,6 +138,7 @@ impl Projection {
             session_record: false,
             parent: None,
             job: None,
+            members: Vec::new(),
         }
     }
 
@@ -233,6 +236,18 @@ impl Projection {
                 }
                 self.fingerprint = Some(fingerprint.clone());
                 self.operation = Some(operation.clone());
+                if let Some(batch) = &operation.batch {
+                    self.members = batch
+                        .members
+                        .iter()
+                        .map(|id| MemberState {
+                            id: id.clone(),
+                            outcome: Outcome::NotAttempted,
+                            status: None,
+                            settled_by: None,
+                        })
+                        .collect();
+                }
             }
             EventBody::ApprovalRequested { fingerprint, .. }
             | EventBody::ApprovalGranted { fingerprint, .. }
@@ -338,6 +353,11 @@ impl Projection {
                 }
                 self.phase = Phase::RemoteExecution;
                 self.outcome = Outcome::Unknown;
+                for m in &mut self.members {
+                    if m.outcome == Outcome::NotAttempted {
+                        m.outcome = Outcome::Unknown;
+                    }
+                }
                 self.ever_dispatched = true;
                 self.dispatches += 1;
                 self.confidence = None;
@@ -401,6 +421,23 @@ impl Projection {
                 self.outcome = *outcome;
                 self.recorded_retry = Some(*retry);
                 self.code = *code;
+                match &facts.batch {
+                    Some(batch) => {
+                        let ids =
+                            |m: &[MemberState]| m.iter().map(|m| m.id.clone()).collect::<Vec<_>>();
+                        if ids(&batch.members) != ids(&self.members) {
+                            return refuse(self, "a batch result reports the bound members");
+                        }
+                        self.members = batch.members.clone();
+                    }
+                    None => {
+                        // The response settled the whole: every member shares it.
+                        for m in &mut self.members {
+                            m.outcome = *outcome;
+                            m.settled_by = Some(*confidence);
+                        }
+                    }
+                }
                 self.result_id = Some(result_id.clone());
                 self.result_facts = Some(facts.clone());
                 self.confidence = Some(*confidence);
@@ -523,9 +560,44 @@ impl Projection {
                 self.message = Some(note.clone());
                 self.confidence = Some(*source);
                 self.reconciled = Some(*settlement);
+                for m in self
+                    .members
+                    .iter_mut()
+                    .filter(|m| m.outcome == Outcome::Unknown)
+                {
+                    m.outcome = outcome;
+                    m.settled_by = Some(*source);
+                }
                 // Settled facts replace the ones a pending retry was planned on.
                 self.authorized_generation = None;
                 self.terminal = true;
+            }
+            EventBody::MemberReconciled {
+                member,
+                source,
+                settlement,
+                ..
+            } => {
+                if attempt_open {
+                    return refuse(self, "a member is reconciled after its attempt ended");
+                }
+                if !matches!(
+                    source,
+                    ConfidenceSource::RemoteQuery | ConfidenceSource::OperatorAttested
+                ) {
+                    return refuse(self, "reconciliation comes from a query or an operator");
+                }
+                let Some(m) = self.members.iter_mut().find(|m| m.id == *member) else {
+                    return refuse(self, "only a member of the batch is reconciled");
+                };
+                if m.outcome != Outcome::Unknown {
+                    return refuse(self, "only a member whose outcome is unknown is reconciled");
+                }
+                m.outcome = match settlement {
+                    Settlement::Committed => Outcome::Committed,
+                    Settlement::NotApplied => Outcome::Rejected,
+                };
+                m.settled_by = Some(*source);
             }
             EventBody::JobTracked {
                 submission,
@@ -686,6 +758,7 @@ impl Projection {
             not_before_ms: facts.not_before_ms,
             parent: self.parent.clone(),
             job: self.job.clone(),
+            members: self.members.clone(),
         }
     }
 
@@ -730,6 +803,22 @@ impl Projection {
             retry_budget: op.map_or(1, |o| o.retry_budget),
             not_before_ms: None,
             source_query: op.and_then(|o| o.source_query.clone()),
+            members: {
+                let batch = op.and_then(|o| o.batch.as_ref());
+                let query = batch
+                    .filter(|b| !b.atomic)
+                    .and_then(|b| b.member_query.as_ref());
+                self.members
+                    .iter()
+                    .map(|m| MemberDisposition {
+                        id: m.id.clone(),
+                        outcome: m.outcome,
+                        query: query
+                            .filter(|_| m.outcome == Outcome::Unknown)
+                            .map(|q| q.for_member(&m.id)),
+                    })
+                    .collect()
+            },
         }
     }
 }

@@ -56,6 +56,8 @@ fn full_envelope() -> Envelope {
             redirect_location: None,
             not_before_ms: None,
             parent: None,
+            job: None,
+            members: Vec::new(),
         },
     }
 }

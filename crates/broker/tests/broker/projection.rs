@@ -1040,6 +1040,7 @@ fn arb_operation() -> impl Strategy<Value = OperationFacts> {
                     }),
                     reconcile_configured,
                     source_query: None,
+                    batch: None,
                     retry_budget,
                 }
             },

@@ -31,6 +31,7 @@ fn facts(outcome: Outcome, retry: Retry) -> RecordFacts {
         retry_budget: 3,
         not_before_ms: None,
         source_query: None,
+        members: Vec::new(),
     }
 }
 

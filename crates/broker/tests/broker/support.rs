@@ -108,6 +108,7 @@ pub fn operation(idempotent: bool, key: Option<&str>) -> OperationFacts {
         }),
         reconcile_configured: false,
         source_query: None,
+        batch: None,
         retry_budget: 3,
     }
 }

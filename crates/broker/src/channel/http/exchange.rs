@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use rustls::client::WebPkiServerVerifier;
 
+use super::batch::{self, BatchContract};
 use super::inject::Trust;
 use super::status;
 use super::transport::{
@@ -16,9 +17,10 @@ use super::transport::{
 };
 use super::validate::HOP_BY_HOP;
 use super::{Armed, Http, HttpOutcome, HttpResponse};
-use crate::contract::{Code, ConfidenceSource, Phase, Retry, Stage};
+use crate::contract::{Code, ConfidenceSource, Outcome, Phase, Retry, Stage};
 use crate::invocation::{Attempt, CallContext, Exchange, Gate, GateShut, Response};
 use crate::journal::events::ResultFacts;
+use crate::journal::events::{BatchResult, MemberState};
 use crate::journal::{ResultToStore, Settle};
 
 /// Connection-setup attempts per invocation attempt: a refused or reset connection
@@ -360,6 +362,20 @@ async fn read_response(
         .and_then(|v| v.trim().parse::<i64>().ok())
         .map(|secs| attempt.now_ms().saturating_add(secs.saturating_mul(1000)));
     let settlement = status::classify(status, bound.plan.repeat, retry_after.is_some());
+    let (settlement, batch) = match &bound.plan.batch_members {
+        Some(members) => {
+            let (s, b) = settle_batch(
+                armed.target.batch.as_ref(),
+                members,
+                status,
+                settlement,
+                &headers,
+                &body,
+            );
+            (s, Some(b))
+        }
+        None => (settlement, None),
+    };
     let location = header(&response, "location").map(|l| redactor.scrub_str(&l).0);
     let facts = ResultFacts {
         http_status: Some(status),
@@ -375,6 +391,7 @@ async fn read_response(
             None
         },
         not_before_ms,
+        batch,
         ..Default::default()
     };
     let mut meta = serde_json::json!({ "status": status, "headers": headers });
@@ -412,6 +429,79 @@ async fn read_response(
         body_withheld,
     };
     attempt.commit(exchange, stored, settle, Some(response))
+}
+
+/// A complete response to a batch, member by member. A 2xx body is read through the
+/// contract (an atomic batch without the partial signature applied every member); a
+/// refusal refused every member; any other answer leaves every member unknown, to be
+/// reconciled one by one. A batch whose members did not all settle alike is
+/// BATCH_PARTIAL: committed as a whole, never to be resent as a whole.
+fn settle_batch(
+    contract: Option<&BatchContract>,
+    members: &[String],
+    status: u16,
+    whole: status::Settlement,
+    headers: &[(String, String)],
+    body: &[u8],
+) -> (status::Settlement, BatchResult) {
+    let state = |id: &String, outcome: Outcome, reported: Option<String>| MemberState {
+        id: id.clone(),
+        outcome,
+        status: reported,
+        settled_by: (outcome != Outcome::Unknown).then_some(ConfidenceSource::RemoteResponse),
+    };
+    let all = |outcome: Outcome| members.iter().map(|id| state(id, outcome, None)).collect();
+    let Some(contract) = contract.filter(|_| (200..300).contains(&status)) else {
+        let outcome = if whole.outcome == Outcome::Rejected {
+            Outcome::Rejected
+        } else {
+            Outcome::Unknown
+        };
+        return (
+            whole,
+            BatchResult {
+                members: all(outcome),
+                partial_signature: false,
+            },
+        );
+    };
+    let (outcomes, partial_signature) = contract.assess(members, headers, body);
+    if contract.atomic && !partial_signature {
+        return (
+            whole,
+            BatchResult {
+                members: all(Outcome::Committed),
+                partial_signature,
+            },
+        );
+    }
+    let (overall, partial) = batch::overall(&outcomes);
+    let members = outcomes
+        .into_iter()
+        .map(|m| state(&m.id, m.outcome, m.status))
+        .collect();
+    let settlement = if partial {
+        status::Settlement {
+            outcome: Outcome::Committed,
+            code: Some(Code::BatchPartial),
+            retry: Retry::Never,
+        }
+    } else if overall == Outcome::Rejected {
+        status::Settlement {
+            outcome: Outcome::Rejected,
+            code: Some(Code::RemoteRejected),
+            retry: Retry::AfterCorrection,
+        }
+    } else {
+        whole
+    };
+    (
+        settlement,
+        BatchResult {
+            members,
+            partial_signature,
+        },
+    )
 }
 
 fn header(response: &reqwest::Response, name: &str) -> Option<String> {

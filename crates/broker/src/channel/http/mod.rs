@@ -13,6 +13,7 @@
 //! Around the pipeline: same-target redirects for targets that opt in, retries by the
 //! record's decision, and the configured reconcile query for an unknown outcome.
 
+pub mod batch;
 mod exchange;
 mod inject;
 pub mod job;
@@ -33,7 +34,7 @@ use crate::invocation::{
     Validated, new_invocation_id,
 };
 use crate::journal::events::{
-    self, OperationFacts, ParentLink, Relation, Settlement as Reconciled,
+    self, BatchOperation, OperationFacts, ParentLink, Relation, Settlement as Reconciled,
 };
 use crate::journal::{Journal, NewInvocation, StoredResult};
 use crate::retry::SourceQueryPredicate;
@@ -115,6 +116,8 @@ pub struct Plan {
     request: HttpRequest,
     http: NormalizedHttp,
     repeat: Repeat,
+    /// For a batch under the target's `[http.batch]`: its member ids, in order.
+    batch_members: Option<Vec<String>>,
 }
 
 /// One attempt's request with the credential in it. The URL and header values that may
@@ -243,7 +246,19 @@ impl Channel for Http {
                         )
                     }),
                 }),
-            reconcile_configured: target.is_some_and(|t| t.reconcile.is_some()),
+            reconcile_configured: target.is_some_and(|t| {
+                t.reconcile.is_some()
+                    || (bound.plan.batch_members.is_some()
+                        && t.batch.as_ref().is_some_and(|b| b.query.is_some()))
+            }),
+            batch: bound.plan.batch_members.as_ref().map(|members| {
+                let contract = target.and_then(|t| t.batch.as_ref());
+                BatchOperation {
+                    members: members.clone(),
+                    atomic: contract.is_some_and(|b| b.atomic),
+                    member_query: contract.and_then(|b| b.query.clone()),
+                }
+            }),
             source_query: target
                 .and_then(|t| t.reconcile.as_ref())
                 .and_then(|q| source_query(q, bound.idempotency_key.as_deref())),
@@ -558,6 +573,19 @@ impl Pipeline<Http> {
             Ok(p) => p,
             Err(e) => return unrecorded(invocation_id, &e),
         };
+        let member_query = p
+            .operation
+            .as_ref()
+            .and_then(|o| o.batch.as_ref())
+            .filter(|b| !b.atomic)
+            .and_then(|b| b.member_query.clone());
+        let unknown_members = p.members.iter().any(|m| m.outcome == Outcome::Unknown);
+        if let Some(query) = member_query
+            && unknown_members
+            && p.terminal
+        {
+            return self.reconcile_members(&rec, &p, &query, by).await;
+        }
         if p.outcome != Outcome::Unknown || !p.terminal {
             return self.recorded_outcome(&rec);
         }
@@ -581,24 +609,7 @@ impl Pipeline<Http> {
         }) else {
             return self.outcome_of(&rec);
         };
-        let base = target.base_url.as_str().trim_end_matches('/');
-        let request = HttpRequest {
-            url: format!("{base}/{}", query.path.trim_start_matches('/')),
-            method: query.method.clone(),
-            ..Default::default()
-        };
-        let ctx = CallContext {
-            session: Some(format!("reconcile:{invocation_id}")),
-            parent: Some(ParentLink {
-                invocation_id: invocation_id.to_string(),
-                relation: Relation::ReconcileQuery,
-            }),
-            ..Default::default()
-        };
-        let probe = match new_invocation_id() {
-            Ok(id) => self.execute_query(id, &request, &ctx).await,
-            Err(e) => return unrecorded(invocation_id, &e),
-        };
+        let probe = self.run_source_query(invocation_id, target, &query).await;
         let Some(response) = &probe.result else {
             let mut outcome = self.outcome_of(&rec);
             outcome.error = outcome.error.map(|mut env| {
@@ -631,6 +642,107 @@ impl Pipeline<Http> {
             return self.journal_failed(&rec, &e);
         }
         self.outcome_of(&rec)
+    }
+
+    /// Settles a batch's unknown members one by one with the bound member query (each
+    /// query its own invocation), then, once none is unknown, an unknown batch as a whole:
+    /// committed if any member was applied, not applied if none was.
+    async fn reconcile_members(
+        &self,
+        rec: &Recorder,
+        p: &crate::journal::projection::Projection,
+        query: &SourceQueryPredicate,
+        by: &str,
+    ) -> HttpOutcome {
+        let config = self.config().current();
+        let Some(target) = p.target.as_deref().and_then(|t| config.http_target(t)) else {
+            return self.outcome_of(rec);
+        };
+        for member in p.members.iter().filter(|m| m.outcome == Outcome::Unknown) {
+            let member_query = query.for_member(&member.id);
+            let probe = self
+                .run_source_query(&p.invocation_id, target, &member_query)
+                .await;
+            let Some(response) = &probe.result else {
+                continue;
+            };
+            let settlement = if member_query.committed_status.contains(&response.status) {
+                Reconciled::Committed
+            } else if member_query.not_applied_status.contains(&response.status) {
+                Reconciled::NotApplied
+            } else {
+                continue;
+            };
+            let note = format!(
+                "member query {} answered {}",
+                probe.invocation_id, response.status
+            );
+            if let Err(e) = rec.reconcile_member(
+                &member.id,
+                ConfidenceSource::RemoteQuery,
+                settlement,
+                by,
+                &note,
+                Some(response.status),
+            ) {
+                return self.journal_failed(rec, &e);
+            }
+        }
+        let after = match rec.projection() {
+            Ok(p) => p,
+            Err(e) => return self.journal_failed(rec, &e),
+        };
+        let settled = after.members.iter().all(|m| m.outcome != Outcome::Unknown);
+        if after.outcome == Outcome::Unknown && settled {
+            let applied = after
+                .members
+                .iter()
+                .filter(|m| m.outcome == Outcome::Committed)
+                .count();
+            let settlement = if applied > 0 {
+                Reconciled::Committed
+            } else {
+                Reconciled::NotApplied
+            };
+            let note = format!(
+                "member queries: {applied} of {} members applied",
+                after.members.len()
+            );
+            if let Err(e) =
+                rec.reconcile(ConfidenceSource::RemoteQuery, settlement, by, &note, None)
+            {
+                return self.journal_failed(rec, &e);
+            }
+        }
+        self.outcome_of(rec)
+    }
+
+    /// Runs one source query on the target with its credential, as its own invocation
+    /// linked to `for_invocation` (relation `reconcile_query`).
+    async fn run_source_query(
+        &self,
+        for_invocation: &str,
+        target: &HttpTarget,
+        query: &SourceQueryPredicate,
+    ) -> HttpOutcome {
+        let base = target.base_url.as_str().trim_end_matches('/');
+        let request = HttpRequest {
+            url: format!("{base}/{}", query.path.trim_start_matches('/')),
+            method: query.method.clone(),
+            ..Default::default()
+        };
+        let ctx = CallContext {
+            session: Some(format!("reconcile:{for_invocation}")),
+            parent: Some(ParentLink {
+                invocation_id: for_invocation.to_string(),
+                relation: Relation::ReconcileQuery,
+            }),
+            ..Default::default()
+        };
+        match new_invocation_id() {
+            Ok(id) => self.execute_query(id, &request, &ctx).await,
+            Err(e) => unrecorded(for_invocation, &e),
+        }
     }
 
     /// A broker-initiated query: validated and journaled like any request, but it is the

@@ -3,10 +3,11 @@
 
 use std::time::Duration;
 
+use super::batch::BatchContract;
 use super::status::Repeat;
 use super::{HttpRequest, Plan};
 use crate::action::{NormalizedAction, NormalizedHttp};
-use crate::config::{Config, Injection};
+use crate::config::{Config, HttpTarget, Injection};
 use crate::contract::Code;
 use crate::invocation::{Invalid, Validated};
 
@@ -166,6 +167,16 @@ pub(super) fn validate(request: &HttpRequest, config: &Config) -> Result<Validat
     } else {
         Repeat::Unsafe
     };
+    // A batch's members are read before anything is touched: an unknown batch still
+    // knows what it held, member by member.
+    let batch_members = match &target.batch {
+        Some(batch) if is_batch(target, batch, &action) => Some(
+            batch
+                .member_ids(&request.body)
+                .map_err(|reason| Invalid::new(Code::InvalidRequest, "body", reason))?,
+        ),
+        _ => None,
+    };
     let timeout_ms = request
         .timeout_ms
         .map_or(target.timeout_ms, |t| t.min(target.timeout_ms));
@@ -187,8 +198,17 @@ pub(super) fn validate(request: &HttpRequest, config: &Config) -> Result<Validat
             request: request.clone(),
             http: action,
             repeat,
+            batch_members,
         },
     })
+}
+
+/// Whether `action` is a batch under the target's `[http.batch]`: a request that can
+/// change state, to the batch path (relative to the base URL).
+fn is_batch(target: &HttpTarget, batch: &BatchContract, action: &NormalizedHttp) -> bool {
+    let base = target.base_url.path().trim_end_matches('/');
+    let path = format!("{base}{}", batch.path);
+    !matches!(action.method.as_str(), "GET" | "HEAD" | "OPTIONS") && action.path == path
 }
 
 /// Limits that need no parsing: a huge URL or query list is refused before any work.

@@ -223,6 +223,7 @@ impl Channel for Ssh {
             idempotency: None,
             reconcile_configured: false,
             source_query: None,
+            batch: None,
             retry_budget: RETRY_BUDGET,
         }
     }
