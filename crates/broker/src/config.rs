@@ -35,6 +35,8 @@
 //! ssh:  0x02 "ssh", 0x60 name, 0x61 host (normalized), 0x62 port u16, 0x63 user,
 //!       0x64 credential, 0x65 OPT host_key (`<algo> <base64>`), 0x66 approval,
 //!       0x67 timeout_ms u64, 0x68 max_output_bytes u64
+//! added: http 0x4f allow_private (only when true), ssh 0x69 allow_private
+//!        (only when true). Absent fields leave a v1 digest unchanged.
 //! ```
 //!
 //! Known-answer vectors: `tests/vectors/target_version_v1.json`.
@@ -185,6 +187,9 @@ pub struct HttpTarget {
     pub follow_redirects: bool,
     pub idempotency: Option<IdempotencyContract>,
     pub reconcile: Option<ReconcileQuery>,
+    /// `allow_private = true`: the host may resolve to loopback, private and link-local
+    /// addresses (never to a metadata endpoint). See [`crate::channel::guard`].
+    pub allow_private: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -200,6 +205,8 @@ pub struct SshTarget {
     pub approval: ApprovalMode,
     pub timeout_ms: u64,
     pub max_output_bytes: u64,
+    /// `allow_private = true`, as for HTTP targets.
+    pub allow_private: bool,
 }
 
 /// The digest of a target's normalized configuration: `blake3:<64 hex>`.
@@ -456,6 +463,8 @@ struct RawHttp {
     follow_redirects: bool,
     idempotency: Option<RawIdempotency>,
     reconcile: Option<RawReconcile>,
+    #[serde(default)]
+    allow_private: bool,
 }
 
 #[derive(Deserialize)]
@@ -500,6 +509,8 @@ struct RawSsh {
     timeout_ms: u64,
     #[serde(default = "default_max_output")]
     max_output_bytes: u64,
+    #[serde(default)]
+    allow_private: bool,
 }
 
 fn default_timeout() -> u64 {
@@ -1312,6 +1323,7 @@ fn validate_http(ctx: &Ctx<'_>, raw: RawHttp, base_dir: &Path) -> Result<HttpTar
         follow_redirects: raw.follow_redirects,
         idempotency,
         reconcile,
+        allow_private: raw.allow_private,
     })
 }
 
@@ -1399,6 +1411,7 @@ fn validate_ssh(ctx: &Ctx<'_>, raw: RawSsh) -> Result<SshTarget, ConfigError> {
         approval: raw.approval,
         timeout_ms: raw.timeout_ms,
         max_output_bytes: raw.max_output_bytes,
+        allow_private: raw.allow_private,
     })
 }
 
@@ -1459,6 +1472,11 @@ impl HttpTarget {
             status_list(&mut c, 0x5a, &r.committed_status);
             status_list(&mut c, 0x5b, &r.not_applied_status);
         }
+        // Added after v1's vectors: present only when set, so targets without them keep
+        // their digests.
+        if self.allow_private {
+            c.bytes(0x4f, &[1]);
+        }
         TargetVersion::from_digest(c.finish())
     }
 }
@@ -1477,6 +1495,9 @@ impl SshTarget {
         c.str(0x66, self.approval.as_str());
         c.u64(0x67, self.timeout_ms);
         c.u64(0x68, self.max_output_bytes);
+        if self.allow_private {
+            c.bytes(0x69, &[1]);
+        }
         TargetVersion::from_digest(c.finish())
     }
 }

@@ -70,6 +70,8 @@ pub enum ConfidenceSource {
 #[serde(rename_all = "snake_case")]
 pub enum Stage {
     Dns,
+    /// The resolved-address guard, between DNS and TCP connect.
+    AddressGuard,
     TcpConnect,
     TlsHandshake,
     ProxyTunnel,
@@ -173,6 +175,8 @@ codes! {
         "The target needs approval and no approval console is attached; nothing was sent.";
     DnsFailed = "DNS_FAILED", CS, NA, Backoff,
         "The host name did not resolve; nothing was sent.";
+    AddressRefused = "ADDRESS_REFUSED", CS, NA, AfterCorrection,
+        "The host resolved to an address Postern refuses (cloud metadata, link-local, or an internal address the target does not allow); no connection was made.";
     ConnectionRefused = "CONNECTION_REFUSED", CS, NA, Backoff,
         "The TCP connection was refused or unreachable; nothing was sent.";
     ConnectTimeout = "CONNECT_TIMEOUT", CS, NA, Backoff,

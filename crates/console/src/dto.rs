@@ -186,6 +186,9 @@ pub struct ApprovalCard {
     pub ssh_destination: Option<String>,
     pub command: Option<String>,
     pub host_key: Option<String>,
+    /// The addresses the host resolved to when the card was built (a refused one is
+    /// marked; the broker checks again at connect time).
+    pub resolved: Option<String>,
     pub credential_id: String,
     pub credential_version: String,
     pub injection_mode: String,
@@ -233,6 +236,7 @@ impl ApprovalCard {
             ssh_destination: card.ssh_destination.clone(),
             command: card.command.clone(),
             host_key: card.host_key.clone(),
+            resolved: card.resolved.clone(),
             credential_id: card.credential_id.clone(),
             credential_version: card.credential_version.clone(),
             injection_mode: card.injection_mode.clone(),

@@ -80,6 +80,7 @@ export function approvalCard(overrides: Partial<ApprovalCard> = {}): ApprovalCar
     ssh_destination: null,
     command: null,
     host_key: null,
+    resolved: null,
     credential_id: "orders-token",
     credential_version: "cv-77aa88bb99cc",
     injection_mode: "bearer_header",

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::action::NormalizedHttp;
 use crate::approvals::ApprovalDetail;
+use crate::channel::guard::{AddressPolicy, Resolver};
 use crate::channel::redact::{Redactor, percent_encode};
 use crate::config::{Config, ConfigHandle, HttpTarget};
 use crate::contract::{Code, ConfidenceSource, IdempotencyEvidence, Outcome, RemoteContract};
@@ -38,6 +39,8 @@ use status::Repeat;
 
 /// Dispatches an invocation may make in total, across retries and restarts.
 const RETRY_BUDGET: u32 = 3;
+/// How long building an approval card waits for the host's addresses.
+const CARD_LOOKUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// How long a redirect chain the channel follows for a target that opted in.
 const MAX_REDIRECTS: u32 = 5;
 
@@ -111,6 +114,8 @@ pub struct Plan {
     request: HttpRequest,
     http: NormalizedHttp,
     repeat: Repeat,
+    /// The target's `allow_private`, for the approval card's address check.
+    allow_private: bool,
 }
 
 /// One attempt's request with the credential in it. The URL and header values that may
@@ -136,6 +141,8 @@ impl Drop for Armed {
 /// HTTP's steps of the pipeline.
 pub struct Http {
     trust: inject::Trust,
+    /// Where host names resolve; the address guard checks its answers.
+    resolver: Resolver,
 }
 
 /// The target whose base URL and path prefix cover `url`.
@@ -195,9 +202,17 @@ impl Channel for Http {
         }
     }
 
-    fn approval(&self, bound: &Bound<Plan>) -> (String, ApprovalDetail) {
+    async fn approval(&self, bound: &Bound<Plan>) -> (String, ApprovalDetail) {
         let p = &bound.plan;
+        let policy = AddressPolicy::for_host(&p.http.host, p.allow_private);
+        let resolved = tokio::time::timeout(
+            CARD_LOOKUP_TIMEOUT,
+            self.resolver.describe(&p.http.host, policy),
+        )
+        .await
+        .unwrap_or_else(|_| "did not resolve in time".to_string());
         let detail = ApprovalDetail {
+            resolved: Some(resolved),
             method: Some(p.http.method.clone()),
             url: Some(p.http.url()),
             body: (!p.request.body.is_empty())
@@ -217,7 +232,7 @@ impl Channel for Http {
         armed: Armed,
         ctx: &CallContext,
     ) -> HttpOutcome {
-        exchange::attempt(&self.trust, attempt, armed, ctx).await
+        exchange::attempt(&self.trust, &self.resolver, attempt, armed, ctx).await
     }
 
     fn stored_result(stored: &StoredResult) -> Option<HttpResponse> {
@@ -227,9 +242,21 @@ impl Channel for Http {
 
 impl Pipeline<Http> {
     pub fn new(journal: Journal, vault: std::sync::Arc<Vault>, config: ConfigHandle) -> Self {
+        Self::with_resolver(journal, vault, config, Resolver::system())
+    }
+
+    /// [`Pipeline::new`] resolving through `resolver` (a hosts-style map in tests; the
+    /// daemon and the app always use the system resolver).
+    pub fn with_resolver(
+        journal: Journal,
+        vault: std::sync::Arc<Vault>,
+        config: ConfigHandle,
+        resolver: Resolver,
+    ) -> Self {
         Pipeline::with(
             Http {
                 trust: inject::Trust::new(),
+                resolver,
             },
             journal,
             vault,

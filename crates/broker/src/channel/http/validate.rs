@@ -187,6 +187,7 @@ pub(super) fn validate(request: &HttpRequest, config: &Config) -> Result<Validat
             request: request.clone(),
             http: action,
             repeat,
+            allow_private: target.allow_private,
         },
     })
 }
