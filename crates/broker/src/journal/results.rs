@@ -104,19 +104,14 @@ pub(super) fn commit(
     let bytes: usize = result.streams.iter().map(|(_, d)| d.len()).sum();
     // The completeness marker goes in last, in the same transaction as the chunks.
     conn.prepare_cached(
-        "INSERT INTO results (id, invocation_id, generation, meta, digest, complete,
-                              committed_at_ms, bytes)
-         VALUES (?1, ?2, ?3, ?4, ?5, 1, ?6, ?7)",
+        "INSERT INTO result_retention (result_id, committed_at_ms, bytes) VALUES (?1, ?2, ?3)",
     )?
-    .execute(params![
-        result_id,
-        invocation_id,
-        generation,
-        meta,
-        digest,
-        ctx.now_ms(),
-        bytes as i64
-    ])?;
+    .execute(params![result_id, ctx.now_ms(), bytes as i64])?;
+    conn.prepare_cached(
+        "INSERT INTO results (id, invocation_id, generation, meta, digest, complete)
+         VALUES (?1, ?2, ?3, ?4, ?5, 1)",
+    )?
+    .execute(params![result_id, invocation_id, generation, meta, digest])?;
     Ok(appended)
 }
 
@@ -307,8 +302,9 @@ pub(super) fn prune_step(
     {
         let conn = ctx.conn();
         let mut aged = conn.prepare_cached(
-            "SELECT id, invocation_id, bytes FROM results WHERE committed_at_ms < ?1
-             ORDER BY committed_at_ms, rowid LIMIT ?2",
+            "SELECT r.id, r.invocation_id, t.bytes FROM result_retention t
+             JOIN results r ON r.id = t.result_id WHERE t.committed_at_ms < ?1
+             ORDER BY t.committed_at_ms, t.rowid LIMIT ?2",
         )?;
         let mut rows = aged.query(params![cutoff, PRUNE_BATCH as i64])?;
         while let Some(row) = rows.next()? {
@@ -321,17 +317,20 @@ pub(super) fn prune_step(
             ));
         }
         if victims.is_empty() {
-            let total: i64 =
-                conn.query_row("SELECT coalesce(sum(bytes), 0) FROM results", [], |r| {
-                    r.get(0)
-                })?;
+            let total: i64 = conn.query_row(
+                "SELECT coalesce(sum(t.bytes), 0) FROM result_retention t
+                 JOIN results r ON r.id = t.result_id",
+                [],
+                |r| r.get(0),
+            )?;
             let mut excess = u64::try_from(total)
                 .unwrap_or(0)
                 .saturating_sub(policy.max_bytes);
             if excess > 0 {
                 let mut oldest = conn.prepare_cached(
-                    "SELECT id, invocation_id, bytes FROM results
-                     ORDER BY committed_at_ms, rowid LIMIT ?1",
+                    "SELECT r.id, r.invocation_id, t.bytes FROM result_retention t
+                     JOIN results r ON r.id = t.result_id
+                     ORDER BY t.committed_at_ms, t.rowid LIMIT ?1",
                 )?;
                 let mut rows = oldest.query([PRUNE_BATCH as i64])?;
                 while excess > 0
@@ -362,6 +361,8 @@ pub(super) fn prune_step(
         conn.prepare_cached("DELETE FROM result_chunks WHERE result_id = ?1")?
             .execute([&result_id])?;
         conn.prepare_cached("DELETE FROM results WHERE id = ?1")?
+            .execute([&result_id])?;
+        conn.prepare_cached("DELETE FROM result_retention WHERE result_id = ?1")?
             .execute([&result_id])?;
     }
     Ok(expired)
