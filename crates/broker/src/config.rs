@@ -53,6 +53,7 @@ use url::Url;
 
 use crate::action::{Canonical, NormalizedHttp, is_token, normalize_path};
 use crate::contract::Code;
+use crate::journal::RetentionPolicy;
 use crate::vault::CredentialId;
 
 const VERSION_CONTEXT: &str = "postern 2026 target-config v1";
@@ -74,6 +75,8 @@ pub struct Config {
     pub ssh: Vec<SshTarget>,
     /// Witnesses that cosign the journal's checkpoints (`[[witness]]`).
     pub witnesses: Vec<WitnessConfig>,
+    /// How long, and how many bytes of, stored results are kept (`[results]`).
+    pub results: RetentionPolicy,
     /// The file this configuration came from.
     pub source: PathBuf,
 }
@@ -259,6 +262,8 @@ pub enum Section {
     Http,
     Ssh,
     Witness,
+    /// `[results]`: the retention of stored results.
+    Results,
 }
 
 /// A target as a person finds it in the file: by name, or by position when the name
@@ -277,6 +282,7 @@ impl fmt::Display for TargetRef {
             Section::Http => "[[http]]",
             Section::Ssh => "[[ssh]]",
             Section::Witness => "[[witness]]",
+            Section::Results => "[results]",
         };
         match &self.name {
             Some(name) => write!(f, "{section} \"{name}\""),
@@ -326,6 +332,8 @@ pub enum Problem {
     OutOfRange { min: u64, max: u64 },
     #[error("`{value}` is not a duration like 90s, 30m, 24h or 7d")]
     InvalidDuration { value: String },
+    #[error("`{value}` is not a size like 500MiB, 1GiB or 1048576 (bytes)")]
+    InvalidSize { value: String },
     #[error("{status} is not an HTTP status code (100..=599)")]
     InvalidStatus { status: u16 },
     #[error("status {status} is listed as both committed and not applied")]
@@ -431,6 +439,16 @@ struct RawConfig {
     ssh: Vec<RawSsh>,
     #[serde(default)]
     witness: Vec<RawWitness>,
+    #[serde(default)]
+    results: Option<RawResults>,
+}
+
+/// `[results] max_age = "7d", max_bytes = "1GiB"`; both optional.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawResults {
+    max_age: Option<String>,
+    max_bytes: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -642,10 +660,12 @@ impl Config {
             .enumerate()
             .map(|(index, w)| validate_witness(path, index, w))
             .collect::<Result<_, _>>()?;
+        let results = validate_results(path, raw.results)?;
         Ok(Self {
             http,
             ssh,
             witnesses,
+            results,
             source: path.to_path_buf(),
         })
     }
@@ -1149,6 +1169,58 @@ fn check_ca_file(ctx: &Ctx<'_>, path: &Path) -> Result<(), ConfigError> {
         return Err(ctx.err("ca_file", problem));
     }
     Ok(())
+}
+
+/// Stored results older than this are removed (`[results] max_age`).
+pub const DEFAULT_RESULT_MAX_AGE: Duration = Duration::from_secs(7 * 86_400);
+/// Stored result bytes above this are removed, oldest first (`[results] max_bytes`).
+pub const DEFAULT_RESULT_MAX_BYTES: u64 = 1024 * 1024 * 1024;
+
+/// The retention policy of `[results]`, with defaults for what is left out.
+fn validate_results(path: &Path, raw: Option<RawResults>) -> Result<RetentionPolicy, ConfigError> {
+    let ctx = Ctx {
+        file: path,
+        target: TargetRef {
+            section: Section::Results,
+            index: 0,
+            name: None,
+        },
+    };
+    let raw = raw.unwrap_or(RawResults {
+        max_age: None,
+        max_bytes: None,
+    });
+    let max_age = match raw.max_age {
+        None => DEFAULT_RESULT_MAX_AGE,
+        Some(value) => parse_duration(&value)
+            .ok_or_else(|| ctx.err("max_age", Problem::InvalidDuration { value }))?,
+    };
+    let max_bytes = match raw.max_bytes {
+        None => DEFAULT_RESULT_MAX_BYTES,
+        Some(value) => parse_size(&value)
+            .ok_or_else(|| ctx.err("max_bytes", Problem::InvalidSize { value }))?,
+    };
+    Ok(RetentionPolicy {
+        max_age_ms: i64::try_from(max_age.as_millis()).unwrap_or(i64::MAX),
+        max_bytes,
+    })
+}
+
+/// `<digits>[unit]` with unit B, KiB, MiB or GiB (also KB/MB/GB, taken as powers of
+/// 1024); zero is rejected: it would delete every result as soon as it is stored.
+fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let unit: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" | "KB" | "K" => 1024,
+        "MiB" | "MB" | "M" => 1024 * 1024,
+        "GiB" | "GB" | "G" => 1024 * 1024 * 1024,
+        _ => return None,
+    };
+    let n: u64 = digits.parse().ok()?;
+    n.checked_mul(unit).filter(|&b| b > 0)
 }
 
 /// `<digits><unit>` with unit s, m, h or d; zero is no retention at all and is rejected.

@@ -213,8 +213,10 @@ codes! {
         "A complete server-error response (HTTP 5xx): the application answered and may have changed state first.";
     ResultDeliveryFailed = "RESULT_DELIVERY_FAILED", RD, COM, FetchResult,
         "The settled result is stored but could not be returned; read it with fetch_result, never by re-running.";
-    ResultStoreFailed = "RESULT_STORE_FAILED", RD, UNK, Reconcile,
-        "A complete response arrived but could not be stored durably; operator attention needed.";
+    ResultStoreFailed = "RESULT_STORE_FAILED", RD, FROM_EVIDENCE, Never,
+        "A complete response arrived but its result could not be stored (a full disk, say); the operator console raises an alert. With the completion recorded the outcome is what the response settled (committed or rejected) and the result is lost, never re-run; if even that record failed the outcome is unknown and retry comes from the record.";
+    ResultExpired = "RESULT_EXPIRED", RD, FROM_EVIDENCE, Never,
+        "The stored result was removed by the retention policy (`[results] max_age` or `max_bytes`); the outcome stays as recorded and the action is never re-run to rebuild it.";
     ReconciledCommitted = "RECONCILED_COMMITTED", RE, COM, Never,
         "Reconciliation (remote query or operator attestation) settled an unknown outcome as applied.";
     BrokerInterrupted = "BROKER_INTERRUPTED", REACHED, FROM_EVIDENCE, Reconcile,

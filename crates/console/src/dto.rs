@@ -36,6 +36,10 @@ pub struct Overview {
     /// The newest journal sequence: an attached console polls it to refresh its views.
     #[ts(type = "number")]
     pub last_seq: u64,
+    /// Complete responses whose results could not be stored (RESULT_STORE_FAILED, a
+    /// full disk say): the operator alert. The count, and the newest one's invocation.
+    pub result_store_failures: u32,
+    pub result_store_failure_latest: Option<String>,
 }
 
 /// One process in an agent's ancestry.

@@ -168,6 +168,8 @@ export function overview(overrides: Partial<Overview> = {}): Overview {
     mode: "single_user",
     operator_refusals: 0,
     last_seq: 0,
+    result_store_failures: 0,
+    result_store_failure_latest: null,
     ...overrides,
   };
 }
