@@ -209,6 +209,7 @@ pub mod fixture {
     use std::path::Path;
     use std::sync::Arc;
 
+    use postern_broker::channel::guard::Resolver;
     use postern_broker::channel::http::HttpChannel;
     use postern_broker::config::Config;
     use postern_broker::config::ConfigHandle;
@@ -260,13 +261,26 @@ pub mod fixture {
         service: &str,
         backend: KeychainBackend,
     ) -> Result<Broker, BoxError> {
+        open_broker_resolving(dir, config_text, service, backend, Resolver::system())
+    }
+
+    /// [`open_broker_with`] whose channel resolves host names through `resolver` (a
+    /// hosts-style map: a test name can resolve to a metadata address).
+    pub fn open_broker_resolving(
+        dir: &Path,
+        config_text: &str,
+        service: &str,
+        backend: KeychainBackend,
+        resolver: Resolver,
+    ) -> Result<Broker, BoxError> {
         let config_path = dir.join("postern.toml");
         std::fs::write(&config_path, config_text)?;
         let config = ConfigHandle::new(Config::load(&config_path)?);
         let db = dir.join("journal.db");
         let journal = crate::open_journal(&db)?;
         let vault = Arc::new(Vault::open(Keychain::new(backend, service)?, &db)?);
-        let channel = HttpChannel::new(journal.clone(), vault.clone(), config.clone());
+        let channel =
+            HttpChannel::with_resolver(journal.clone(), vault.clone(), config.clone(), resolver);
         Ok(Broker {
             journal,
             channel,

@@ -6,15 +6,20 @@
 
 use std::time::Duration;
 
+use postern_broker::approvals::Approvals;
+use postern_broker::channel::guard::Resolver;
 use postern_broker::channel::http::{HttpOutcome, HttpRequest};
+use postern_broker::clock::SystemClock;
 use postern_broker::contract::{Code, Outcome, Phase, Retry, Stage};
 use postern_broker::invocation::CallContext;
 use postern_broker::journal::events::{EventBody, JobState, Relation};
 use postern_broker::retry::{Decision, Verdict};
+use postern_broker::vault::KeychainBackend;
 use postern_tests::adversary::{
     Adversary, Behavior, Encoding, TestCert, TestPki, encodings, refused_addr,
 };
-use postern_tests::fixture::{Broker, open_broker, test_service};
+use postern_tests::fixture::{Broker, open_broker, open_broker_resolving, test_service};
+use std::sync::Arc;
 
 const CANARY: &str = "pstn-canary-7f3a9c1e5b";
 
@@ -1974,4 +1979,138 @@ async fn an_atomic_batch_applies_every_member_with_one_answer() {
     let p = f.broker.journal.projection(&out.invocation_id).unwrap();
     assert!(p.members.iter().all(|m| m.outcome == Outcome::Committed));
     assert_eq!(p.members.len(), 5);
+}
+
+// ---- the resolved-address guard (issue 13, item 4) ----------------------------------
+
+/// A broker whose resolver maps `other.test` (the name `TestCert::WrongName` carries) to
+/// `addrs`, with a TLS origin for that name on 127.0.0.1. `extra` is appended to the
+/// target; `approval` replaces its approval mode.
+async fn guarded_case(
+    addrs: &[&str],
+    extra: &str,
+    approval: &str,
+) -> (Fixture, Adversary, Resolver) {
+    let pki = TestPki::new().unwrap();
+    let server = Adversary::start_tls(
+        Behavior::ok_json("{\"ok\":true}"),
+        TestCert::WrongName,
+        &pki,
+    )
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    pki.write_ca(dir.path()).unwrap();
+    let base = format!("https://other.test:{}", server.addr().port());
+    let text = config(
+        &base,
+        &format!("ca_file = \"postern-test-ca.pem\"\n{extra}"),
+    )
+    .replace("approval = \"none\"", &format!("approval = \"{approval}\""));
+    let resolver = Resolver::with_hosts([(
+        "other.test",
+        addrs.iter().map(|a| a.parse().unwrap()).collect(),
+    )]);
+    let broker = open_broker_resolving(
+        dir.path(),
+        &text,
+        &test_service(),
+        KeychainBackend::SecretService,
+        resolver.clone(),
+    )
+    .unwrap();
+    broker.set_secret("api-key", CANARY).unwrap();
+    (Fixture { dir, broker }, server, resolver)
+}
+
+fn other_url(server: &Adversary, path: &str) -> String {
+    format!("https://other.test:{}{path}", server.addr().port())
+}
+
+fn assert_address_refused(outcome: &HttpOutcome, address: &str) {
+    assert_error(
+        outcome,
+        Phase::ConnectionSetup,
+        Outcome::NotAttempted,
+        Retry::AfterCorrection,
+        Code::AddressRefused,
+    );
+    let env = error(outcome);
+    assert_eq!(env.evidence.attempts.len(), 1, "{env:#?}");
+    assert_eq!(env.evidence.attempts[0].stage, Stage::AddressGuard);
+    assert_eq!(env.evidence.attempts[0].code, Code::AddressRefused);
+    assert!(!env.evidence.dispatch_started);
+    assert!(env.error.message.contains(address), "{}", env.error.message);
+}
+
+// Regression: issue 13
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_resolving_to_the_metadata_address_is_refused_before_any_connection() {
+    // The reachable loopback address comes first: a client that tried addresses in order
+    // and skipped the refused one would connect to it. Even allow_private does not open
+    // the metadata service.
+    let (f, server, _) = guarded_case(
+        &["127.0.0.1", "169.254.169.254"],
+        "allow_private = true",
+        "none",
+    )
+    .await;
+    let out = run(&f, post(other_url(&server, "/v1/payments"), "{}")).await;
+    assert_address_refused(&out, "169.254.169.254");
+    assert_eq!(server.connections(), 0, "no TCP connection was made");
+    // The IPv4-mapped form is the same address.
+    let (f, server, _) =
+        guarded_case(&["::ffff:169.254.169.254"], "allow_private = true", "none").await;
+    let out = run(&f, get(other_url(&server, "/v1/x"))).await;
+    assert_address_refused(&out, "169.254.169.254");
+    assert_eq!(server.connections(), 0);
+}
+
+// Regression: issue 13
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_public_name_resolving_to_loopback_is_refused_unless_the_target_allows_private() {
+    let (f, server, _) = guarded_case(&["127.0.0.1"], "", "none").await;
+    let out = run(&f, get(other_url(&server, "/v1/x"))).await;
+    assert_address_refused(&out, "127.0.0.1");
+    assert_eq!(server.connections(), 0, "no TCP connection was made");
+
+    let (f, server, _) = guarded_case(&["127.0.0.1"], "allow_private = true", "none").await;
+    let out = run(&f, get(other_url(&server, "/v1/x"))).await;
+    assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
+    assert_eq!(out.result.as_ref().unwrap().status, 200);
+    assert_eq!(server.connections(), 1);
+    assert_eq!(server.requests().len(), 1);
+}
+
+// Regression: issue 13
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_approval_card_shows_the_resolved_address_and_the_guard_rechecks_at_connect() {
+    let (f, server, resolver) =
+        guarded_case(&["127.0.0.1"], "allow_private = true", "per_call").await;
+    let approvals = Arc::new(Approvals::new(
+        Duration::from_secs(10),
+        Arc::new(SystemClock),
+    ));
+    let ctx = CallContext {
+        session: Some("s1".into()),
+        approver: Some(approvals.clone()),
+        ..Default::default()
+    };
+    let request = get(other_url(&server, "/v1/x"));
+    let (out, ()) = tokio::join!(f.broker.channel.execute(request, &ctx), async {
+        let p = loop {
+            if let Some(p) = approvals.pending().into_iter().next() {
+                break p;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert_eq!(p.request.card().resolved.as_deref(), Some("127.0.0.1"));
+        // The name rebinds to the metadata address after the person saw the card.
+        assert!(resolver.set_host("other.test", vec!["169.254.169.254".parse().unwrap()]));
+        approvals
+            .approve(&p.request.invocation_id, &p.request.fingerprint, "alice")
+            .unwrap();
+    });
+    assert_address_refused(&out, "169.254.169.254");
+    assert_eq!(server.connections(), 0);
 }

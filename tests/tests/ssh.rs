@@ -775,3 +775,96 @@ async fn a_zero_timeout_is_refused_at_validation_before_connecting() {
     );
     accepting.abort();
 }
+
+// ---- the resolved-address guard (issue 13, item 4) ----------------------------------
+
+/// An SSH channel whose resolver maps `box.example.test` to `addrs`, for a target on
+/// that name and `port`.
+fn guarded(port: u16, addrs: &[&str], host_key: Option<&str>, extra: &str, key: &str) -> Fixture {
+    use postern_broker::channel::guard::Resolver;
+    let text = config(port, host_key, extra).replace("\"127.0.0.1\"", "\"box.example.test\"");
+    let mut f = fixture(&text, key);
+    f.channel = SshChannel::with_resolver(
+        f.broker.journal.clone(),
+        f.broker.vault.clone(),
+        f.broker.config.clone(),
+        Resolver::with_hosts([(
+            "box.example.test",
+            addrs.iter().map(|a| a.parse().unwrap()).collect(),
+        )]),
+    );
+    f
+}
+
+/// A listener on 127.0.0.1 that counts the TCP connections it accepts.
+async fn counting_listener() -> (u16, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = std::sync::Arc::new(AtomicU64::new(0));
+    let counter = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            counter.fetch_add(1, Ordering::SeqCst);
+            drop(socket);
+        }
+    });
+    (port, accepted)
+}
+
+// Regression: issue 13
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ssh_to_a_name_resolving_to_a_refused_address_is_refused_before_tcp_connect() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    let user_key = keygen("ed25519", &dir.path().join("id")).unwrap();
+    let (port, accepted) = counting_listener().await;
+    for (addrs, extra, refused) in [
+        (&["127.0.0.1"][..], "", "127.0.0.1"),
+        (
+            &["127.0.0.1", "169.254.169.254"][..],
+            "allow_private = true",
+            "169.254.169.254",
+        ),
+        (
+            &["::ffff:169.254.169.254"][..],
+            "allow_private = true",
+            "169.254.169.254",
+        ),
+    ] {
+        let f = guarded(port, addrs, None, extra, &user_key.private);
+        let o = run(&f, cmd("touch /tmp/never")).await;
+        assert_error(
+            &o,
+            Phase::ConnectionSetup,
+            Outcome::NotAttempted,
+            Code::AddressRefused,
+        );
+        let env = o.error.as_ref().unwrap();
+        assert_eq!(env.evidence.attempts[0].stage, Stage::AddressGuard);
+        assert!(env.error.message.contains(refused), "{}", env.error.message);
+        assert!(!env.evidence.dispatch_started);
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        0,
+        "no TCP connection was made"
+    );
+}
+
+// Regression: issue 13
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ssh_allow_private_lets_a_name_reach_a_private_address() {
+    let Some(sshd) = sshd() else { return };
+    let f = guarded(
+        sshd.port,
+        &["127.0.0.1"],
+        Some(&sshd.host_key),
+        "allow_private = true",
+        &sshd.user_ed25519.private,
+    );
+    let o = run(&f, cmd("echo through")).await;
+    assert_eq!(o.outcome, Outcome::Committed, "{o:?}");
+    assert_eq!(o.result.as_ref().unwrap().stdout, b"through\n");
+}

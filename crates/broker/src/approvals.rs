@@ -92,6 +92,10 @@ pub struct ApprovalDetail {
     pub command: Option<String>,
     /// SSH first connection: the host key fingerprint that approving pins.
     pub host_key: Option<String>,
+    /// The addresses the host resolved to when the card was built, with the address
+    /// guard's refusal beside any it refuses (checked again at connect time); or the
+    /// proxy the connection goes through.
+    pub resolved: Option<String>,
 }
 
 /// A person's answer. An approval names the fingerprint it approves; an answer from the

@@ -152,6 +152,11 @@ impl Broker {
         let loaded = Config::load(&config)?;
         warnings.extend(loaded.warnings().into_iter().map(OpenWarning::Config));
         let config = ConfigHandle::new(loaded);
+        // Stored results are kept as `[results]` says; expired ones are recorded as such.
+        // A first pass that fails (a full disk, say) is retried by the writer's periodic
+        // pass, and must not keep the broker from opening.
+        let live = config.clone();
+        let _ = journal.set_result_retention(Arc::new(move || live.current().results));
         let http = HttpChannel::new(journal.clone(), vault.clone(), config.clone());
         let ssh = SshChannel::new(journal.clone(), vault.clone(), config.clone());
         let witnessing = Arc::new(Witnessing::new(journal.clone(), config.clone()));

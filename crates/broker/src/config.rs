@@ -32,7 +32,7 @@
 //!       seconds u64 },
 //!       0x4e group reconcile { 0x58 method, 0x59 path, 0x5a LIST committed_status (u16 LE,
 //!       sorted, deduplicated), 0x5b LIST not_applied_status (same) },
-//!       then, only when the target has one, 0x4f group job { 0x70 OPT id_pointer,
+//!       then, only when the target has one, 0x76 group job { 0x70 OPT id_pointer,
 //!       0x71 OPT status_pointer, 0x72 OPT state_pointer, 0x73 LIST pending, 0x74 LIST
 //!       succeeded, 0x75 LIST failed (each sorted) },
 //!       then, only when the target has one, 0x7f group batch { 0x80 path, 0x81 members,
@@ -43,6 +43,8 @@
 //! ssh:  0x02 "ssh", 0x60 name, 0x61 host (normalized), 0x62 port u16, 0x63 user,
 //!       0x64 credential, 0x65 OPT host_key (`<algo> <base64>`), 0x66 approval,
 //!       0x67 timeout_ms u64, 0x68 max_output_bytes u64
+//! added: http 0x4f allow_private (only when true), ssh 0x69 allow_private
+//!        (only when true). Absent fields leave a v1 digest unchanged.
 //! ```
 //!
 //! Known-answer vectors: `tests/vectors/target_version_v1.json`.
@@ -61,6 +63,7 @@ use crate::action::{Canonical, NormalizedHttp, is_token, normalize_path};
 use crate::channel::http::batch::{BatchContract, BatchProblem, RawBatch};
 use crate::channel::http::job::{JobContract, JobProblem, RawJob};
 use crate::contract::Code;
+use crate::journal::RetentionPolicy;
 use crate::vault::CredentialId;
 
 const VERSION_CONTEXT: &str = "postern 2026 target-config v1";
@@ -82,6 +85,8 @@ pub struct Config {
     pub ssh: Vec<SshTarget>,
     /// Witnesses that cosign the journal's checkpoints (`[[witness]]`).
     pub witnesses: Vec<WitnessConfig>,
+    /// How long, and how many bytes of, stored results are kept (`[results]`).
+    pub results: RetentionPolicy,
     /// The file this configuration came from.
     pub source: PathBuf,
 }
@@ -195,6 +200,9 @@ pub struct HttpTarget {
     pub follow_redirects: bool,
     pub idempotency: Option<IdempotencyContract>,
     pub reconcile: Option<ReconcileQuery>,
+    /// `allow_private = true`: the host may resolve to loopback, private and link-local
+    /// addresses (never to a metadata endpoint). See [`crate::channel::guard`].
+    pub allow_private: bool,
     /// How this API's 202 Accepted names its job and how its status resource reads.
     pub job: Option<JobContract>,
     /// Which requests are batches and how their members are reported.
@@ -214,6 +222,8 @@ pub struct SshTarget {
     pub approval: ApprovalMode,
     pub timeout_ms: u64,
     pub max_output_bytes: u64,
+    /// `allow_private = true`, as for HTTP targets.
+    pub allow_private: bool,
 }
 
 /// The digest of a target's normalized configuration: `blake3:<64 hex>`.
@@ -266,6 +276,8 @@ pub enum Section {
     Http,
     Ssh,
     Witness,
+    /// `[results]`: the retention of stored results.
+    Results,
 }
 
 /// A target as a person finds it in the file: by name, or by position when the name
@@ -284,6 +296,7 @@ impl fmt::Display for TargetRef {
             Section::Http => "[[http]]",
             Section::Ssh => "[[ssh]]",
             Section::Witness => "[[witness]]",
+            Section::Results => "[results]",
         };
         match &self.name {
             Some(name) => write!(f, "{section} \"{name}\""),
@@ -333,6 +346,8 @@ pub enum Problem {
     OutOfRange { min: u64, max: u64 },
     #[error("`{value}` is not a duration like 90s, 30m, 24h or 7d")]
     InvalidDuration { value: String },
+    #[error("`{value}` is not a size like 500MiB, 1GiB or 1048576 (bytes)")]
+    InvalidSize { value: String },
     #[error("{status} is not an HTTP status code (100..=599)")]
     InvalidStatus { status: u16 },
     #[error("status {status} is listed as both committed and not applied")]
@@ -450,6 +465,16 @@ struct RawConfig {
     ssh: Vec<RawSsh>,
     #[serde(default)]
     witness: Vec<RawWitness>,
+    #[serde(default)]
+    results: Option<RawResults>,
+}
+
+/// `[results] max_age = "7d", max_bytes = "1GiB"`; both optional.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawResults {
+    max_age: Option<String>,
+    max_bytes: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -482,6 +507,8 @@ struct RawHttp {
     follow_redirects: bool,
     idempotency: Option<RawIdempotency>,
     reconcile: Option<RawReconcile>,
+    #[serde(default)]
+    allow_private: bool,
     job: Option<RawJob>,
     batch: Option<RawBatch>,
 }
@@ -528,6 +555,8 @@ struct RawSsh {
     timeout_ms: u64,
     #[serde(default = "default_max_output")]
     max_output_bytes: u64,
+    #[serde(default)]
+    allow_private: bool,
 }
 
 fn default_timeout() -> u64 {
@@ -659,10 +688,12 @@ impl Config {
             .enumerate()
             .map(|(index, w)| validate_witness(path, index, w))
             .collect::<Result<_, _>>()?;
+        let results = validate_results(path, raw.results)?;
         Ok(Self {
             http,
             ssh,
             witnesses,
+            results,
             source: path.to_path_buf(),
         })
     }
@@ -1168,6 +1199,58 @@ fn check_ca_file(ctx: &Ctx<'_>, path: &Path) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// Stored results older than this are removed (`[results] max_age`).
+pub const DEFAULT_RESULT_MAX_AGE: Duration = Duration::from_secs(7 * 86_400);
+/// Stored result bytes above this are removed, oldest first (`[results] max_bytes`).
+pub const DEFAULT_RESULT_MAX_BYTES: u64 = 1024 * 1024 * 1024;
+
+/// The retention policy of `[results]`, with defaults for what is left out.
+fn validate_results(path: &Path, raw: Option<RawResults>) -> Result<RetentionPolicy, ConfigError> {
+    let ctx = Ctx {
+        file: path,
+        target: TargetRef {
+            section: Section::Results,
+            index: 0,
+            name: None,
+        },
+    };
+    let raw = raw.unwrap_or(RawResults {
+        max_age: None,
+        max_bytes: None,
+    });
+    let max_age = match raw.max_age {
+        None => DEFAULT_RESULT_MAX_AGE,
+        Some(value) => parse_duration(&value)
+            .ok_or_else(|| ctx.err("max_age", Problem::InvalidDuration { value }))?,
+    };
+    let max_bytes = match raw.max_bytes {
+        None => DEFAULT_RESULT_MAX_BYTES,
+        Some(value) => parse_size(&value)
+            .ok_or_else(|| ctx.err("max_bytes", Problem::InvalidSize { value }))?,
+    };
+    Ok(RetentionPolicy {
+        max_age_ms: i64::try_from(max_age.as_millis()).unwrap_or(i64::MAX),
+        max_bytes,
+    })
+}
+
+/// `<digits>[unit]` with unit B, KiB, MiB or GiB (also KB/MB/GB, taken as powers of
+/// 1024); zero is rejected: it would delete every result as soon as it is stored.
+fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let unit: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" | "KB" | "K" => 1024,
+        "MiB" | "MB" | "M" => 1024 * 1024,
+        "GiB" | "GB" | "G" => 1024 * 1024 * 1024,
+        _ => return None,
+    };
+    let n: u64 = digits.parse().ok()?;
+    n.checked_mul(unit).filter(|&b| b > 0)
+}
+
 /// `<digits><unit>` with unit s, m, h or d; zero is no retention at all and is rejected.
 fn parse_duration(s: &str) -> Option<Duration> {
     let unit = match s.as_bytes().last()? {
@@ -1375,6 +1458,7 @@ fn validate_http(ctx: &Ctx<'_>, raw: RawHttp, base_dir: &Path) -> Result<HttpTar
         follow_redirects: raw.follow_redirects,
         idempotency,
         reconcile,
+        allow_private: raw.allow_private,
         job,
         batch,
     })
@@ -1464,6 +1548,7 @@ fn validate_ssh(ctx: &Ctx<'_>, raw: RawSsh) -> Result<SshTarget, ConfigError> {
         approval: raw.approval,
         timeout_ms: raw.timeout_ms,
         max_output_bytes: raw.max_output_bytes,
+        allow_private: raw.allow_private,
     })
 }
 
@@ -1524,10 +1609,15 @@ impl HttpTarget {
             status_list(&mut c, 0x5a, &r.committed_status);
             status_list(&mut c, 0x5b, &r.not_applied_status);
         }
+        // Added after v1's vectors: present only when set, so targets without them keep
+        // their digests.
+        if self.allow_private {
+            c.bytes(0x4f, &[1]);
+        }
         // Later groups are encoded only when present, so the version of a target that
         // does not use them is what it was before they existed.
         if let Some(j) = &self.job {
-            c.presence(0x4f, true);
+            c.presence(0x76, true);
             c.opt(0x70, j.id_pointer.as_deref().map(str::as_bytes));
             c.opt(0x71, j.status_pointer.as_deref().map(str::as_bytes));
             c.opt(0x72, j.state_pointer.as_deref().map(str::as_bytes));
@@ -1574,6 +1664,9 @@ impl SshTarget {
         c.str(0x66, self.approval.as_str());
         c.u64(0x67, self.timeout_ms);
         c.u64(0x68, self.max_output_bytes);
+        if self.allow_private {
+            c.bytes(0x69, &[1]);
+        }
         TargetVersion::from_digest(c.finish())
     }
 }

@@ -70,6 +70,8 @@ pub enum ConfidenceSource {
 #[serde(rename_all = "snake_case")]
 pub enum Stage {
     Dns,
+    /// The resolved-address guard, between DNS and TCP connect.
+    AddressGuard,
     TcpConnect,
     TlsHandshake,
     ProxyTunnel,
@@ -173,6 +175,8 @@ codes! {
         "The target needs approval and no approval console is attached; nothing was sent.";
     DnsFailed = "DNS_FAILED", CS, NA, Backoff,
         "The host name did not resolve; nothing was sent.";
+    AddressRefused = "ADDRESS_REFUSED", CS, NA, AfterCorrection,
+        "The host resolved to an address Postern refuses (cloud metadata, link-local, or an internal address the target does not allow); no connection was made.";
     ConnectionRefused = "CONNECTION_REFUSED", CS, NA, Backoff,
         "The TCP connection was refused or unreachable; nothing was sent.";
     ConnectTimeout = "CONNECT_TIMEOUT", CS, NA, Backoff,
@@ -215,8 +219,10 @@ codes! {
         "A complete batch response settled only some members; each member carries its own outcome and retry. Never resend the whole batch.";
     ResultDeliveryFailed = "RESULT_DELIVERY_FAILED", RD, COM, FetchResult,
         "The settled result is stored but could not be returned; read it with fetch_result, never by re-running.";
-    ResultStoreFailed = "RESULT_STORE_FAILED", RD, UNK, Reconcile,
-        "A complete response arrived but could not be stored durably; operator attention needed.";
+    ResultStoreFailed = "RESULT_STORE_FAILED", RD, FROM_EVIDENCE, Never,
+        "A complete response arrived but its result could not be stored (a full disk, say); the operator console raises an alert. With the completion recorded the outcome is what the response settled (committed or rejected) and the result is lost, never re-run; if even that record failed the outcome is unknown and retry comes from the record.";
+    ResultExpired = "RESULT_EXPIRED", RD, FROM_EVIDENCE, Never,
+        "The stored result was removed by the retention policy (`[results] max_age` or `max_bytes`); the outcome stays as recorded and the action is never re-run to rebuild it.";
     ReconciledCommitted = "RECONCILED_COMMITTED", RE, COM, Never,
         "Reconciliation (remote query or operator attestation) settled an unknown outcome as applied.";
     BrokerInterrupted = "BROKER_INTERRUPTED", REACHED, FROM_EVIDENCE, Reconcile,

@@ -86,7 +86,9 @@ pub fn step_of(body: &EventBody) -> Step {
             Step::Response
         }
         EventBody::ResultCommitted { .. } => Step::Committed,
-        EventBody::ResultDelivered | EventBody::DeliveryFailed { .. } => Step::Delivered,
+        EventBody::ResultDelivered
+        | EventBody::DeliveryFailed { .. }
+        | EventBody::ResultExpired { .. } => Step::Delivered,
         EventBody::Failed { .. } => Step::Failed,
         EventBody::RetryManifest { .. } => Step::Retry,
         EventBody::Reconciled { .. } | EventBody::MemberReconciled { .. } => Step::Reconciled,

@@ -20,6 +20,7 @@
 //!   inject, exchange, transport, status) and [`channel::ssh`] (validation, key,
 //!   exec), [`channel::redact`] (scrubbing the secret from results),
 //!   [`channel::ssh_keys`] (key import, host-key pinning).
+//! - [`delivery`]: a stored result in resumable pieces (cursor, digests, size cap).
 //! - [`contract`]: the public error contract (phase, outcome, retry, code) and the
 //!   evidence envelope. Closed enums; callers never parse messages.
 //! - [`action`]: normalized HTTP/SSH actions, the bound configuration snapshot and the
@@ -60,6 +61,7 @@ pub mod clock;
 pub mod config;
 pub mod config_edit;
 pub mod contract;
+pub mod delivery;
 pub mod display;
 pub mod evidence;
 pub mod invocation;

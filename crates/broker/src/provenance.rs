@@ -497,6 +497,10 @@ pub struct ApprovalCard {
     pub ssh_destination: Option<String>,
     pub command: Option<String>,
     pub host_key: Option<String>,
+    /// What the host resolved to when the card was built (see `ApprovalDetail`).
+    /// Omitted when absent, so cards recorded before it keep their digests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved: Option<String>,
     pub credential_id: String,
     pub credential_version: String,
     pub injection_mode: String,
@@ -525,6 +529,7 @@ impl ApprovalCard {
             // Already escaped by the channel (see `ApprovalDetail`).
             command: r.detail.command.clone(),
             host_key: r.detail.host_key.clone(),
+            resolved: r.detail.resolved.as_deref().map(escape_text),
             credential_id: r.credential_id.clone(),
             credential_version: r.credential_version.clone(),
             injection_mode: r.injection_mode.clone(),

@@ -168,6 +168,11 @@ impl Console {
         let credentials = self.credential_metas()?.len();
         let config = self.broker.config.current();
         let unsettled = self.unsettled_rows()?.len();
+        let store_failures = self
+            .broker
+            .journal
+            .store_failures()
+            .map_err(|e| CommandError::new(ErrorCode::Internal, e.to_string()))?;
         Ok(Overview {
             vault_empty: credentials == 0,
             credentials: count(credentials),
@@ -183,6 +188,8 @@ impl Console {
             operator_refusals: u32::try_from(self.operator_refusals.load(Ordering::Relaxed))
                 .unwrap_or(u32::MAX),
             last_seq: self.last_seq()?,
+            result_store_failures: count(store_failures.len()),
+            result_store_failure_latest: store_failures.last().map(|f| f.invocation_id.clone()),
         })
     }
 

@@ -36,6 +36,10 @@ pub struct Overview {
     /// The newest journal sequence: an attached console polls it to refresh its views.
     #[ts(type = "number")]
     pub last_seq: u64,
+    /// Complete responses whose results could not be stored (RESULT_STORE_FAILED, a
+    /// full disk say): the operator alert. The count, and the newest one's invocation.
+    pub result_store_failures: u32,
+    pub result_store_failure_latest: Option<String>,
 }
 
 /// One process in an agent's ancestry.
@@ -186,6 +190,9 @@ pub struct ApprovalCard {
     pub ssh_destination: Option<String>,
     pub command: Option<String>,
     pub host_key: Option<String>,
+    /// The addresses the host resolved to when the card was built (a refused one is
+    /// marked; the broker checks again at connect time).
+    pub resolved: Option<String>,
     pub credential_id: String,
     pub credential_version: String,
     pub injection_mode: String,
@@ -233,6 +240,7 @@ impl ApprovalCard {
             ssh_destination: card.ssh_destination.clone(),
             command: card.command.clone(),
             host_key: card.host_key.clone(),
+            resolved: card.resolved.clone(),
             credential_id: card.credential_id.clone(),
             credential_version: card.credential_version.clone(),
             injection_mode: card.injection_mode.clone(),

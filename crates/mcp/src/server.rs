@@ -8,6 +8,10 @@
 //! written to the agent's stdout with a `notifications/postern/delivered` notification.
 //! Only that acknowledgement records RESULT_DELIVERED; a connection that closes first
 //! leaves the result stored with `result_delivery` / `fetch_result`.
+//!
+//! A result over [`delivery::PIECE_CAP`] goes out as its first piece and a cursor
+//! ([`postern_broker::delivery`]); RESULT_DELIVERED waits for the acknowledgement of
+//! the answer that carried the last piece.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,6 +32,7 @@ use postern_broker::broker::Broker;
 use postern_broker::channel::http::{HttpOutcome, HttpRequest, HttpResponse, PollRefused};
 use postern_broker::channel::ssh::{SshOutcome, SshRequest, SshResult};
 use postern_broker::contract::{Code, ErrorBody, Outcome, Phase, Retry};
+use postern_broker::delivery::{self, DeliveryError, Piece};
 use postern_broker::evidence;
 use postern_broker::invocation;
 use postern_broker::invocation::CallContext;
@@ -36,7 +41,7 @@ use postern_broker::journal::projection::Projection;
 use postern_broker::provenance::{self, SessionOpened};
 
 use crate::peer::AgentIdentity;
-use crate::tools::{self, HttpRequestArgs, InvocationArgs, NoArgs, SshExecArgs};
+use crate::tools::{self, FetchResultArgs, HttpRequestArgs, InvocationArgs, NoArgs, SshExecArgs};
 
 /// The custom notification a bridge sends after writing a response to the agent.
 pub const DELIVERED: &str = "notifications/postern/delivered";
@@ -139,8 +144,13 @@ fn record_opening(broker: &Broker, identity: &AgentIdentity) -> Result<u64, Stri
 pub struct Session {
     broker: Arc<Broker>,
     identity: AgentIdentity,
-    /// JSON-RPC request id (as JSON text) → invocation id, until the bridge acknowledges.
-    undelivered: Arc<Mutex<HashMap<String, String>>>,
+    /// JSON-RPC request id (as JSON text) → invocation id and whether the answer carried
+    /// the whole result (or its last piece), until the bridge acknowledges.
+    undelivered: Arc<Mutex<HashMap<String, (String, bool)>>>,
+    /// Invocations whose answer carried only part of the result and was acknowledged:
+    /// delivered once an answer with the last piece is, undelivered if the connection
+    /// closes first.
+    partial: Arc<Mutex<std::collections::HashSet<String>>>,
     /// Who the agent is, as the journal records it before any invocation runs.
     opening: Arc<Opening>,
 }
@@ -153,6 +163,7 @@ impl Session {
             broker,
             identity,
             undelivered: Arc::new(Mutex::new(HashMap::new())),
+            partial: Arc::new(Mutex::new(std::collections::HashSet::new())),
             opening: Arc::new(Opening {
                 started: AtomicBool::new(false),
                 task: Mutex::new(None),
@@ -209,10 +220,13 @@ impl Session {
     /// Records every result the bridge never acknowledged as undelivered: the remote
     /// outcome stands, and the agent can read it with `fetch_result`.
     pub fn connection_closed(&self) {
-        let undelivered: Vec<String> = match self.undelivered.lock() {
-            Ok(mut map) => map.drain().map(|(_, id)| id).collect(),
+        let mut undelivered: Vec<String> = match self.undelivered.lock() {
+            Ok(mut map) => map.drain().map(|(_, (id, _))| id).collect(),
             Err(_) => Vec::new(),
         };
+        if let Ok(mut partial) = self.partial.lock() {
+            undelivered.extend(partial.drain());
+        }
         for id in undelivered {
             // Best effort: a journal that refuses this leaves the result undelivered, which
             // is what `fetch_result` reads anyway.
@@ -242,11 +256,58 @@ impl Session {
         Ok(p)
     }
 
-    fn remember(&self, context: &RequestContext<RoleServer>, invocation_id: &str) {
+    /// Waits for the bridge's acknowledgement of this answer; `whole` when it carried
+    /// the whole result or its last piece.
+    fn remember(&self, context: &RequestContext<RoleServer>, invocation_id: &str, whole: bool) {
         if let (Ok(key), Ok(mut map)) =
             (serde_json::to_string(&context.id), self.undelivered.lock())
         {
-            map.insert(key, invocation_id.to_string());
+            map.insert(key, (invocation_id.to_string(), whole));
+        }
+    }
+
+    /// The first piece of `invocation_id`'s stored result, when its `bytes` exceed the
+    /// cap and the stored copy can be read piecewise.
+    fn first_piece(&self, invocation_id: &str, bytes: u64) -> Option<Piece> {
+        if !delivery::needs_pieces(bytes) {
+            return None;
+        }
+        let p = self.broker.journal.projection(invocation_id).ok()?;
+        delivery::piece(&self.broker.journal, &p, None, None).ok()
+    }
+
+    /// An `http_request` (or retry) answer, capped, and whether it carried the whole result.
+    fn http_answer(&self, outcome: &HttpOutcome) -> (CallToolResult, bool) {
+        let bytes = outcome.result.as_ref().map_or(0, |r| r.body.len() as u64);
+        let mut answer = http_value(outcome);
+        // A 202 queued a job: say which invocation tracks it, for poll_job.
+        if let Some(job) = self
+            .broker
+            .journal
+            .children(&outcome.invocation_id)
+            .ok()
+            .and_then(|c| c.into_iter().find(|l| l.relation == Relation::Job))
+        {
+            answer.0["job"] = json!({
+                "invocation_id": job.invocation_id,
+                "poll_with": tools::POLL_JOB,
+            });
+        }
+        match self.first_piece(&outcome.invocation_id, bytes) {
+            Some(piece) => (pieced(answer, &piece), false),
+            None => (wrap(answer), true),
+        }
+    }
+
+    /// An `ssh_exec` answer, capped, and whether it carried the whole result.
+    fn ssh_answer(&self, outcome: &SshOutcome) -> (CallToolResult, bool) {
+        let bytes = outcome
+            .result
+            .as_ref()
+            .map_or(0, |r| (r.stdout.len() + r.stderr.len()) as u64);
+        match self.first_piece(&outcome.invocation_id, bytes) {
+            Some(piece) => (pieced(ssh_value(outcome), &piece), false),
+            None => (ssh_result_of(outcome), true),
         }
     }
 
@@ -289,26 +350,9 @@ impl Session {
         let progress = self.progress_ticker(context);
         let outcome = self.broker.http.execute(request, &ctx).await;
         progress.abort();
-        self.remember(context, &outcome.invocation_id);
-        let (mut value, failed) = outcome_json(&outcome);
-        // A 202 queued a job: say which invocation tracks it, for poll_job.
-        if let Some(job) = self
-            .broker
-            .journal
-            .children(&outcome.invocation_id)
-            .ok()
-            .and_then(|c| c.into_iter().find(|l| l.relation == Relation::Job))
-        {
-            value["job"] = json!({
-                "invocation_id": job.invocation_id,
-                "poll_with": tools::POLL_JOB,
-            });
-        }
-        Ok(if failed {
-            CallToolResult::structured_error(value)
-        } else {
-            CallToolResult::structured(value)
-        })
+        let (answer, whole) = self.http_answer(&outcome);
+        self.remember(context, &outcome.invocation_id, whole);
+        Ok(answer)
     }
 
     /// Progress notifications while the call waits (approval, remote), if the client
@@ -354,8 +398,9 @@ impl Session {
         let progress = self.progress_ticker(context);
         let outcome = self.broker.ssh.execute(request, &ctx).await;
         progress.abort();
-        self.remember(context, &outcome.invocation_id);
-        Ok(ssh_result_of(&outcome))
+        let (answer, whole) = self.ssh_answer(&outcome);
+        self.remember(context, &outcome.invocation_id, whole);
+        Ok(answer)
     }
 
     /// What was answered for an invocation of this session that the journal could not
@@ -382,29 +427,64 @@ impl Session {
         }
     }
 
-    fn fetch_result(&self, args: InvocationArgs) -> Result<CallToolResult, McpError> {
+    fn fetch_result(
+        &self,
+        args: FetchResultArgs,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, McpError> {
         let p = match self.owned_or_unrecorded(&args.invocation_id)? {
             Ok(p) => p,
             Err(answer) => return Ok(answer),
         };
+        let journal = &self.broker.journal;
         // A read of the record and its stored result, never a re-run.
         let unreadable = |e: postern_broker::journal::JournalError| {
             McpError::internal_error(e.to_string(), None)
         };
-        if p.channel == Some(Channel::Ssh) {
+        let refuse = |e: &DeliveryError| {
+            let envelope = delivery::refusal(journal, &p, e);
+            let mut value = serde_json::to_value(&envelope).unwrap_or(Value::Null);
+            value["outcome"] = serde_json::to_value(p.outcome).unwrap_or(Value::Null);
+            CallToolResult::structured_error(value)
+        };
+        if p.result_expired.is_some() {
+            return Ok(refuse(&DeliveryError::Expired));
+        }
+        if args.cursor.is_some() || args.max_bytes.is_some() {
+            return match delivery::piece(journal, &p, args.cursor.as_deref(), args.max_bytes) {
+                Ok(piece) => {
+                    if piece.complete {
+                        self.remember(context, &p.invocation_id, true);
+                    }
+                    Ok(CallToolResult::structured(json!({
+                        "invocation_id": p.invocation_id,
+                        "outcome": p.outcome,
+                        "delivery": piece,
+                    })))
+                }
+                Err(DeliveryError::Journal(e)) => Err(unreadable(e)),
+                Err(e) => Ok(refuse(&e)),
+            };
+        }
+        let (answer, whole) = if p.channel == Some(Channel::Ssh) {
             let outcome = self
                 .broker
                 .ssh
                 .recorded_projection(&p)
                 .map_err(unreadable)?;
-            return Ok(ssh_result_of(&outcome));
+            self.ssh_answer(&outcome)
+        } else {
+            let outcome = self
+                .broker
+                .http
+                .recorded_projection(&p)
+                .map_err(unreadable)?;
+            self.http_answer(&outcome)
+        };
+        if p.result_id.is_some() {
+            self.remember(context, &p.invocation_id, whole);
         }
-        let outcome = self
-            .broker
-            .http
-            .recorded_projection(&p)
-            .map_err(unreadable)?;
-        Ok(result_of(&outcome))
+        Ok(answer)
     }
 
     fn get_invocation(&self, args: InvocationArgs) -> Result<CallToolResult, McpError> {
@@ -477,7 +557,7 @@ impl Session {
             Err(e) => return Err(McpError::internal_error(e.to_string(), None)),
         };
         if let Some(poll) = &polled.poll {
-            self.remember(context, &poll.invocation_id);
+            self.remember(context, &poll.invocation_id, true);
         }
         let job = self
             .broker
@@ -489,7 +569,7 @@ impl Session {
             value["error"] = serde_json::to_value(&envelope.error).unwrap_or(Value::Null);
         }
         value["poll"] = match &polled.poll {
-            Some(poll) => outcome_json(poll).0,
+            Some(poll) => http_value(poll).0,
             None => Value::Null,
         };
         Ok(CallToolResult::structured(value))
@@ -520,8 +600,9 @@ impl Session {
             parent: None,
         };
         let outcome = self.broker.http.retry(&args.invocation_id, &ctx).await;
-        self.remember(context, &outcome.invocation_id);
-        Ok(result_of(&outcome))
+        let (answer, whole) = self.http_answer(&outcome);
+        self.remember(context, &outcome.invocation_id, whole);
+        Ok(answer)
     }
 
     fn list_targets(&self) -> CallToolResult {
@@ -580,6 +661,21 @@ fn ssh_json(result: &SshResult) -> Value {
 /// stdout, stderr, stdout_complete, stderr_complete, host_key_fingerprint}`, or the
 /// envelope when the record carries a code.
 pub fn ssh_result_of(outcome: &SshOutcome) -> CallToolResult {
+    wrap(ssh_value(outcome))
+}
+
+/// An answer's JSON, and whether it is an error.
+type Answer = (Value, bool);
+
+fn wrap((value, error): Answer) -> CallToolResult {
+    if error {
+        CallToolResult::structured_error(value)
+    } else {
+        CallToolResult::structured(value)
+    }
+}
+
+fn ssh_value(outcome: &SshOutcome) -> Answer {
     match (&outcome.error, &outcome.result) {
         (None, Some(result)) => {
             let mut value =
@@ -587,19 +683,40 @@ pub fn ssh_result_of(outcome: &SshOutcome) -> CallToolResult {
             if let (Value::Object(map), Value::Object(extra)) = (&mut value, ssh_json(result)) {
                 map.extend(extra);
             }
-            CallToolResult::structured(value)
+            (value, false)
         }
         (Some(envelope), result) => {
             let mut value = serde_json::to_value(envelope).unwrap_or(Value::Null);
             if let Some(result) = result {
                 value["result"] = ssh_json(result);
             }
-            CallToolResult::structured_error(value)
+            (value, true)
         }
-        (None, None) => CallToolResult::structured(
+        (None, None) => (
             json!({ "invocation_id": outcome.invocation_id, "outcome": outcome.outcome }),
+            false,
         ),
     }
+}
+
+/// An answer whose result goes out in pieces: the streams' bytes are replaced by the
+/// first piece (`delivery`), which carries the cursor of the next.
+fn pieced((mut value, error): Answer, piece: &Piece) -> CallToolResult {
+    const STREAM_KEYS: [&str; 4] = ["body", "body_base64", "stdout", "stderr"];
+    for nested in ["", "response", "result"] {
+        let target = if nested.is_empty() {
+            Some(&mut value)
+        } else {
+            value.get_mut(nested)
+        };
+        if let Some(Value::Object(map)) = target {
+            for key in STREAM_KEYS {
+                map.remove(key);
+            }
+        }
+    }
+    value["delivery"] = serde_json::to_value(piece).unwrap_or(Value::Null);
+    wrap((value, error))
 }
 
 fn response_json(response: &HttpResponse) -> Value {
@@ -629,16 +746,10 @@ fn response_json(response: &HttpResponse) -> Value {
 /// A tool result: the remote response with `invocation_id` and `outcome`, or, when the
 /// record carries a code, `isError` with the envelope (plus the response, if complete).
 pub fn result_of(outcome: &HttpOutcome) -> CallToolResult {
-    let (value, failed) = outcome_json(outcome);
-    if failed {
-        CallToolResult::structured_error(value)
-    } else {
-        CallToolResult::structured(value)
-    }
+    wrap(http_value(outcome))
 }
 
-/// An HTTP outcome as the JSON an agent reads, and whether it is an error answer.
-fn outcome_json(outcome: &HttpOutcome) -> (Value, bool) {
+fn http_value(outcome: &HttpOutcome) -> Answer {
     let mut value = match &outcome.error {
         Some(envelope) => serde_json::to_value(envelope).unwrap_or(Value::Null),
         None => json!({ "invocation_id": outcome.invocation_id, "outcome": outcome.outcome }),
@@ -729,7 +840,7 @@ impl ServerHandler for Session {
         let result = match request.name.as_ref() {
             tools::HTTP_REQUEST => self.http_request(parse(&request)?, &context).await?,
             tools::SSH_EXEC => self.ssh_exec(parse(&request)?, &context).await?,
-            tools::FETCH_RESULT => self.fetch_result(parse(&request)?)?,
+            tools::FETCH_RESULT => self.fetch_result(parse(&request)?, &context)?,
             tools::GET_INVOCATION => self.get_invocation(parse(&request)?)?,
             tools::RETRY_INVOCATION => self.retry_invocation(parse(&request)?, &context).await?,
             tools::POLL_JOB => self.poll_job(parse(&request)?, &context).await?,
@@ -764,8 +875,19 @@ impl ServerHandler for Session {
             .lock()
             .ok()
             .and_then(|mut map| map.remove(&key));
-        if let Some(invocation_id) = acknowledged {
-            let _ = invocation::confirm_delivery(&self.broker.journal, &invocation_id);
+        match acknowledged {
+            Some((invocation_id, true)) => {
+                if let Ok(mut partial) = self.partial.lock() {
+                    partial.remove(&invocation_id);
+                }
+                let _ = invocation::confirm_delivery(&self.broker.journal, &invocation_id);
+            }
+            Some((invocation_id, false)) => {
+                if let Ok(mut partial) = self.partial.lock() {
+                    partial.insert(invocation_id);
+                }
+            }
+            None => {}
         }
     }
 }

@@ -108,8 +108,23 @@ pub fn tools() -> Vec<Tool> {
         Tool::new(
             FETCH_RESULT,
             "Read the stored result of an earlier invocation again. This never re-sends \
-             anything: use it when an answer was lost on the way to you (retry = fetch_result).",
-            invocation_schema(),
+             anything: use it when an answer was lost on the way to you (retry = fetch_result). \
+             Results over 1 MiB come in pieces: an answer with `delivery` carries one piece \
+             (`data_base64`, `stream`, `offset`, `length`, `piece_digest` = blake3 of the \
+             piece) and, until the last piece, a `cursor`; pass that cursor back to get the \
+             next piece. After a lost answer, resume with the cursor of the last piece you \
+             verified. Only the last piece says `complete: true`. A result removed by the \
+             retention policy answers RESULT_EXPIRED.",
+            schema(json!({
+                "type": "object",
+                "additionalProperties": false,
+                "required": ["invocation_id"],
+                "properties": {
+                    "invocation_id": {"type": "string", "description": "The id an earlier call returned."},
+                    "cursor": {"type": "string", "description": "The `delivery.cursor` of an earlier answer, unchanged: where to continue."},
+                    "max_bytes": {"type": "integer", "minimum": 1, "maximum": 1048576, "description": "At most this many result bytes in the piece (default and maximum 1 MiB)."}
+                }
+            })),
         ),
         Tool::new(
             GET_INVOCATION,
@@ -178,6 +193,16 @@ pub struct SshExecArgs {
 #[serde(deny_unknown_fields)]
 pub struct InvocationArgs {
     pub invocation_id: String,
+}
+
+/// `fetch_result` arguments: the invocation, and optionally where to continue and how
+/// much to take.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FetchResultArgs {
+    pub invocation_id: String,
+    pub cursor: Option<String>,
+    pub max_bytes: Option<u64>,
 }
 
 /// `list_targets` takes nothing.

@@ -9,8 +9,8 @@ export type Outcome = "not_attempted" | "rejected" | "committed" | "unknown";
 export const OUTCOME_VALUES: Outcome[] = ["not_attempted", "rejected", "committed", "unknown"];
 export type Retry = "never" | "after_correction" | "backoff" | "same_idempotency_key" | "reconcile" | "fetch_result";
 export const RETRY_VALUES: Retry[] = ["never", "after_correction", "backoff", "same_idempotency_key", "reconcile", "fetch_result"];
-export type Code = "INVALID_TARGET" | "INVALID_REQUEST" | "UNSUPPORTED_ACTION" | "PAYLOAD_LIMIT" | "FORBIDDEN_HEADER" | "IDEMPOTENCY_MISMATCH" | "FINGERPRINT_MISMATCH" | "LEASE_LOST" | "BROKER_UNAVAILABLE" | "VAULT_LOCKED" | "CREDENTIAL_MISSING" | "UNSUPPORTED_INJECTION" | "KEY_DECRYPTION_FAILED" | "APPROVAL_DENIED" | "APPROVAL_TIMEOUT" | "NO_APPROVER" | "DNS_FAILED" | "CONNECTION_REFUSED" | "CONNECT_TIMEOUT" | "TLS_REJECTED" | "HOST_KEY_MISMATCH" | "HOST_KEY_UNKNOWN" | "SSH_HANDSHAKE_FAILED" | "SSH_AUTH_FAILED" | "CHANNEL_OPEN_FAILED" | "REMOTE_OUTCOME_UNKNOWN" | "REMOTE_RESULT_INCOMPLETE" | "REMOTE_TIMEOUT" | "CALLER_CANCELLED" | "EXEC_REFUSED" | "REMOTE_REJECTED" | "REMOTE_UNAUTHORIZED" | "REMOTE_RATE_LIMITED" | "REMOTE_SERVER_ERROR" | "RESULT_DELIVERY_FAILED" | "RESULT_STORE_FAILED" | "RECONCILED_COMMITTED" | "BROKER_INTERRUPTED" | "RECONCILED_NOT_APPLIED";
-export const CODE_VALUES: Code[] = ["INVALID_TARGET", "INVALID_REQUEST", "UNSUPPORTED_ACTION", "PAYLOAD_LIMIT", "FORBIDDEN_HEADER", "IDEMPOTENCY_MISMATCH", "FINGERPRINT_MISMATCH", "LEASE_LOST", "BROKER_UNAVAILABLE", "VAULT_LOCKED", "CREDENTIAL_MISSING", "UNSUPPORTED_INJECTION", "KEY_DECRYPTION_FAILED", "APPROVAL_DENIED", "APPROVAL_TIMEOUT", "NO_APPROVER", "DNS_FAILED", "CONNECTION_REFUSED", "CONNECT_TIMEOUT", "TLS_REJECTED", "HOST_KEY_MISMATCH", "HOST_KEY_UNKNOWN", "SSH_HANDSHAKE_FAILED", "SSH_AUTH_FAILED", "CHANNEL_OPEN_FAILED", "REMOTE_OUTCOME_UNKNOWN", "REMOTE_RESULT_INCOMPLETE", "REMOTE_TIMEOUT", "CALLER_CANCELLED", "EXEC_REFUSED", "REMOTE_REJECTED", "REMOTE_UNAUTHORIZED", "REMOTE_RATE_LIMITED", "REMOTE_SERVER_ERROR", "RESULT_DELIVERY_FAILED", "RESULT_STORE_FAILED", "RECONCILED_COMMITTED", "BROKER_INTERRUPTED", "RECONCILED_NOT_APPLIED"];
+export type Code = "INVALID_TARGET" | "INVALID_REQUEST" | "UNSUPPORTED_ACTION" | "PAYLOAD_LIMIT" | "FORBIDDEN_HEADER" | "IDEMPOTENCY_MISMATCH" | "FINGERPRINT_MISMATCH" | "LEASE_LOST" | "BROKER_UNAVAILABLE" | "VAULT_LOCKED" | "CREDENTIAL_MISSING" | "UNSUPPORTED_INJECTION" | "KEY_DECRYPTION_FAILED" | "APPROVAL_DENIED" | "APPROVAL_TIMEOUT" | "NO_APPROVER" | "DNS_FAILED" | "ADDRESS_REFUSED" | "CONNECTION_REFUSED" | "CONNECT_TIMEOUT" | "TLS_REJECTED" | "HOST_KEY_MISMATCH" | "HOST_KEY_UNKNOWN" | "SSH_HANDSHAKE_FAILED" | "SSH_AUTH_FAILED" | "CHANNEL_OPEN_FAILED" | "REMOTE_OUTCOME_UNKNOWN" | "REMOTE_RESULT_INCOMPLETE" | "REMOTE_TIMEOUT" | "CALLER_CANCELLED" | "EXEC_REFUSED" | "REMOTE_REJECTED" | "REMOTE_UNAUTHORIZED" | "REMOTE_RATE_LIMITED" | "REMOTE_SERVER_ERROR" | "JOB_PENDING" | "JOB_FAILED" | "BATCH_PARTIAL" | "RESULT_DELIVERY_FAILED" | "RESULT_STORE_FAILED" | "RESULT_EXPIRED" | "RECONCILED_COMMITTED" | "BROKER_INTERRUPTED" | "RECONCILED_NOT_APPLIED";
+export const CODE_VALUES: Code[] = ["INVALID_TARGET", "INVALID_REQUEST", "UNSUPPORTED_ACTION", "PAYLOAD_LIMIT", "FORBIDDEN_HEADER", "IDEMPOTENCY_MISMATCH", "FINGERPRINT_MISMATCH", "LEASE_LOST", "BROKER_UNAVAILABLE", "VAULT_LOCKED", "CREDENTIAL_MISSING", "UNSUPPORTED_INJECTION", "KEY_DECRYPTION_FAILED", "APPROVAL_DENIED", "APPROVAL_TIMEOUT", "NO_APPROVER", "DNS_FAILED", "ADDRESS_REFUSED", "CONNECTION_REFUSED", "CONNECT_TIMEOUT", "TLS_REJECTED", "HOST_KEY_MISMATCH", "HOST_KEY_UNKNOWN", "SSH_HANDSHAKE_FAILED", "SSH_AUTH_FAILED", "CHANNEL_OPEN_FAILED", "REMOTE_OUTCOME_UNKNOWN", "REMOTE_RESULT_INCOMPLETE", "REMOTE_TIMEOUT", "CALLER_CANCELLED", "EXEC_REFUSED", "REMOTE_REJECTED", "REMOTE_UNAUTHORIZED", "REMOTE_RATE_LIMITED", "REMOTE_SERVER_ERROR", "JOB_PENDING", "JOB_FAILED", "BATCH_PARTIAL", "RESULT_DELIVERY_FAILED", "RESULT_STORE_FAILED", "RESULT_EXPIRED", "RECONCILED_COMMITTED", "BROKER_INTERRUPTED", "RECONCILED_NOT_APPLIED"];
 
 export type Overview = { 
 /**
@@ -44,7 +44,12 @@ operator_refusals: number,
 /**
  * The newest journal sequence: an attached console polls it to refresh its views.
  */
-last_seq: number, };
+last_seq: number, 
+/**
+ * Complete responses whose results could not be stored (RESULT_STORE_FAILED, a
+ * full disk say): the operator alert. The count, and the newest one's invocation.
+ */
+result_store_failures: number, result_store_failure_latest: string | null, };
 
 export type ProcessCard = { pid: number, executable: string | null, 
 /**
@@ -116,7 +121,12 @@ export type ApprovalCard = { invocation_id: string,
  * `per_call`, `session` (approving covers this agent session) or `host_key` (first
  * connection to an SSH host: approving pins the key).
  */
-mode: string, target: string, summary: string, method: string | null, url: string | null, body: BodyPreview | null, ssh_destination: string | null, command: string | null, host_key: string | null, credential_id: string, credential_version: string, injection_mode: string, idempotency_key: string | null, 
+mode: string, target: string, summary: string, method: string | null, url: string | null, body: BodyPreview | null, ssh_destination: string | null, command: string | null, host_key: string | null, 
+/**
+ * The addresses the host resolved to when the card was built (a refused one is
+ * marked; the broker checks again at connect time).
+ */
+resolved: string | null, credential_id: string, credential_version: string, injection_mode: string, idempotency_key: string | null, 
 /**
  * The full fingerprint the approval binds; Approve sends it back.
  */

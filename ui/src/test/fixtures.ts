@@ -80,6 +80,7 @@ export function approvalCard(overrides: Partial<ApprovalCard> = {}): ApprovalCar
     ssh_destination: null,
     command: null,
     host_key: null,
+    resolved: null,
     credential_id: "orders-token",
     credential_version: "cv-77aa88bb99cc",
     injection_mode: "bearer_header",
@@ -167,6 +168,8 @@ export function overview(overrides: Partial<Overview> = {}): Overview {
     mode: "single_user",
     operator_refusals: 0,
     last_seq: 0,
+    result_store_failures: 0,
+    result_store_failure_latest: null,
     ...overrides,
   };
 }

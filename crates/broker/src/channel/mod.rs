@@ -6,8 +6,11 @@
 //! - [`http`]: HTTP requests against configured base URLs (reqwest, rustls).
 //! - [`ssh`]: one command on a configured host (russh), against a pinned host key.
 //! - [`ssh_keys`]: importing user keys, pinning host keys from known_hosts lines.
+//! - [`guard`]: the resolved-address guard (no credential to metadata or internal
+//!   addresses) and the resolver both channels connect through.
 //! - [`redact`]: scrubbing the injected secret, in its encoded forms, from results.
 
+pub mod guard;
 pub mod http;
 pub mod redact;
 pub mod ssh;

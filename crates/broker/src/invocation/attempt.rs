@@ -136,12 +136,38 @@ impl<'a, T: Channel> Attempt<'a, T> {
         settle: Settle,
         result: Option<T::Result>,
     ) -> Outcome<T::Result> {
-        match self.rec.commit_exchange(exchange, stored, settle) {
+        let (outcome, retry) = (settle.outcome, settle.retry);
+        match self.rec.commit_exchange(exchange.clone(), stored, settle) {
             Ok(appended) => Outcome {
                 result,
                 ..Outcome::of_projection(&appended.projection, self.now_ms())
             },
-            Err(e) => self.pipeline.journal_failed(self.rec, &e),
+            Err(e) => {
+                // The remote answered completely and the result could not be stored (a
+                // full disk, say): record that in a smaller transaction, so the record
+                // still proves the outcome, and alert the operator. The caller gets the
+                // copy in memory, the only one left.
+                let recorded = self
+                    .rec
+                    .result_store_failed(exchange, outcome, retry, &e)
+                    .map(|appended| appended.projection);
+                self.journal()
+                    .note_store_failure(self.rec.id(), recorded.is_ok(), &e);
+                let mut answer = match recorded {
+                    Ok(p) => Outcome::of_projection(&p, self.now_ms()),
+                    Err(_) => {
+                        let mut answer = self.pipeline.journal_failed(self.rec, &e);
+                        if let Some(env) = answer.error.as_mut()
+                            && env.error.code == Code::ResultStoreFailed
+                        {
+                            env.error.phase = Phase::ResultDelivery;
+                        }
+                        answer
+                    }
+                };
+                answer.result = result;
+                answer
+            }
         }
     }
 }

@@ -142,8 +142,12 @@ pub trait Channel: Send + Sync + Sized + 'static {
     /// The operation facts bound with the fingerprint: what a retry decision may rely on.
     fn operation(&self, config: &Config, bound: &Bound<Self::Plan>, now_ms: i64) -> OperationFacts;
 
-    /// The summary and action a person approves.
-    fn approval(&self, bound: &Bound<Self::Plan>) -> (String, ApprovalDetail);
+    /// The summary and action a person approves (async: the card shows the addresses
+    /// the host resolves to).
+    fn approval(
+        &self,
+        bound: &Bound<Self::Plan>,
+    ) -> impl Future<Output = (String, ApprovalDetail)> + Send;
 
     /// Prepares one attempt with the secret, before the lease is taken: nothing is sent
     /// yet, so a failure here proves not_attempted.
@@ -370,7 +374,7 @@ impl<T: Channel> Pipeline<T> {
                 "This target needs approval and no approval console is attached; nothing was sent.",
             ));
         };
-        let (summary, detail) = self.inner.channel.approval(bound);
+        let (summary, detail) = self.inner.channel.approval(bound).await;
         let request = ApprovalRequest {
             mode: mode.as_str(),
             agent: crate::provenance::card_agent_of(&self.inner.journal, ctx.session.as_deref()),

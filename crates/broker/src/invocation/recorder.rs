@@ -491,6 +491,52 @@ impl Recorder {
             .commit_result(&self.id, preceding, result, settle)
     }
 
+    /// The exchange completed but its result could not be stored (`error`): records the
+    /// completion and a RESULT_STORE_FAILED failure in `result_delivery` with the outcome
+    /// the complete response settles (`outcome`, committed or rejected), fsynced, in one
+    /// small transaction. The result itself is lost; `retry` is what the response
+    /// settled, never `fetch_result` (there is nothing to fetch).
+    pub fn result_store_failed(
+        &self,
+        exchange: Exchange,
+        outcome: Outcome,
+        retry: Retry,
+        error: &JournalError,
+    ) -> Result<Appended, JournalError> {
+        let status = exchange.status;
+        let mut events = marker_events(
+            exchange.request_started,
+            exchange.request_complete,
+            Some((exchange.status, exchange.remote_request_id)),
+        );
+        events.push(EventBody::RemoteResponseComplete {
+            digest: exchange.digest,
+        });
+        let answered = status.map_or_else(String::new, |s| format!(" (HTTP {s})"));
+        events.push(EventBody::Failed {
+            phase: Phase::ResultDelivery,
+            outcome,
+            retry: if retry == Retry::FetchResult {
+                Retry::Never
+            } else {
+                retry
+            },
+            code: Code::ResultStoreFailed,
+            message: format!(
+                "The remote answered completely{answered} but the result could not be stored ({error}); the stored copy is lost and the action is not re-run. The operator has been alerted."
+            ),
+            field: None,
+        });
+        let id = self.id.clone();
+        self.journal.write(true, move |ctx| {
+            let mut last = None;
+            for body in &events {
+                last = Some(ctx.append_checked(&id, body)?);
+            }
+            last.ok_or_else(|| JournalError::Storage("nothing to record".into()))
+        })
+    }
+
     /// Pipelined markers of how far the request got and, when `response` is given, how
     /// the remote began answering (its status and request id): recorded before a failure
     /// is. Every marker is tried; the first error is returned.

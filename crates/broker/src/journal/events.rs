@@ -198,6 +198,25 @@ pub struct ResultFacts {
     pub batch: Option<BatchResult>,
 }
 
+/// Why the retention policy removed a stored result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExpiryReason {
+    /// Older than `[results] max_age`.
+    Age,
+    /// Among the oldest when the stored results exceeded `[results] max_bytes`.
+    Size,
+}
+
+impl ExpiryReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExpiryReason::Age => "age",
+            ExpiryReason::Size => "size",
+        }
+    }
+}
+
 /// One journal transition. The `kind` tag is also stored in its own column.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "SCREAMING_SNAKE_CASE", deny_unknown_fields)]
@@ -300,6 +319,14 @@ pub enum EventBody {
     ResultDelivered,
     /// The record could not be handed to the caller; it stays retrievable.
     DeliveryFailed { code: Code, message: String },
+    /// The retention policy deleted the stored result `result_id` (`bytes` of chunks).
+    /// Only the result tables are pruned: the invocation's events, and so its outcome,
+    /// stay as recorded.
+    ResultExpired {
+        result_id: String,
+        reason: ExpiryReason,
+        bytes: u64,
+    },
     /// The current attempt ended without a settled result. `outcome` is this attempt's
     /// outcome; the invocation's outcome is the projection's.
     Failed {
@@ -414,6 +441,7 @@ impl EventBody {
             EventBody::ResultCommitted { .. } => "RESULT_COMMITTED",
             EventBody::ResultDelivered => "RESULT_DELIVERED",
             EventBody::DeliveryFailed { .. } => "DELIVERY_FAILED",
+            EventBody::ResultExpired { .. } => "RESULT_EXPIRED",
             EventBody::Failed { .. } => "FAILED",
             EventBody::RetryManifest { .. } => "RETRY_MANIFEST",
             EventBody::Reconciled { .. } => "RECONCILED",

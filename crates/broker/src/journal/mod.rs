@@ -48,7 +48,13 @@ use crate::audit::{
 use crate::clock::Clock;
 use events::{Channel, Event, EventBody, JOURNAL_SCOPE};
 use projection::{Projection, ProjectionError};
-pub use results::{ResultToStore, Settle, StoredResult};
+pub use results::{ResultLayout, ResultToStore, RetentionPolicy, Settle, StoredResult};
+
+/// How often the writer applies the result retention policy (also once at open).
+pub const PRUNE_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Where the writer reads the live retention policy of stored results.
+pub type RetentionSource = Arc<dyn Fn() -> RetentionPolicy + Send + Sync>;
 
 /// Jobs drained into one transaction at most; bounds the latency of the first job.
 const MAX_BATCH: usize = 512;
@@ -164,11 +170,19 @@ struct Inner {
     manifest_key: SigningKey,
     /// Set by the writer while the disk is full (see [`space`]).
     low_space: Arc<AtomicBool>,
+    /// Complete responses whose results could not be stored, since this process
+    /// started: the operator console's alert (recorded ones are also in the journal).
+    store_failures: Mutex<Vec<StoreFailure>>,
     /// Invocations refused before their acceptance could be recorded, so `get_invocation`
     /// can still say what happened to them (in memory: nothing else could be written).
     unrecorded: Mutex<std::collections::VecDeque<Unrecorded>>,
     /// Set by the writer after each fsynced commit that carried a checkpoint.
     latest_durable: Arc<Mutex<Option<Checkpoint>>>,
+    /// The retention policy of stored results, read by the writer's periodic pass.
+    result_retention: Arc<Mutex<Option<RetentionSource>>>,
+    /// Authenticates `fetch_result` cursors; derived from the checkpoint signing key so
+    /// cursors stay valid across restarts of the same broker.
+    cursor_key: [u8; 32],
 }
 
 /// An invocation whose acceptance never reached the journal.
@@ -177,6 +191,17 @@ pub struct Unrecorded {
     pub invocation_id: String,
     pub session: Option<String>,
     pub envelope: crate::contract::Envelope,
+}
+
+/// A complete response whose result could not be stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreFailure {
+    pub invocation_id: String,
+    pub at_ms: i64,
+    /// The journal recorded the failure (RESULT_STORE_FAILED with the settled outcome);
+    /// false when even that record failed and the outcome is left unknown.
+    pub recorded: bool,
+    pub detail: String,
 }
 
 /// How many unrecorded invocations are remembered.
@@ -527,6 +552,11 @@ impl Journal {
         let latest_durable = Arc::new(Mutex::new(
             newest.clone().map(|c| c.with_note(&options.signing_key)),
         ));
+        let cursor_key = blake3::derive_key(
+            "postern 2026 result-cursor v1",
+            &options.signing_key.to_bytes(),
+        );
+        let result_retention: Arc<Mutex<Option<RetentionSource>>> = Arc::new(Mutex::new(None));
         let state = WriterState {
             conn,
             cache: ProjectionCache::default(),
@@ -555,6 +585,8 @@ impl Journal {
             low_space: low_space.clone(),
             last_space_check: None,
             batches: 0,
+            result_retention: result_retention.clone(),
+            next_prune: Instant::now(),
         };
         let writer = std::thread::Builder::new()
             .name("postern-journal-writer".into())
@@ -574,7 +606,10 @@ impl Journal {
                 manifest_key,
                 low_space,
                 unrecorded: Mutex::new(std::collections::VecDeque::new()),
+                store_failures: Mutex::new(Vec::new()),
                 latest_durable,
+                result_retention,
+                cursor_key,
             }),
         };
         if last_seq > signed_through {
@@ -658,6 +693,65 @@ impl Journal {
             }
             list.push_back(unrecorded);
         }
+    }
+
+    /// Remembers a complete response whose result could not be stored, for the
+    /// operator's alert.
+    pub fn note_store_failure(&self, invocation_id: &str, recorded: bool, error: &JournalError) {
+        if let Ok(mut list) = self.inner.store_failures.lock() {
+            if list.len() >= MAX_UNRECORDED {
+                list.remove(0);
+            }
+            list.push(StoreFailure {
+                invocation_id: invocation_id.to_string(),
+                at_ms: self.now_ms(),
+                recorded,
+                detail: error.to_string(),
+            });
+        }
+    }
+
+    /// Every complete response whose result could not be stored: those the journal
+    /// recorded (RESULT_STORE_FAILED), oldest first, then those only this process saw.
+    pub fn store_failures(&self) -> Result<Vec<StoreFailure>, JournalError> {
+        let mut out: Vec<StoreFailure> = {
+            let conn = self.inner.reader.lock().map_err(|_| JournalError::Closed)?;
+            let mut stmt = conn.prepare_cached(
+                "SELECT e.invocation_id, e.recorded_at_ms, e.body FROM events e
+                 JOIN invocations i ON i.id = e.invocation_id
+                 WHERE i.code = 'RESULT_STORE_FAILED' AND e.kind = 'FAILED'
+                 ORDER BY e.seq",
+            )?;
+            let rows = stmt.query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, String>(2)?,
+                ))
+            })?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (invocation_id, at_ms, body) = row?;
+                if let Ok(EventBody::Failed {
+                    code: Code::ResultStoreFailed,
+                    message,
+                    ..
+                }) = serde_json::from_str::<EventBody>(&body)
+                {
+                    out.push(StoreFailure {
+                        invocation_id,
+                        at_ms,
+                        recorded: true,
+                        detail: message,
+                    });
+                }
+            }
+            out
+        };
+        if let Ok(list) = self.inner.store_failures.lock() {
+            out.extend(list.iter().filter(|f| !f.recorded).cloned());
+        }
+        Ok(out)
     }
 
     /// What was answered for an invocation that was never recorded, if this process
@@ -1052,6 +1146,53 @@ impl Journal {
         Ok(Projection::fold(invocation_id, &events)?)
     }
 
+    /// Sets where the writer reads the retention policy of stored results, and applies
+    /// it once now. Returns how many results expired in this first pass.
+    pub fn set_result_retention(&self, source: RetentionSource) -> Result<usize, JournalError> {
+        let policy = source();
+        if let Ok(mut slot) = self.inner.result_retention.lock() {
+            *slot = Some(source);
+        }
+        self.prune_results(policy)
+    }
+
+    /// Applies `policy` to the stored results now: RESULT_EXPIRED for each result
+    /// removed, oldest first. Only result rows are deleted; events never are.
+    pub fn prune_results(&self, policy: RetentionPolicy) -> Result<usize, JournalError> {
+        let mut total = 0;
+        loop {
+            let n = self.write(false, move |ctx| results::prune_step(ctx, policy))?;
+            total += n;
+            if n < results::PRUNE_BATCH {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// The key `fetch_result` cursors are authenticated with.
+    pub fn cursor_key(&self) -> &[u8; 32] {
+        &self.inner.cursor_key
+    }
+
+    /// A stored result's streams and digest without its bytes (see
+    /// [`results::layout`]).
+    pub fn result_layout(&self, result_id: &str) -> Result<ResultLayout, JournalError> {
+        let conn = self.inner.reader.lock().map_err(|_| JournalError::Closed)?;
+        results::layout(&conn, result_id)
+    }
+
+    /// `len` bytes of one stream of a stored result, from `offset`.
+    pub fn read_result_range(
+        &self,
+        result_id: &str,
+        stream: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, JournalError> {
+        let conn = self.inner.reader.lock().map_err(|_| JournalError::Closed)?;
+        results::read_range(&conn, result_id, stream, offset, len)
+    }
+
     /// Reads a stored result back, checking its completeness marker and digest.
     pub fn read_result(&self, result_id: &str) -> Result<StoredResult, JournalError> {
         let conn = self.inner.reader.lock().map_err(|_| JournalError::Closed)?;
@@ -1098,6 +1239,7 @@ impl Journal {
                     WHERE invocation_id IN (SELECT id FROM invocations)
                     GROUP BY invocation_id)
                  AND kind NOT IN ('RESULT_COMMITTED', 'RESULT_DELIVERED', 'DELIVERY_FAILED',
+                                  'RESULT_EXPIRED',
                                   'FAILED', 'RECONCILED', 'RETRY_MANIFEST', 'JOB_TRACKED',
                                   'JOB_STATUS')
                  ORDER BY seq",
@@ -1471,13 +1613,25 @@ struct WriterState {
     last_space_check: Option<Instant>,
     /// Committed batches, to look at the WAL's size now and then.
     batches: u64,
+    /// The retention policy of stored results, once the broker has set one.
+    result_retention: Arc<Mutex<Option<RetentionSource>>>,
+    /// When the retention policy is next applied.
+    next_prune: Instant,
 }
 
 impl WriterState {
     fn run(mut self, receiver: Receiver<Job>) {
         loop {
-            let first = if self.outside_pending.is_some() || self.unsynced.is_some() {
-                match receiver.recv_timeout(self.outside_due_in()) {
+            self.prune_when_due();
+            let wait = if self.outside_pending.is_some() || self.unsynced.is_some() {
+                Some(self.outside_due_in().min(self.prune_due_in()))
+            } else if self.retention_source().is_some() {
+                Some(self.prune_due_in())
+            } else {
+                None
+            };
+            let first = if let Some(wait) = wait {
+                match receiver.recv_timeout(wait) {
                     Ok(job) => job,
                     Err(mpsc::RecvTimeoutError::Timeout) => {
                         self.sync_idle();
@@ -1512,6 +1666,52 @@ impl WriterState {
             self.published(cp);
         }
         self.write_outside();
+    }
+
+    fn retention_source(&self) -> Option<RetentionSource> {
+        self.result_retention.lock().ok()?.clone()
+    }
+
+    fn prune_due_in(&self) -> Duration {
+        self.next_prune.saturating_duration_since(Instant::now())
+    }
+
+    /// Applies the result retention policy when its interval has passed: batches of
+    /// expiries, each its own transaction, until nothing more is due.
+    fn prune_when_due(&mut self) {
+        if Instant::now() < self.next_prune {
+            return;
+        }
+        self.next_prune = Instant::now() + PRUNE_INTERVAL;
+        let Some(source) = self.retention_source() else {
+            return;
+        };
+        let policy = source();
+        loop {
+            let (tx, rx) = mpsc::sync_channel(1);
+            let run: JobFn = Box::new(move |ctx| {
+                let result = match ctx {
+                    Some(ctx) => results::prune_step(ctx, policy),
+                    None => Err(JournalError::Closed),
+                };
+                JobOutcome {
+                    ok: result.is_ok(),
+                    disk_full: result.as_ref().is_err_and(JournalError::is_disk_full),
+                    finish: Box::new(move |commit: Result<(), JournalError>| {
+                        let _ = tx.send(commit.and(result));
+                    }),
+                }
+            });
+            self.run_batch(vec![Job {
+                durable: false,
+                run,
+            }]);
+            // A failed pass is tried again at the next interval.
+            match rx.try_recv() {
+                Ok(Ok(n)) if n == results::PRUNE_BATCH => continue,
+                _ => break,
+            }
+        }
     }
 
     fn set_sync(&mut self, full: bool) -> Result<(), rusqlite::Error> {

@@ -12,8 +12,8 @@ use crate::contract::{
     RemoteContract, Retry,
 };
 use crate::journal::events::{
-    Channel, Event, EventBody, JobFacts, JobState, MemberState, OperationFacts, ParentLink,
-    Relation, ResultFacts, Settlement,
+    Channel, Event, EventBody, ExpiryReason, JobFacts, JobState, MemberState, OperationFacts,
+    ParentLink, Relation, ResultFacts, Settlement,
 };
 use crate::retry::{MemberDisposition, RecordFacts, disposition_for_unknown};
 
@@ -86,6 +86,9 @@ pub struct Projection {
     pub redactions: u32,
     pub delivered: bool,
     pub delivery_failed: bool,
+    /// The retention policy removed the stored result: the sequence of its
+    /// RESULT_EXPIRED record, why, and how many bytes were removed.
+    pub result_expired: Option<(u64, ExpiryReason, u64)>,
     /// The attempt or the invocation reached a terminal record.
     pub terminal: bool,
     pub reconciled: Option<Settlement>,
@@ -132,6 +135,7 @@ impl Projection {
             redactions: 0,
             delivered: false,
             delivery_failed: false,
+            result_expired: None,
             terminal: false,
             reconciled: None,
             last_seq: 0,
@@ -461,6 +465,48 @@ impl Projection {
                 self.code = Some(*code);
                 self.message = Some(message.clone());
             }
+            EventBody::ResultExpired {
+                result_id,
+                reason,
+                bytes,
+                ..
+            } => {
+                // An earlier attempt's result may expire too; it changes nothing here.
+                if self.result_id.as_deref() == Some(result_id.as_str()) {
+                    if self.result_expired.is_some() {
+                        return refuse(self, "a result expires once");
+                    }
+                    self.result_expired = Some((seq, *reason, *bytes));
+                }
+            }
+            EventBody::Failed {
+                phase,
+                outcome,
+                retry,
+                code,
+                message,
+                field,
+            } if *code == Code::ResultStoreFailed && *phase == Phase::ResultDelivery => {
+                // A complete response whose result could not be stored: the recorded
+                // completion supports the outcome the response settles (committed or
+                // rejected); only the result itself is lost.
+                if !attempt_open || !self.attempt.response_complete {
+                    return refuse(self, "a result is lost only after a complete response");
+                }
+                if !matches!(outcome, Outcome::Committed | Outcome::Rejected) {
+                    return refuse(self, "a complete response settles committed or rejected");
+                }
+                self.outcome = *outcome;
+                self.phase = Phase::ResultDelivery;
+                self.recorded_retry = Some(*retry);
+                self.code = Some(*code);
+                self.message = Some(message.clone());
+                self.field = field.clone();
+                self.confidence = Some(ConfidenceSource::RemoteResponse);
+                self.attempt.closed = true;
+                self.authorized_generation = None;
+                self.terminal = true;
+            }
             EventBody::Failed {
                 phase,
                 outcome,
@@ -683,7 +729,7 @@ impl Projection {
     /// comes from decide()"), never from what a later attempt recorded: a second
     /// attempt that failed in setup must not turn `unknown` into `backoff`.
     pub fn retry(&self, now_ms: i64) -> Retry {
-        if self.delivery_failed && self.result_id.is_some() {
+        if self.delivery_failed && self.result_id.is_some() && self.result_expired.is_none() {
             return Retry::FetchResult;
         }
         if self.outcome == Outcome::Unknown {

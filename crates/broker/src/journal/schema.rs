@@ -23,7 +23,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0005_search.sql"),
     include_str!("migrations/0006_search_index.sql"),
     include_str!("migrations/0007_merkle.sql"),
-    include_str!("migrations/0008_links.sql"),
+    include_str!("migrations/0008_result_retention.sql"),
+    include_str!("migrations/0009_links.sql"),
 ];
 
 /// Bytes a checkpointed WAL is truncated to (see `configure`).

@@ -17,6 +17,7 @@ use super::transport::{
 };
 use super::validate::HOP_BY_HOP;
 use super::{Armed, Http, HttpOutcome, HttpResponse};
+use crate::channel::guard::{self, AddressPolicy, Refusal, Resolver};
 use crate::contract::{Code, ConfidenceSource, Outcome, Phase, Retry, Stage};
 use crate::invocation::{Attempt, CallContext, Exchange, Gate, GateShut, Response};
 use crate::journal::events::ResultFacts;
@@ -30,6 +31,7 @@ const MAX_SETUP_ATTEMPTS: u32 = 2;
 /// Runs one armed attempt up to a stored result or a recorded failure.
 pub(super) async fn attempt(
     trust: &Trust,
+    resolver: &Resolver,
     attempt: Attempt<'_, Http>,
     armed: Armed,
     ctx: &CallContext,
@@ -56,6 +58,14 @@ pub(super) async fn attempt(
             "method",
         );
     };
+    // The address guard. A name is checked in the resolver, on the addresses then
+    // connected to; an IP literal never reaches the resolver, so it is checked here.
+    let policy = AddressPolicy::for_host(&p.http.host, armed.target.allow_private);
+    if let Some(ip) = guard::parse_literal(&p.http.host)
+        && let Err(refusal) = policy.check(ip)
+    {
+        return address_refused(&attempt, 1, refusal);
+    }
     // One copy of the body for every connection-setup attempt (`Bytes` clones share it).
     let body = Bytes::from(p.request.body.clone());
     for n in 1..=MAX_SETUP_ATTEMPTS {
@@ -65,6 +75,7 @@ pub(super) async fn attempt(
         let client = match client(
             trust,
             &probe,
+            (resolver, policy),
             armed.verifier.clone(),
             gate,
             gate_error.clone(),
@@ -113,6 +124,9 @@ pub(super) async fn attempt(
                             Retry::AfterCorrection,
                             "The request could not be built: a header value or the URL is not valid on the wire; nothing was sent.",
                         );
+                }
+                if let Some(refusal) = probe.refused() {
+                    return address_refused(&attempt, n, refusal);
                 }
                 let (io_kind, tls) = transport::error_chain_facts(&error);
                 let (stage, code) = probe.setup_failure(https, io_kind, tls);
@@ -171,6 +185,20 @@ pub(super) async fn attempt(
     attempt.recorded()
 }
 
+/// The guard refused the address: recorded as the `address_guard` stage; no connection
+/// was made.
+fn address_refused(attempt: &Attempt<'_, Http>, n: u32, refusal: Refusal) -> HttpOutcome {
+    if let Err(outcome) = attempt.setup_stage_failed(n, Stage::AddressGuard, Code::AddressRefused) {
+        return *outcome;
+    }
+    attempt.fail(
+        Phase::ConnectionSetup,
+        Code::AddressRefused,
+        Retry::AfterCorrection,
+        &refusal.message(),
+    )
+}
+
 /// Markers of how far the request got, before a failure after dispatch is recorded.
 fn mark_request(attempt: &Attempt<'_, Http>, probe: &Probe) {
     attempt.mark(probe.headers_taken(), probe.body_taken(), None);
@@ -180,6 +208,7 @@ fn mark_request(attempt: &Attempt<'_, Http>, probe: &Probe) {
 fn client(
     trust: &Trust,
     probe: &Arc<Probe>,
+    (resolver, policy): (&Resolver, AddressPolicy),
     verifier: Option<Arc<WebPkiServerVerifier>>,
     gate: Gate,
     gate_error: Arc<Mutex<Option<GateShut>>>,
@@ -213,6 +242,8 @@ fn client(
         .http1_only()
         .dns_resolver(Arc::new(RecordingResolver {
             probe: probe.clone(),
+            resolver: resolver.clone(),
+            policy,
         }))
         .connector_layer(DispatchLayer {
             probe: probe.clone(),

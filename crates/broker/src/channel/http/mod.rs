@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::action::NormalizedHttp;
 use crate::approvals::ApprovalDetail;
+use crate::channel::guard::{AddressPolicy, Resolver};
 use crate::channel::redact::{Redactor, percent_encode};
 use crate::config::{Config, ConfigHandle, HttpTarget, ReconcileQuery};
 use crate::contract::{Code, ConfidenceSource, IdempotencyEvidence, Outcome, RemoteContract};
@@ -43,6 +44,8 @@ use status::Repeat;
 
 /// Dispatches an invocation may make in total, across retries and restarts.
 const RETRY_BUDGET: u32 = 3;
+/// How long building an approval card waits for the host's addresses.
+const CARD_LOOKUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// How long a redirect chain the channel follows for a target that opted in.
 const MAX_REDIRECTS: u32 = 5;
 
@@ -118,6 +121,8 @@ pub struct Plan {
     repeat: Repeat,
     /// For a batch under the target's `[http.batch]`: its member ids, in order.
     batch_members: Option<Vec<String>>,
+    /// The target's `allow_private`, for the approval card's address check.
+    allow_private: bool,
 }
 
 /// One attempt's request with the credential in it. The URL and header values that may
@@ -143,6 +148,8 @@ impl Drop for Armed {
 /// HTTP's steps of the pipeline.
 pub struct Http {
     trust: inject::Trust,
+    /// Where host names resolve; the address guard checks its answers.
+    resolver: Resolver,
     /// Held while a submission's job is looked up and, if missing, created, so two
     /// polls of one submission never track its job twice.
     jobs: std::sync::Mutex<()>,
@@ -266,9 +273,17 @@ impl Channel for Http {
         }
     }
 
-    fn approval(&self, bound: &Bound<Plan>) -> (String, ApprovalDetail) {
+    async fn approval(&self, bound: &Bound<Plan>) -> (String, ApprovalDetail) {
         let p = &bound.plan;
+        let policy = AddressPolicy::for_host(&p.http.host, p.allow_private);
+        let resolved = tokio::time::timeout(
+            CARD_LOOKUP_TIMEOUT,
+            self.resolver.describe(&p.http.host, policy),
+        )
+        .await
+        .unwrap_or_else(|_| "did not resolve in time".to_string());
         let detail = ApprovalDetail {
+            resolved: Some(resolved),
             method: Some(p.http.method.clone()),
             url: Some(p.http.url()),
             body: (!p.request.body.is_empty())
@@ -288,7 +303,7 @@ impl Channel for Http {
         armed: Armed,
         ctx: &CallContext,
     ) -> HttpOutcome {
-        exchange::attempt(&self.trust, attempt, armed, ctx).await
+        exchange::attempt(&self.trust, &self.resolver, attempt, armed, ctx).await
     }
 
     fn stored_result(stored: &StoredResult) -> Option<HttpResponse> {
@@ -298,9 +313,21 @@ impl Channel for Http {
 
 impl Pipeline<Http> {
     pub fn new(journal: Journal, vault: std::sync::Arc<Vault>, config: ConfigHandle) -> Self {
+        Self::with_resolver(journal, vault, config, Resolver::system())
+    }
+
+    /// [`Pipeline::new`] resolving through `resolver` (a hosts-style map in tests; the
+    /// daemon and the app always use the system resolver).
+    pub fn with_resolver(
+        journal: Journal,
+        vault: std::sync::Arc<Vault>,
+        config: ConfigHandle,
+        resolver: Resolver,
+    ) -> Self {
         Pipeline::with(
             Http {
                 trust: inject::Trust::new(),
+                resolver,
                 jobs: std::sync::Mutex::new(()),
             },
             journal,

@@ -1,7 +1,8 @@
 //! One HTTP attempt over reqwest, with every boundary the contract needs made visible
 //! through reqwest's extension points rather than by reading error strings:
 //!
-//! - a DNS resolver that records the `dns` stage;
+//! - a DNS resolver that records the `dns` stage and runs the [address
+//!   guard](crate::channel::guard) on the addresses it hands to the connector;
 //! - a rustls certificate verifier (system roots plus the target's `ca_file`) that
 //!   records the `tls_handshake` verdict and the verified peer identity;
 //! - a connector layer that runs when TCP and TLS are done and, before handing the
@@ -26,6 +27,7 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, SignatureScheme};
 
+use crate::channel::guard::{AddressPolicy, LookupError, Refusal, Resolver};
 use crate::contract::{Code, Stage};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -52,6 +54,7 @@ pub enum GateVerdict {
 #[derive(Debug, Default)]
 pub struct Probe {
     dns: Mutex<Option<Result<(), ()>>>,
+    refused: Mutex<Option<Refusal>>,
     tls: Mutex<Option<TlsVerdict>>,
     connected: AtomicBool,
     gate: Mutex<Option<GateVerdict>>,
@@ -62,6 +65,14 @@ pub struct Probe {
 impl Probe {
     pub fn dns(&self) -> Option<Result<(), ()>> {
         self.dns.lock().ok().and_then(|g| *g)
+    }
+    /// The address the guard refused, if it did.
+    pub fn refused(&self) -> Option<Refusal> {
+        self.refused.lock().ok().and_then(|g| *g)
+    }
+    /// Records a refusal made before the client was built (an IP-literal host).
+    pub fn refuse(&self, refusal: Refusal) {
+        Probe::set(&self.refused, refusal);
     }
     pub fn tls(&self) -> Option<TlsVerdict> {
         self.tls.lock().ok().and_then(|g| g.clone())
@@ -97,6 +108,9 @@ impl Probe {
         tls_error: bool,
     ) -> (Stage, Code) {
         use std::io::ErrorKind as K;
+        if self.refused().is_some() {
+            return (Stage::AddressGuard, Code::AddressRefused);
+        }
         if self.dns() == Some(Err(())) {
             return (Stage::Dns, Code::DnsFailed);
         }
@@ -150,25 +164,32 @@ pub fn error_chain_facts(
     (io_kind, tls)
 }
 
-/// Records the DNS stage; IP literals never reach it.
+/// Records the DNS stage and guards what it resolved: the connector is handed exactly
+/// the checked addresses, so nothing else can be connected to. IP literals never reach
+/// it (the exchange checks those before building the client).
 pub struct RecordingResolver {
     pub probe: Arc<Probe>,
+    pub resolver: Resolver,
+    pub policy: AddressPolicy,
 }
 
 impl reqwest::dns::Resolve for RecordingResolver {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
         let probe = self.probe.clone();
+        let resolver = self.resolver.clone();
+        let policy = self.policy;
         let host = name.as_str().to_string();
         Box::pin(async move {
-            match tokio::net::lookup_host((host.as_str(), 0)).await {
+            match resolver.lookup_checked(&host, policy).await {
                 Ok(addrs) => {
-                    let addrs: Vec<SocketAddr> = addrs.collect();
-                    if addrs.is_empty() {
-                        Probe::set(&probe.dns, Err(()));
-                        return Err(BoxError::from(format!("{host}: no addresses")));
-                    }
                     Probe::set(&probe.dns, Ok(()));
-                    Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
+                    let addrs = addrs.into_iter().map(|ip| SocketAddr::new(ip, 0));
+                    Ok(Box::new(addrs) as reqwest::dns::Addrs)
+                }
+                Err(LookupError::Refused(refusal)) => {
+                    Probe::set(&probe.dns, Ok(()));
+                    Probe::set(&probe.refused, refusal);
+                    Err(BoxError::from(refusal))
                 }
                 Err(e) => {
                     Probe::set(&probe.dns, Err(()));

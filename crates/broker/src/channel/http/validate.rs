@@ -199,6 +199,7 @@ pub(super) fn validate(request: &HttpRequest, config: &Config) -> Result<Validat
             http: action,
             repeat,
             batch_members,
+            allow_private: target.allow_private,
         },
     })
 }

@@ -11,6 +11,7 @@ use russh::{ChannelMsg, Sig};
 
 use super::{Armed, ExitSignal, Ssh, SshOutcome, SshResult, StoredExec, destination};
 use crate::approvals::{ApprovalAnswer, ApprovalDetail, ApprovalRequest};
+use crate::channel::guard::{AddressPolicy, LookupError, Resolver};
 use crate::channel::redact::Redactor;
 use crate::contract::{Code, ConfidenceSource, Outcome, Phase, Retry, Stage};
 use crate::invocation::{Attempt, CallContext, Exchange, GateShut};
@@ -104,6 +105,7 @@ fn setup_failed(attempt: &Attempt<'_, Ssh>, stage: Stage, code: Code, detail: &s
 
 /// Runs one armed attempt up to a stored result or a recorded failure.
 pub(super) async fn attempt(
+    resolver: &Resolver,
     attempt: Attempt<'_, Ssh>,
     armed: Armed,
     ctx: &CallContext,
@@ -138,17 +140,34 @@ pub(super) async fn attempt(
         ),
     };
 
-    // dns and tcp_connect.
+    // dns, the address guard and tcp_connect: the connect takes exactly the checked
+    // addresses.
     let host = p.target.host.clone();
     let port = p.target.port;
-    let addrs: Vec<std::net::SocketAddr> =
-        match bounded!(tokio::net::lookup_host((host.as_str(), port))) {
-            Ok(Ok(a)) => a.collect(),
-            Ok(Err(e)) => {
-                return setup_failed(&attempt, Stage::Dns, Code::DnsFailed, &e.to_string());
+    let policy = AddressPolicy::for_host(&host, p.target.allow_private);
+    let addrs: Vec<std::net::SocketAddr> = match bounded!(resolver.lookup_checked(&host, policy)) {
+        Ok(Ok(ips)) => ips
+            .into_iter()
+            .map(|ip| std::net::SocketAddr::new(ip, port))
+            .collect(),
+        Ok(Err(LookupError::Refused(refusal))) => {
+            if let Err(outcome) =
+                attempt.setup_stage_failed(1, Stage::AddressGuard, Code::AddressRefused)
+            {
+                return *outcome;
             }
-            Err(stop) => return setup_stopped(&attempt, Stage::Dns, stop),
-        };
+            return attempt.fail(
+                Phase::ConnectionSetup,
+                Code::AddressRefused,
+                Retry::AfterCorrection,
+                &refusal.message(),
+            );
+        }
+        Ok(Err(e)) => {
+            return setup_failed(&attempt, Stage::Dns, Code::DnsFailed, &e.to_string());
+        }
+        Err(stop) => return setup_stopped(&attempt, Stage::Dns, stop),
+    };
     let stream = match bounded!(tokio::net::TcpStream::connect(addrs.as_slice())) {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {

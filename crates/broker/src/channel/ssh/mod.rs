@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::action::{NormalizedAction, NormalizedSsh};
 use crate::approvals::ApprovalDetail;
+use crate::channel::guard::{AddressPolicy, Resolver};
 use crate::channel::redact::Redactor;
 use crate::config::{Config, ConfigHandle, SshTarget};
 use crate::contract::{Code, Phase, RemoteContract, Retry};
@@ -144,7 +145,13 @@ pub struct Armed {
 }
 
 /// SSH's steps of the pipeline.
-pub struct Ssh;
+pub struct Ssh {
+    /// Where host names resolve; the address guard checks its answers.
+    resolver: Resolver,
+}
+
+/// How long building an approval card waits for the host's addresses.
+const CARD_LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Channel for Ssh {
     type Request = SshRequest;
@@ -228,9 +235,17 @@ impl Channel for Ssh {
         }
     }
 
-    fn approval(&self, bound: &Bound<Plan>) -> (String, ApprovalDetail) {
+    async fn approval(&self, bound: &Bound<Plan>) -> (String, ApprovalDetail) {
         let p = &bound.plan;
+        let policy = AddressPolicy::for_host(&p.target.host, p.target.allow_private);
+        let resolved = tokio::time::timeout(
+            CARD_LOOKUP_TIMEOUT,
+            self.resolver.describe(&p.target.host, policy),
+        )
+        .await
+        .unwrap_or_else(|_| "did not resolve in time".to_string());
         let detail = ApprovalDetail {
+            resolved: Some(resolved),
             ssh_destination: Some(destination(&p.target)),
             command: Some(crate::display::escape_text(&p.request.command)),
             ..Default::default()
@@ -272,7 +287,7 @@ impl Channel for Ssh {
         armed: Armed,
         ctx: &CallContext,
     ) -> SshOutcome {
-        exec::attempt(attempt, armed, ctx).await
+        exec::attempt(&self.resolver, attempt, armed, ctx).await
     }
 
     fn stored_result(stored: &StoredResult) -> Option<SshResult> {
@@ -282,7 +297,18 @@ impl Channel for Ssh {
 
 impl Pipeline<Ssh> {
     pub fn new(journal: Journal, vault: Arc<Vault>, config: ConfigHandle) -> Self {
-        Pipeline::with(Ssh, journal, vault, config)
+        Self::with_resolver(journal, vault, config, Resolver::system())
+    }
+
+    /// [`Pipeline::new`] resolving through `resolver` (a hosts-style map in tests; the
+    /// daemon and the app always use the system resolver).
+    pub fn with_resolver(
+        journal: Journal,
+        vault: Arc<Vault>,
+        config: ConfigHandle,
+        resolver: Resolver,
+    ) -> Self {
+        Pipeline::with(Ssh { resolver }, journal, vault, config)
     }
 
     /// Runs one command as a new invocation.
