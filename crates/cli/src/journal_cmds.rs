@@ -202,6 +202,61 @@ pub fn audit_key_print(
     Ok(())
 }
 
+/// `postern audit verify-manifest`: a retry manifest checked against the broker's
+/// public key alone (its digest recomputed from the facts it carries, then the
+/// signature), as a party that holds no journal would check it.
+pub fn verify_manifest(key: &str, file: &Path, json: bool) -> common::Outcome {
+    use postern_broker::retry::{RetryManifest, verify_manifest};
+    use postern_broker::transparency::note::VerifierKey;
+    let key = VerifierKey::parse(key)
+        .map_err(|e| Failure::unavailable(format!("--key: {e}")).with_json(json, "bad_key"))?;
+    let text = if file.as_os_str() == "-" {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
+            .map(|_| s)
+            .map_err(|e| e.to_string())
+    } else {
+        std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))
+    }
+    .map_err(|e| Failure::unavailable(e).with_json(json, "unreadable"))?;
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+        Failure::unavailable(format!("not JSON: {e}")).with_json(json, "unreadable")
+    })?;
+    let value = match value.get("manifest") {
+        Some(inner) => inner.clone(),
+        None => value,
+    };
+    let manifest: RetryManifest = serde_json::from_value(value).map_err(|e| {
+        Failure::unavailable(format!("not a retry manifest: {e}")).with_json(json, "unreadable")
+    })?;
+    match verify_manifest(&manifest, Some(&key.key)) {
+        Ok(()) => {
+            if json {
+                println!(
+                    "{}",
+                    json!({
+                        "valid": true,
+                        "invocation_id": manifest.invocation_id,
+                        "decision": manifest.decision,
+                        "verdict": manifest.verdict,
+                        "digest": manifest.digest,
+                    })
+                );
+            } else {
+                println!(
+                    "valid: {} {} ({}), signed by {}",
+                    manifest.invocation_id,
+                    manifest.decision.as_str(),
+                    manifest.verdict.as_str(),
+                    key.name
+                );
+            }
+            Ok(())
+        }
+        Err(e) => Err(Failure::failed(format!("invalid manifest: {e}")).with_json(json, "invalid")),
+    }
+}
+
 /// The journal, opened read-only, and its audit key (see [`audit_key`]).
 fn journal_and_audit_key(
     data_dir: &Path,

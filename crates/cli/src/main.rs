@@ -304,6 +304,28 @@ enum AuditCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Check a retry manifest as another party would: its digest against the facts it
+    /// carries, and the broker's signature with the key `postern audit key` prints.
+    /// Needs no journal and no keychain.
+    #[command(
+        name = "verify-manifest",
+        after_help = "Examples:\n  \
+        postern audit verify-manifest --key \"$(postern audit key --json | jq -r .key)\" manifest.json\n  \
+        some-agent-log | postern audit verify-manifest --key KEY -\n\n\
+        The input is a manifest, or an answer that holds one under `manifest`.\n\
+        Exit status: 0 valid, 1 altered or signed by another key, 2 unreadable input."
+    )]
+    VerifyManifest {
+        /// The broker's verifier key (`name+id+base64`, as `postern audit key` prints).
+        #[arg(long)]
+        key: String,
+        /// The manifest file, or `-` for standard input.
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Args)]
@@ -506,6 +528,9 @@ fn run(cli: Cli) -> common::Outcome {
             keychain.vault_key_file.as_deref(),
             json,
         ),
+        Command::Audit(AuditCmd::VerifyManifest { key, file, json }) => {
+            journal_cmds::verify_manifest(&key, &file, json)
+        }
         Command::Audit(AuditCmd::Verify {
             data_dir,
             keychain,

@@ -26,8 +26,8 @@ pub const ALL: &[&str] = &[
     FETCH_RESULT,
     GET_INVOCATION,
     RETRY_INVOCATION,
-    LIST_TARGETS,
     POLL_JOB,
+    LIST_TARGETS,
 ];
 
 const OUTCOMES: &str = "Every answer carries `invocation_id` and `outcome`. Outcomes: \
