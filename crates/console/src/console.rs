@@ -479,11 +479,55 @@ impl Console {
         let p = Projection::fold(&row.id, &events).map_err(|e| journal_error(&e.into()))?;
         let now = self.now();
         let config = self.broker.config.current();
+        let bound_query = p.operation.as_ref().is_some_and(|o| {
+            o.source_query.is_some()
+                || o.batch
+                    .as_ref()
+                    .is_some_and(|b| !b.atomic && b.member_query.is_some())
+        });
         let can_query = p.channel == Some(Channel::Http)
-            && p.target
-                .as_deref()
-                .and_then(|t| config.http_target(t))
-                .is_some_and(|t| t.reconcile.is_some());
+            && (bound_query
+                || p.target
+                    .as_deref()
+                    .and_then(|t| config.http_target(t))
+                    .is_some_and(|t| t.reconcile.is_some()));
+        let mut related: Vec<RelatedInvocation> = p
+            .parent
+            .iter()
+            .map(|l| RelatedInvocation {
+                invocation_id: l.invocation_id.clone(),
+                relation: l.relation.as_str().to_string(),
+                role: "parent".into(),
+            })
+            .collect();
+        let children = self
+            .broker
+            .journal
+            .children(&row.id)
+            .map_err(|e| journal_error(&e))?;
+        related.extend(children.into_iter().map(|l| RelatedInvocation {
+            invocation_id: l.invocation_id,
+            relation: l.relation.as_str().to_string(),
+            role: "child".into(),
+        }));
+        let job = p.job.as_ref().map(|j| JobCard {
+            submission: j.submission.clone(),
+            job_id: j.job_id.clone(),
+            status_resource: j.status_resource.clone(),
+            pollable: j.pollable,
+            state: j.state.as_str().to_string(),
+            polls: j.polls,
+        });
+        let members = p
+            .members
+            .iter()
+            .map(|m| MemberRow {
+                id: m.id.clone(),
+                outcome: m.outcome.as_str().to_string(),
+                status: m.status.clone(),
+                settled_by: m.settled_by.map(|s| s.as_str().to_string()),
+            })
+            .collect();
         let settlement = evidence::latest_reconciliation(&events).map(|r| Settlement {
             source: r.source.as_str().to_string(),
             settlement: evidence::settlement_name(r.settlement).to_string(),
@@ -512,6 +556,9 @@ impl Console {
             settlement,
             agent,
             approval,
+            related,
+            job,
+            members,
         })
     }
 

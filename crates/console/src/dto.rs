@@ -391,6 +391,49 @@ pub struct InvocationDetail {
     pub agent: Option<RecordedAgent>,
     /// The approval card recorded for it and whether the answer matched it.
     pub approval: Option<ApprovalProof>,
+    /// The invocation it was started for and the ones started for it (followed
+    /// redirects, a 202's job, job polls, reconcile queries), parent first.
+    pub related: Vec<RelatedInvocation>,
+    /// For a job invocation: the job and its last reported state.
+    pub job: Option<JobCard>,
+    /// For a batch: each member's outcome, in request order.
+    pub members: Vec<MemberRow>,
+}
+
+/// An invocation linked to the one shown.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct RelatedInvocation {
+    pub invocation_id: String,
+    /// `redirect`, `job`, `job_poll` or `reconcile_query`.
+    pub relation: String,
+    /// `parent` (the shown one was started for it) or `child`.
+    pub role: String,
+}
+
+/// A tracked job.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct JobCard {
+    pub submission: String,
+    pub job_id: Option<String>,
+    pub status_resource: String,
+    /// Whether the broker may read the status resource (it lies under the target).
+    pub pollable: bool,
+    /// `pending`, `succeeded`, `failed` or `unreported`.
+    pub state: String,
+    pub polls: u32,
+}
+
+/// One batch member.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct MemberRow {
+    pub id: String,
+    #[ts(type = "Outcome")]
+    pub outcome: String,
+    /// The per-member status the response reported.
+    pub status: Option<String>,
+    /// How its outcome became known: `remote_response`, `remote_query`,
+    /// `operator_attested`; absent while unknown.
+    pub settled_by: Option<String>,
 }
 
 /// A reconciliation recorded for an invocation.

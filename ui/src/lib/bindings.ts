@@ -235,7 +235,51 @@ agent: RecordedAgent | null,
 /**
  * The approval card recorded for it and whether the answer matched it.
  */
-approval: ApprovalProof | null, };
+approval: ApprovalProof | null, 
+/**
+ * The invocation it was started for and the ones started for it (followed
+ * redirects, a 202's job, job polls, reconcile queries), parent first.
+ */
+related: Array<RelatedInvocation>, 
+/**
+ * For a job invocation: the job and its last reported state.
+ */
+job: JobCard | null, 
+/**
+ * For a batch: each member's outcome, in request order.
+ */
+members: Array<MemberRow>, };
+
+export type RelatedInvocation = { invocation_id: string, 
+/**
+ * `redirect`, `job`, `job_poll` or `reconcile_query`.
+ */
+relation: string, 
+/**
+ * `parent` (the shown one was started for it) or `child`.
+ */
+role: string, };
+
+export type JobCard = { submission: string, job_id: string | null, status_resource: string, 
+/**
+ * Whether the broker may read the status resource (it lies under the target).
+ */
+pollable: boolean, 
+/**
+ * `pending`, `succeeded`, `failed` or `unreported`.
+ */
+state: string, polls: number, };
+
+export type MemberRow = { id: string, outcome: Outcome, 
+/**
+ * The per-member status the response reported.
+ */
+status: string | null, 
+/**
+ * How its outcome became known: `remote_response`, `remote_query`,
+ * `operator_attested`; absent while unknown.
+ */
+settled_by: string | null, };
 
 export type Settlement = { 
 /**

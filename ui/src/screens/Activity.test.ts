@@ -153,6 +153,48 @@ describe("Activity", () => {
     );
   });
 
+  test("the panel shows a batch's members, a job and the invocations linked to it", async () => {
+    mockBackend({
+      query_activity: journal(5),
+      invocation_detail: detail("inv-4", {
+        members: [
+          { id: "a", outcome: "committed", status: "201", settled_by: "remote_response" },
+          { id: "b", outcome: "unknown", status: null, settled_by: null },
+        ],
+        job: {
+          submission: "inv-1",
+          job_id: "job-7",
+          status_resource: "https://api.example.com/jobs/7",
+          pollable: false,
+          state: "pending",
+          polls: 1,
+        },
+        related: [
+          { invocation_id: "inv-1", relation: "job", role: "parent" },
+          { invocation_id: "inv-9", relation: "reconcile_query", role: "child" },
+        ],
+      }),
+    });
+    render(Activity);
+    await settle();
+    await userEvent.click(screen.getAllByTestId("activity-row")[1]);
+    await settle();
+    const members = screen.getByTestId("members");
+    expect(members.querySelectorAll("tbody tr")).toHaveLength(2);
+    expect(members.textContent).toContain("201");
+    expect(members.textContent).toContain("remote response");
+    expect(members.textContent).toContain("not yet");
+    const job = screen.getByTestId("job");
+    expect(job.textContent).toContain("job-7");
+    expect(job.textContent).toContain("pending");
+    expect(job.textContent).toContain("after 1 read of");
+    expect(job.textContent).toContain("outside this target");
+    const related = screen.getByTestId("related");
+    expect(related.textContent).toContain("Started for inv-1");
+    expect(related.textContent).toContain("Started inv-9");
+    expect(related.textContent).toContain("reconcile query");
+  });
+
   test("Enter on a focused row opens it; arrows move between rows", async () => {
     const backend = mockBackend({ query_activity: journal(5), invocation_detail: detail("inv-4") });
     render(Activity);

@@ -136,6 +136,9 @@ export function detail(id: string, overrides: Partial<InvocationDetail> = {}): I
     settlement: null,
     agent: null,
     approval: null,
+    related: [],
+    job: null,
+    members: [],
     ...overrides,
   };
 }
