@@ -36,10 +36,10 @@ pub struct OperationFacts {
     /// That query, bound with this invocation's key (absent in older records, which
     /// read the configuration at reconcile time).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub source_query: Option<SourceQueryPredicate>,
+    pub source_query: Option<Box<SourceQueryPredicate>>,
     /// For a batch request: its members, bound before dispatch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub batch: Option<BatchOperation>,
+    pub batch: Option<Box<BatchOperation>>,
     /// How many dispatches this invocation may make in total, across restarts.
     pub retry_budget: u32,
 }

@@ -848,7 +848,7 @@ impl Projection {
             attempts_used: self.dispatches,
             retry_budget: op.map_or(1, |o| o.retry_budget),
             not_before_ms: None,
-            source_query: op.and_then(|o| o.source_query.clone()),
+            source_query: op.and_then(|o| o.source_query.as_deref().cloned()),
             members: {
                 let batch = op.and_then(|o| o.batch.as_ref());
                 let query = batch

@@ -260,15 +260,16 @@ impl Channel for Http {
             }),
             batch: bound.plan.batch_members.as_ref().map(|members| {
                 let contract = target.and_then(|t| t.batch.as_ref());
-                BatchOperation {
+                Box::new(BatchOperation {
                     members: members.clone(),
                     atomic: contract.is_some_and(|b| b.atomic),
                     member_query: contract.and_then(|b| b.query.clone()),
-                }
+                })
             }),
             source_query: target
                 .and_then(|t| t.reconcile.as_ref())
-                .and_then(|q| source_query(q, bound.idempotency_key.as_deref())),
+                .and_then(|q| source_query(q, bound.idempotency_key.as_deref()))
+                .map(Box::new),
             retry_budget: RETRY_BUDGET,
         }
     }
@@ -627,7 +628,10 @@ impl Pipeline<Http> {
             .as_ref()
             .and_then(|o| o.idempotency.as_ref())
             .map(|i| i.key.clone());
-        let bound_query = p.operation.as_ref().and_then(|o| o.source_query.clone());
+        let bound_query = p
+            .operation
+            .as_ref()
+            .and_then(|o| o.source_query.as_deref().cloned());
         let Some(query) = bound_query.or_else(|| {
             target
                 .reconcile
