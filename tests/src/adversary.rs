@@ -18,8 +18,9 @@
 //!   read (except by [`Behavior::ReadHeadersThenClose`], which never reads the body).
 //! * Everything the server parsed is recorded as a [`SeenRequest`] *before* the server
 //!   responds or closes, so once a client has seen the response (or the close), the record
-//!   and the effect counter are up to date. [`Behavior::Stall`] is the exception: the client
-//!   sees nothing until [`Adversary::release`]; use [`Adversary::wait_for_effects`] there.
+//!   and the effect counter are up to date. [`Behavior::Stall`] and
+//!   [`Behavior::StallThenRespond`] are the exception: the client sees nothing until
+//!   [`Adversary::release`]; use [`Adversary::wait_for_effects`] there.
 //!
 //! # Effects
 //!
@@ -29,7 +30,7 @@
 //! | behaviour | applies |
 //! |---|---|
 //! | `Respond` | every request whose method is not `GET`/`HEAD`/`OPTIONS` |
-//! | `ApplyThenClose`, `ApplyThen500`, `ShortBody`, `BrokenChunked`, `Stall` | every request it read completely, whatever the method |
+//! | `ApplyThenClose`, `ApplyThen500`, `ShortBody`, `BrokenChunked`, `Stall`, `StallThenRespond` | every request it read completely, whatever the method |
 //! | `ApplyThenCloseWithLookup` | every request that is not a `GET`/`HEAD` |
 //! | `BatchApplyThenCloseWithLookup` | the first `apply` members of every batch that is not a `GET`/`HEAD` |
 //! | `Idempotent` | the first use of each key (and every keyless non-`GET` request) |
@@ -129,6 +130,10 @@ pub enum Behavior {
     /// server is dropped. Release is sticky: after it, later `Stall`
     /// connections answer at once.
     Stall,
+    /// Like `Stall`, but on release answer a complete `status` with `body`
+    /// (`content-type: application/octet-stream`): a large answer that arrives only when
+    /// the test says so (after it changed the client's environment, say).
+    StallThenRespond { status: u16, body: Vec<u8> },
     /// Apply nothing; answer `200` with header `x-echo-auth: <Authorization value>` and a
     /// JSON body `{"authorization": <value or null>, "query": <raw query or null>}`.
     EchoAuthorization,
@@ -639,7 +644,8 @@ impl Adversary {
         self.shared.handshake_failures.load(Ordering::SeqCst)
     }
 
-    /// Lets current and future `Stall` connections finish with `200 {"released":true}`.
+    /// Lets current and future `Stall` connections finish with `200 {"released":true}`
+    /// (`StallThenRespond` ones with their own response).
     pub fn release(&self) {
         self.shared.released.send_replace(true);
     }
@@ -1034,6 +1040,19 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             stall(&mut conn, shared)
                 .await
                 .then(|| json_response(200, &serde_json::json!({"released": true}), &[], method))
+        }
+        Behavior::StallThenRespond {
+            status,
+            body: response_body,
+        } => {
+            shared.apply();
+            let headers = [(
+                "content-type".to_string(),
+                "application/octet-stream".to_string(),
+            )];
+            stall(&mut conn, shared)
+                .await
+                .then(|| response(*status, &headers, response_body, method))
         }
         Behavior::EchoAuthorization => {
             let auth = head.header("authorization");

@@ -1,20 +1,30 @@
-//! A faulty environment: a full disk (a small tmpfs this test mounts and unmounts), a
-//! journal whose last page was cut off, a zeroed page outside the events. In each case
-//! the broker must report what its records prove — never "unknown" for a request it did
-//! not send — and must refuse to extend or bless a damaged record.
+//! A faulty environment: a full disk (a small tmpfs this test mounts and unmounts), also
+//! one that fills while a request is in flight and its complete answer is too large to
+//! store, a journal whose last page was cut off, a zeroed page outside the events. In
+//! each case the broker must report what its records prove — never "unknown" for a
+//! request it did not send, never a stored result it does not have — and must refuse to
+//! extend or bless a damaged record.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
+use postern_broker::approvals::Approvals;
 use postern_broker::audit::{AuditError, verify_file};
+use postern_broker::broker::{Broker as BrokerCore, BrokerOptions};
 use postern_broker::channel::http::{HttpOutcome, HttpRequest};
 use postern_broker::contract::{Code, Outcome, Phase, Retry};
+use postern_broker::delivery::{self, DeliveryError};
 use postern_broker::invocation::CallContext;
 use postern_broker::journal::JournalError;
 use postern_broker::journal::space::{RESERVE_BYTES, reserve_path};
+use postern_broker::sealed_store::VaultKey;
+use postern_broker::vault::{CredentialKind, KeychainBackend, Secret};
+use postern_console::console::{Console, Paths};
+use postern_mcp::server::Sessions;
 use postern_tests::adversary::{Adversary, Behavior};
 use postern_tests::fixture::{Broker, open_broker, test_service};
 use postern_tests::{open_journal, run_lifecycle, test_signing_key};
@@ -350,4 +360,367 @@ fn events_deleted_after_the_last_checkpoint_are_refused_at_open() {
     drop(conn);
     let err = open_journal(&db).err().expect("a cut chain is refused");
     assert!(matches!(err, JournalError::Damaged { .. }), "{err}");
+}
+
+/// Larger than the journal's reserve, so the space a full disk gives back cannot hold
+/// it, and not a multiple of a chunk.
+const LARGE_BODY: usize = 6 * 1024 * 1024 + 4321;
+
+fn large_body() -> Vec<u8> {
+    (0..LARGE_BODY).map(|i| (i * 31 % 251) as u8).collect()
+}
+
+/// A whole broker (what the console runs over), its data dir on the tmpfs, the targets
+/// file and the keychain in it too (the file keychain: no session bus needed).
+fn open_full_broker(data: &Path, origin: &str) -> Arc<postern_broker::broker::Broker> {
+    std::fs::create_dir(data).unwrap();
+    let config = data.join("postern.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[[http]]
+name = "reports"
+base_url = "{origin}/v1"
+methods = ["GET", "POST"]
+credential = "api-key"
+inject = {{ header = "Authorization", format = "Bearer {{secret}}" }}
+approval = "none"
+timeout_ms = 30000
+"#
+        ),
+    )
+    .unwrap();
+    let opened = BrokerCore::open(BrokerOptions {
+        data_dir: data.to_path_buf(),
+        config,
+        keychain: KeychainBackend::File,
+        service: "postern".into(),
+        approver: None,
+        anchor: None,
+        vault_key: Some(VaultKey::from_bytes(&[9; 32]).unwrap()),
+    })
+    .unwrap();
+    let broker = opened.broker;
+    broker
+        .vault
+        .set(
+            "api-key",
+            CredentialKind::Token,
+            &Secret::from(CANARY.to_string()),
+            broker.journal.now_ms(),
+        )
+        .unwrap();
+    Arc::new(broker)
+}
+
+fn console_over(broker: &Arc<postern_broker::broker::Broker>, data: &Path) -> Console {
+    Console::new(
+        broker.clone(),
+        Arc::new(Sessions::default()),
+        Arc::new(Approvals::new(
+            Duration::from_secs(5),
+            Arc::new(postern_broker::clock::SystemClock),
+        )),
+        Paths {
+            data_dir: data.to_path_buf(),
+            config: data.join("postern.toml"),
+            socket: data.join("postern.sock"),
+            keychain: "file".into(),
+        },
+    )
+}
+
+/// A POST the origin has read completely (so DISPATCH_STARTED is on disk) and whose
+/// answer it holds back.
+async fn dispatched_post(
+    broker: &Arc<postern_broker::broker::Broker>,
+    origin: &Adversary,
+) -> tokio::task::JoinHandle<HttpOutcome> {
+    let in_flight = {
+        let broker = broker.clone();
+        let url = origin.url("/v1/reports");
+        tokio::spawn(async move {
+            let request = HttpRequest {
+                url,
+                method: "POST".into(),
+                body: b"{\"report\":\"quarterly\"}".to_vec(),
+                ..Default::default()
+            };
+            broker.http.execute(request, &CallContext::default()).await
+        })
+    };
+    assert!(origin.wait_for_effects(1, Duration::from_secs(10)).await);
+    in_flight
+}
+
+/// No stored result for `invocation_id`: no row claims one, and reading it back is a
+/// typed refusal, never a partial body.
+fn assert_nothing_stored(broker: &postern_broker::broker::Broker, invocation_id: &str) {
+    let p = broker.journal.projection(invocation_id).unwrap();
+    assert_eq!(p.result_id, None, "{p:#?}");
+    assert!(
+        matches!(
+            delivery::piece(&broker.journal, &p, None, None),
+            Err(DeliveryError::NoResult)
+        ),
+        "fetch_result must refuse: nothing was stored"
+    );
+    let recorded = broker.http.recorded_projection(&p).unwrap();
+    assert!(recorded.result.is_none(), "a read-back claimed a body");
+    let conn = rusqlite::Connection::open_with_flags(
+        broker.journal.path(),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .unwrap();
+    let rows: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM results WHERE invocation_id = ?1",
+            [invocation_id],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(
+        rows, 0,
+        "a result row exists for a result that was not stored"
+    );
+    let chunks: i64 = conn
+        .query_row("SELECT count(*) FROM result_chunks", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(chunks, 0, "chunks of a result that was not stored");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_complete_response_too_large_for_a_full_disk_is_recorded_in_result_delivery_and_alerts_the_operator()
+ {
+    let Some(fs) = Tmpfs::mount("24m") else {
+        return;
+    };
+    let body = large_body();
+    let origin = Adversary::start(Behavior::StallThenRespond {
+        status: 200,
+        body: body.clone(),
+    })
+    .await
+    .unwrap();
+    let data = fs.path().join("data");
+    let broker = open_full_broker(&data, &origin.base_url());
+    let console = console_over(&broker, &data);
+    assert_eq!(console.overview().unwrap().result_store_failures, 0);
+
+    let in_flight = dispatched_post(&broker, &origin).await;
+    let filler = fs.path().join("filler");
+    fill(&filler);
+
+    // The origin answers completely. The journal gives its reserve back for the commit,
+    // but the result is larger than the reserve.
+    origin.release();
+    let outcome = in_flight.await.unwrap();
+    let id = outcome.invocation_id.clone();
+
+    // The caller gets the complete response it got, the only copy left.
+    assert_eq!(outcome.outcome, Outcome::Committed, "{outcome:?}");
+    let response = outcome
+        .result
+        .as_ref()
+        .expect("the caller gets the response");
+    assert_eq!(response.status, 200);
+    assert!(
+        response.body == body,
+        "the caller's body is not the origin's"
+    );
+    let env = outcome
+        .error
+        .as_ref()
+        .expect("the failure to store is reported");
+    assert_eq!(
+        (
+            env.error.code,
+            env.error.phase,
+            env.error.outcome,
+            env.error.retry
+        ),
+        (
+            Code::ResultStoreFailed,
+            Phase::ResultDelivery,
+            Outcome::Committed,
+            Retry::Never
+        ),
+        "{env:#?}"
+    );
+    assert!(env.evidence.dispatch_started && env.evidence.response_complete);
+    assert!(broker.journal.low_space(), "the disk was full");
+    // Regression: SQLite rolled the whole transaction back on the full disk, and the
+    // record blamed "cannot commit - no transaction is active" instead.
+    assert!(
+        env.error.message.contains("disk is full"),
+        "the message says why: {}",
+        env.error.message
+    );
+
+    // The record proves the same: the remote answered completely, the result is lost.
+    let p = broker.journal.projection(&id).unwrap();
+    let now = broker.journal.now_ms();
+    assert_eq!(
+        (p.outcome, p.phase, p.code, p.retry(now), p.terminal),
+        (
+            Outcome::Committed,
+            Phase::ResultDelivery,
+            Some(Code::ResultStoreFailed),
+            Retry::Never,
+            true
+        ),
+        "{p:#?}"
+    );
+    let kinds: Vec<&str> = broker
+        .journal
+        .events(&id)
+        .unwrap()
+        .iter()
+        .map(|e| e.body.kind())
+        .collect();
+    assert!(kinds.contains(&"DISPATCH_STARTED"), "{kinds:?}");
+    assert_eq!(
+        kinds[kinds.len() - 2..],
+        ["REMOTE_RESPONSE_COMPLETE", "FAILED"],
+        "{kinds:?}"
+    );
+    assert!(!kinds.contains(&"RESULT_COMMITTED"), "{kinds:?}");
+    assert_nothing_stored(&broker, &id);
+
+    // The operator is told, from the journal, while the disk is still full.
+    let failures = broker.journal.store_failures().unwrap();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!(failures[0].invocation_id, id);
+    assert!(failures[0].recorded);
+    assert!(failures[0].detail.contains("disk is full"), "{failures:?}");
+    let overview = console.overview().unwrap();
+    assert_eq!(overview.result_store_failures, 1);
+    assert_eq!(
+        overview.result_store_failure_latest.as_deref(),
+        Some(id.as_str())
+    );
+
+    // Space comes back: the record and the alert stay as they were, and nothing claims
+    // a stored result; the chain verifies.
+    std::fs::remove_file(&filler).unwrap();
+    assert_nothing_stored(&broker, &id);
+    assert_eq!(console.overview().unwrap().result_store_failures, 1);
+    let key = broker.journal.verifying_key();
+    let db = broker.journal.path().to_path_buf();
+    drop(console);
+    broker.journal.clone().close().unwrap();
+    drop(broker);
+    verify_file(&db, &key).unwrap();
+    assert!(postern_tests::files_containing(&data, CANARY.as_bytes()).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_complete_response_whose_failure_cannot_be_recorded_either_stays_unknown_and_alerts_the_operator()
+ {
+    let Some(fs) = Tmpfs::mount("24m") else {
+        return;
+    };
+    let body = large_body();
+    let origin = Adversary::start(Behavior::StallThenRespond {
+        status: 200,
+        body: body.clone(),
+    })
+    .await
+    .unwrap();
+    let data = fs.path().join("data");
+    let broker = open_full_broker(&data, &origin.base_url());
+    let console = console_over(&broker, &data);
+    let reserve = reserve_path(broker.journal.path());
+
+    let in_flight = dispatched_post(&broker, &origin).await;
+    let filler = fs.path().join("filler");
+    fill(&filler);
+    // A new request on the full disk makes the journal give its reserve back (and is
+    // refused, sent nowhere); then the disk is filled again, so not one page is left.
+    let refused = broker
+        .http
+        .execute(
+            HttpRequest {
+                url: origin.url("/v1/reports"),
+                method: "GET".into(),
+                ..Default::default()
+            },
+            &CallContext::default(),
+        )
+        .await;
+    assert_eq!(refused.outcome, Outcome::NotAttempted, "{refused:?}");
+    assert!(broker.journal.low_space());
+    assert!(!reserve.exists(), "the reserve was given back");
+    let more = fs.path().join("filler-2");
+    fill(&more);
+
+    origin.release();
+    let outcome = in_flight.await.unwrap();
+    let id = outcome.invocation_id.clone();
+
+    // Nothing could be recorded: the answer says the outcome is unknown (the record
+    // proves only the dispatch), in result_delivery, and still carries the response.
+    assert_eq!(outcome.outcome, Outcome::Unknown, "{outcome:?}");
+    let env = outcome.error.as_ref().expect("the failure is reported");
+    assert_eq!(
+        (env.error.code, env.error.phase, env.error.outcome),
+        (
+            Code::ResultStoreFailed,
+            Phase::ResultDelivery,
+            Outcome::Unknown
+        ),
+        "{env:#?}"
+    );
+    let response = outcome
+        .result
+        .as_ref()
+        .expect("the caller gets the response");
+    assert_eq!(response.status, 200);
+    assert!(
+        response.body == body,
+        "the caller's body is not the origin's"
+    );
+
+    assert!(
+        env.error.message.contains("disk is full"),
+        "the message says why: {}",
+        env.error.message
+    );
+    // The record claims nothing it cannot prove: dispatched, outcome unknown, no result.
+    let p = broker.journal.projection(&id).unwrap();
+    assert!(p.ever_dispatched);
+    assert_eq!(p.outcome, Outcome::Unknown, "{p:#?}");
+    let kinds: Vec<&str> = broker
+        .journal
+        .events(&id)
+        .unwrap()
+        .iter()
+        .map(|e| e.body.kind())
+        .collect();
+    assert!(!kinds.contains(&"REMOTE_RESPONSE_COMPLETE"), "{kinds:?}");
+    assert!(!kinds.contains(&"RESULT_COMMITTED"), "{kinds:?}");
+    assert_nothing_stored(&broker, &id);
+
+    // The operator is told all the same (this process saw it).
+    let failures = broker.journal.store_failures().unwrap();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!(failures[0].invocation_id, id);
+    assert!(!failures[0].recorded);
+    let overview = console.overview().unwrap();
+    assert_eq!(overview.result_store_failures, 1);
+    assert_eq!(
+        overview.result_store_failure_latest.as_deref(),
+        Some(id.as_str())
+    );
+
+    std::fs::remove_file(&filler).unwrap();
+    std::fs::remove_file(&more).unwrap();
+    let key = broker.journal.verifying_key();
+    let db = broker.journal.path().to_path_buf();
+    drop(console);
+    broker.journal.clone().close().unwrap();
+    drop(broker);
+    verify_file(&db, &key).unwrap();
+    assert!(postern_tests::files_containing(&data, CANARY.as_bytes()).is_empty());
 }

@@ -1827,7 +1827,9 @@ impl WriterState {
             return;
         }
 
-        for job in batch {
+        let mut jobs = batch.into_iter();
+        let mut rolled_back = false;
+        for job in jobs.by_ref() {
             let savepoint = self.conn.execute_batch("SAVEPOINT job");
             // The job works on a copy of the position; `self.pos` stays as it was until
             // the job is kept.
@@ -1856,6 +1858,38 @@ impl WriterState {
                 }
             }
             finishes.push(outcome.finish);
+            // On SQLITE_FULL mid-statement (a large result spilling to a full disk) SQLite
+            // may roll back the whole transaction: nothing of the batch is kept, and a
+            // later job must not run outside it, where RELEASE would commit it unsealed.
+            if self.conn.is_autocommit() {
+                rolled_back = true;
+                break;
+            }
+        }
+        if rolled_back {
+            let lost = || {
+                let detail = "the transaction was rolled back; nothing of it was kept";
+                if disk_full {
+                    JournalError::DiskFull {
+                        detail: detail.into(),
+                    }
+                } else {
+                    JournalError::Storage(detail.into())
+                }
+            };
+            for job in jobs {
+                let outcome = (job.run)(None);
+                (outcome.finish)(Err(lost()));
+            }
+            self.pos = start;
+            self.cache.map.clear();
+            for finish in finishes {
+                finish(Err(lost()));
+            }
+            if disk_full {
+                self.enter_low_space();
+            }
+            return;
         }
 
         // Every commit that adds events carries a checkpoint over them.

@@ -1319,11 +1319,13 @@ fn arb_sequence() -> impl Strategy<Value = Vec<(u64, EventBody)>> {
 }
 
 /// Whether `before → after` is an edge the rules allow for this event.
+/// `response_complete`: the current attempt had recorded a complete response.
 fn allowed_edge(
     before: Outcome,
     after: Outcome,
     body: &EventBody,
     attempt_authorized: bool,
+    response_complete: bool,
 ) -> bool {
     use Outcome::*;
     if before == after {
@@ -1333,6 +1335,16 @@ fn allowed_edge(
         (NotAttempted, Unknown, EventBody::DispatchStarted { .. }) => true,
         (Unknown, Rejected | Committed, EventBody::ResultCommitted { .. })
         | (Unknown, Rejected | Committed, EventBody::Reconciled { .. }) => true,
+        // The complete response settled it; only its stored copy was lost.
+        (
+            Unknown,
+            Rejected | Committed,
+            EventBody::Failed {
+                code: Code::ResultStoreFailed,
+                phase: Phase::ResultDelivery,
+                ..
+            },
+        ) => response_complete,
         (Rejected, Unknown, EventBody::DispatchStarted { .. }) => attempt_authorized,
         _ => false,
     }
@@ -1401,7 +1413,13 @@ fn run_checked(events: &[(u64, EventBody)]) -> Result<(Vec<Event>, Projection), 
         }
         was_committed = p.outcome == Outcome::Committed;
         prop_assert!(
-            allowed_edge(before.outcome, p.outcome, body, attempt_authorized),
+            allowed_edge(
+                before.outcome,
+                p.outcome,
+                body,
+                attempt_authorized,
+                before.attempt.response_complete
+            ),
             "{:?} -> {:?} by {:?}",
             before.outcome,
             p.outcome,
