@@ -277,6 +277,17 @@ impl Session {
     }
 
     /// An `http_request` (or retry) answer, capped, and whether it carried the whole result.
+    /// The context an agent's call runs in: its session, the broker's approver, and
+    /// the request's cancellation.
+    fn call_context(&self, context: &RequestContext<RoleServer>) -> CallContext {
+        CallContext {
+            session: Some(self.identity.session.clone()),
+            approver: self.broker.approver.clone(),
+            cancel: context.ct.clone(),
+            parent: None,
+        }
+    }
+
     fn http_answer(&self, outcome: &HttpOutcome) -> (CallToolResult, bool) {
         let bytes = outcome.result.as_ref().map_or(0, |r| r.body.len() as u64);
         let mut answer = http_value(outcome);
@@ -341,12 +352,7 @@ impl Session {
             idempotency_key: args.idempotency_key,
             timeout_ms: args.timeout_ms,
         };
-        let ctx = CallContext {
-            session: Some(self.identity.session.clone()),
-            approver: self.broker.approver.clone(),
-            cancel: context.ct.clone(),
-            parent: None,
-        };
+        let ctx = self.call_context(context);
         let progress = self.progress_ticker(context);
         let outcome = self.broker.http.execute(request, &ctx).await;
         progress.abort();
@@ -389,12 +395,7 @@ impl Session {
             stdin: args.stdin.map(String::into_bytes),
             timeout_ms: args.timeout_ms,
         };
-        let ctx = CallContext {
-            session: Some(self.identity.session.clone()),
-            approver: self.broker.approver.clone(),
-            cancel: context.ct.clone(),
-            parent: None,
-        };
+        let ctx = self.call_context(context);
         let progress = self.progress_ticker(context);
         let outcome = self.broker.ssh.execute(request, &ctx).await;
         progress.abort();
@@ -532,12 +533,7 @@ impl Session {
         if let Err(answer) = self.owned_or_unrecorded(&args.invocation_id)? {
             return Ok(answer);
         }
-        let ctx = CallContext {
-            session: Some(self.identity.session.clone()),
-            approver: self.broker.approver.clone(),
-            cancel: context.ct.clone(),
-            parent: None,
-        };
+        let ctx = self.call_context(context);
         let polled = match self.broker.http.poll_job(&args.invocation_id, &ctx).await {
             Ok(polled) => polled,
             Err(PollRefused::NotAJob(id)) => {
@@ -593,12 +589,7 @@ impl Session {
             let outcome = SshOutcome::of_projection(&p, self.broker.journal.now_ms());
             return Ok(ssh_result_of(&outcome));
         }
-        let ctx = CallContext {
-            session: Some(self.identity.session.clone()),
-            approver: self.broker.approver.clone(),
-            cancel: context.ct.clone(),
-            parent: None,
-        };
+        let ctx = self.call_context(context);
         let outcome = self.broker.http.retry(&args.invocation_id, &ctx).await;
         let (answer, whole) = self.http_answer(&outcome);
         self.remember(context, &outcome.invocation_id, whole);

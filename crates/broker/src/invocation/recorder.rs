@@ -479,14 +479,7 @@ impl Recorder {
         result: ResultToStore,
         settle: Settle,
     ) -> Result<Appended, JournalError> {
-        let mut preceding = marker_events(
-            exchange.request_started,
-            exchange.request_complete,
-            Some((exchange.status, exchange.remote_request_id)),
-        );
-        preceding.push(EventBody::RemoteResponseComplete {
-            digest: exchange.digest,
-        });
+        let preceding = completion_events(exchange);
         self.journal
             .commit_result(&self.id, preceding, result, settle)
     }
@@ -504,14 +497,7 @@ impl Recorder {
         error: &JournalError,
     ) -> Result<Appended, JournalError> {
         let status = exchange.status;
-        let mut events = marker_events(
-            exchange.request_started,
-            exchange.request_complete,
-            Some((exchange.status, exchange.remote_request_id)),
-        );
-        events.push(EventBody::RemoteResponseComplete {
-            digest: exchange.digest,
-        });
+        let mut events = completion_events(exchange);
         let answered = status.map_or_else(String::new, |s| format!(" (HTTP {s})"));
         events.push(EventBody::Failed {
             phase: Phase::ResultDelivery,
@@ -694,6 +680,19 @@ impl Recorder {
 
 /// The markers of an exchange: REQUEST_SENT when any of the request was written, then
 /// REMOTE_RESPONSE_STARTED when the remote began answering.
+/// The markers of a complete exchange followed by REMOTE_RESPONSE_COMPLETE.
+fn completion_events(exchange: Exchange) -> Vec<EventBody> {
+    let mut events = marker_events(
+        exchange.request_started,
+        exchange.request_complete,
+        Some((exchange.status, exchange.remote_request_id)),
+    );
+    events.push(EventBody::RemoteResponseComplete {
+        digest: exchange.digest,
+    });
+    events
+}
+
 fn marker_events(
     request_started: bool,
     request_complete: bool,
