@@ -298,6 +298,7 @@ impl Projection {
                 stage,
                 outcome,
                 code,
+                via,
             } => {
                 if !attempt_open {
                     return refuse(self, "connection attempts belong to an open attempt");
@@ -314,6 +315,7 @@ impl Projection {
                     stage: *stage,
                     outcome: *outcome,
                     code: *code,
+                    via: via.clone(),
                 });
             }
             EventBody::DispatchStarted {

@@ -8,6 +8,7 @@
 //! - `exchange`: connection setup (dns, tcp, tls; each failure recorded, capped
 //!   internal retries), the dispatch gate, the response read, scrubbed and committed.
 //! - [`transport`]: reqwest with the boundaries made visible.
+//! - `tunnel`: the same attempt through a proxy's CONNECT tunnel (hyper on the tunnel).
 //! - [`status`]: a complete response → outcome, code, retry.
 //!
 //! Around the pipeline: same-target redirects for targets that opt in, retries by the
@@ -17,6 +18,7 @@ mod exchange;
 mod inject;
 pub mod status;
 pub mod transport;
+mod tunnel;
 mod validate;
 
 use serde::{Deserialize, Serialize};
