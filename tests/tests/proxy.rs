@@ -5,9 +5,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::sync::Arc;
+use std::time::Duration;
 
+use postern_broker::approvals::Approvals;
 use postern_broker::channel::guard::Resolver;
 use postern_broker::channel::http::{HttpOutcome, HttpRequest};
+use postern_broker::clock::SystemClock;
 use postern_broker::config::proxy::ProxyEnv;
 use postern_broker::contract::{Code, Outcome, Phase, Retry, Stage};
 use postern_broker::invocation::CallContext;
@@ -610,6 +614,57 @@ async fn proxy_credentials_reach_only_the_proxy_and_never_a_record_or_answer() {
             assert!(leaked.is_empty(), "{needle} reached {leaked:?}");
         }
     }
+}
+
+// Regression: issue 13
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_approval_card_names_the_proxy_and_not_its_credentials() {
+    let pki = TestPki::new().unwrap();
+    let origin = tls_origin(&pki, TestCert::Valid).await;
+    let proxy =
+        TestProxy::start_with_credentials(ProxyBehavior::Tunnel, PROXY_USER, PROXY_PASSWORD)
+            .await
+            .unwrap();
+    let with_creds = format!("http://{PROXY_USER}:{PROXY_PASSWORD}@{}", proxy.authority());
+    let text = config(&origin.base_url(), &via(&with_creds))
+        .replace("approval = \"none\"", "approval = \"per_call\"");
+    let f = fixture(&text, Some(&pki));
+    let approvals = Arc::new(Approvals::new(
+        Duration::from_secs(10),
+        Arc::new(SystemClock),
+    ));
+    let ctx = CallContext {
+        session: Some("s1".into()),
+        approver: Some(approvals.clone()),
+        ..Default::default()
+    };
+    let (out, ()) = tokio::join!(
+        f.broker.channel.execute(get(origin.url("/v1/x")), &ctx),
+        async {
+            let p = loop {
+                if let Some(p) = approvals.pending().into_iter().next() {
+                    break p;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            };
+            let card = p.request.card();
+            assert_eq!(card.proxy.as_deref(), Some(proxy.authority().as_str()));
+            assert_eq!(
+                card.resolved, None,
+                "the proxy resolves the host, not the broker"
+            );
+            let shown = serde_json::to_string(&card).unwrap();
+            assert!(
+                !shown.contains(PROXY_PASSWORD) && !shown.contains(PROXY_USER),
+                "{shown}"
+            );
+            approvals
+                .approve(&p.request.invocation_id, &p.request.fingerprint, "alice")
+                .unwrap();
+        }
+    );
+    assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
+    assert_eq!(proxy.tunnels(), 1);
 }
 
 /// curl, as a third-party client, tunnels through the test proxy: it is a real CONNECT

@@ -126,7 +126,12 @@ mode: string, target: string, summary: string, method: string | null, url: strin
  * The addresses the host resolved to when the card was built (a refused one is
  * marked; the broker checks again at connect time).
  */
-resolved: string | null, credential_id: string, credential_version: string, injection_mode: string, idempotency_key: string | null, 
+resolved: string | null, 
+/**
+ * The HTTP proxy (`host:port`) the request goes through; the proxy, not the
+ * broker, resolves the host then.
+ */
+proxy: string | null, credential_id: string, credential_version: string, injection_mode: string, idempotency_key: string | null, 
 /**
  * The full fingerprint the approval binds; Approve sends it back.
  */

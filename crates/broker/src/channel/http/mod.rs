@@ -118,6 +118,8 @@ pub struct Plan {
     repeat: Repeat,
     /// The target's `allow_private`, for the approval card's address check.
     allow_private: bool,
+    /// The proxy (`host:port`) the target's requests go through, for the approval card.
+    proxy: Option<String>,
 }
 
 /// One attempt's request with the credential in it. The URL and header values that may
@@ -207,14 +209,22 @@ impl Channel for Http {
     async fn approval(&self, bound: &Bound<Plan>) -> (String, ApprovalDetail) {
         let p = &bound.plan;
         let policy = AddressPolicy::for_host(&p.http.host, p.allow_private);
-        let resolved = tokio::time::timeout(
-            CARD_LOOKUP_TIMEOUT,
-            self.resolver.describe(&p.http.host, policy),
-        )
-        .await
-        .unwrap_or_else(|_| "did not resolve in time".to_string());
+        // Through a proxy the proxy resolves the host: what the broker's resolver says
+        // would not be where the request goes.
+        let resolved = match &p.proxy {
+            Some(_) => None,
+            None => Some(
+                tokio::time::timeout(
+                    CARD_LOOKUP_TIMEOUT,
+                    self.resolver.describe(&p.http.host, policy),
+                )
+                .await
+                .unwrap_or_else(|_| "did not resolve in time".to_string()),
+            ),
+        };
         let detail = ApprovalDetail {
-            resolved: Some(resolved),
+            resolved,
+            proxy: p.proxy.clone(),
             method: Some(p.http.method.clone()),
             url: Some(p.http.url()),
             body: (!p.request.body.is_empty())

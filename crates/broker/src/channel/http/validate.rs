@@ -188,6 +188,7 @@ pub(super) fn validate(request: &HttpRequest, config: &Config) -> Result<Validat
             http: action,
             repeat,
             allow_private: target.allow_private,
+            proxy: target.proxy.via().map(|p| p.authority()),
         },
     })
 }
