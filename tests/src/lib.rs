@@ -3,6 +3,7 @@
 
 pub mod adversary;
 pub mod agent;
+pub mod proxy;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -213,6 +214,7 @@ pub mod fixture {
     use postern_broker::channel::http::HttpChannel;
     use postern_broker::config::Config;
     use postern_broker::config::ConfigHandle;
+    use postern_broker::config::proxy::ProxyEnv;
     use postern_broker::journal::Journal;
     use postern_broker::vault::{CredentialKind, Keychain, KeychainBackend, Secret, Vault};
 
@@ -273,9 +275,24 @@ pub mod fixture {
         backend: KeychainBackend,
         resolver: Resolver,
     ) -> Result<Broker, BoxError> {
+        // Hermetic: proxy variables of the shell running the tests do not apply.
+        let env = ProxyEnv::default();
+        open_broker_in_env(dir, config_text, service, backend, resolver, &env)
+    }
+
+    /// [`open_broker_resolving`] with the targets file loaded under the proxy variables
+    /// of `env` (as the daemon loads it under its process environment).
+    pub fn open_broker_in_env(
+        dir: &Path,
+        config_text: &str,
+        service: &str,
+        backend: KeychainBackend,
+        resolver: Resolver,
+        env: &ProxyEnv,
+    ) -> Result<Broker, BoxError> {
         let config_path = dir.join("postern.toml");
         std::fs::write(&config_path, config_text)?;
-        let config = ConfigHandle::new(Config::load(&config_path)?);
+        let config = ConfigHandle::new(Config::load_with(&config_path, env)?);
         let db = dir.join("journal.db");
         let journal = crate::open_journal(&db)?;
         let vault = Arc::new(Vault::open(Keychain::new(backend, service)?, &db)?);

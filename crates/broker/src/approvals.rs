@@ -93,9 +93,11 @@ pub struct ApprovalDetail {
     /// SSH first connection: the host key fingerprint that approving pins.
     pub host_key: Option<String>,
     /// The addresses the host resolved to when the card was built, with the address
-    /// guard's refusal beside any it refuses (checked again at connect time); or the
-    /// proxy the connection goes through.
+    /// guard's refusal beside any it refuses (checked again at connect time). Absent
+    /// for a request through a proxy: the proxy resolves the host.
     pub resolved: Option<String>,
+    /// HTTP: the proxy (`host:port`, never its credentials) the request goes through.
+    pub proxy: Option<String>,
 }
 
 /// A person's answer. An approval names the fingerprint it approves; an answer from the

@@ -4,7 +4,7 @@
 //! fail loudly rather than silently fall back to a default. After parsing, every target
 //! is validated and normalized; each failure is a [`ConfigError`] naming the file, the
 //! target and the field. [`Config::load`] also checks the files a target names
-//! (`ca_file`). What loads but needs the operator's attention (an SSH target without a
+//! (`ca_file`) and applies the environment's proxy variables ([`proxy`]). What loads but needs the operator's attention (an SSH target without a
 //! pinned host key) is a [`ConfigWarning`] from [`Config::warnings`].
 //!
 //! Each target has a [`TargetVersion`]: a digest of its *normalized* configuration, bound
@@ -44,7 +44,9 @@
 //!       0x64 credential, 0x65 OPT host_key (`<algo> <base64>`), 0x66 approval,
 //!       0x67 timeout_ms u64, 0x68 max_output_bytes u64
 //! added: http 0x4f allow_private (only when true), ssh 0x69 allow_private
-//!        (only when true). Absent fields leave a v1 digest unchanged.
+//!        (only when true), http 0x90 proxy (`http://host:port` without credentials,
+//!        only when requests go through a proxy, named in the file or taken from the
+//!        environment at load). Absent fields leave a v1 digest unchanged.
 //! ```
 //!
 //! Known-answer vectors: `tests/vectors/target_version_v1.json`.
@@ -65,6 +67,9 @@ use crate::channel::http::job::{JobContract, JobProblem, RawJob};
 use crate::contract::Code;
 use crate::journal::RetentionPolicy;
 use crate::vault::CredentialId;
+
+pub mod proxy;
+use proxy::{ProxyEnv, ProxyProblem, ProxySetting};
 
 const VERSION_CONTEXT: &str = "postern 2026 target-config v1";
 const VERSION_FORMAT: u8 = 1;
@@ -207,6 +212,8 @@ pub struct HttpTarget {
     pub job: Option<JobContract>,
     /// Which requests are batches and how their members are reported.
     pub batch: Option<BatchContract>,
+    /// Whether requests go through an HTTP proxy (see [`proxy`]).
+    pub proxy: ProxySetting,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -384,6 +391,13 @@ pub enum Problem {
     InvalidPem { path: PathBuf, reason: String },
     #[error("{}: contains no PEM certificate", path.display())]
     NoCertificate { path: PathBuf },
+    #[error("{problem}")]
+    InvalidProxy { problem: ProxyProblem },
+    #[error("the proxy in the environment's {variable} applies to this target: {problem}")]
+    InvalidEnvironmentProxy {
+        variable: &'static str,
+        problem: ProxyProblem,
+    },
 }
 
 /// What a target's configuration allows but an operator should know about before the
@@ -511,6 +525,7 @@ struct RawHttp {
     allow_private: bool,
     job: Option<RawJob>,
     batch: Option<RawBatch>,
+    proxy: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -595,16 +610,56 @@ impl Ctx<'_> {
 }
 
 impl Config {
-    /// Reads and validates the targets file, and checks that every file a target refers
-    /// to (`ca_file`) can be read and holds what it should.
+    /// Reads and validates the targets file, checks that every file a target refers to
+    /// (`ca_file`) can be read and holds what it should, and applies this process's
+    /// proxy variables (read now, not per request; see [`proxy`]).
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        Self::load_with(path, &ProxyEnv::from_process())
+    }
+
+    /// [`Config::load`] with the proxy variables of `env` instead of the process's.
+    pub fn load_with(path: &Path, env: &ProxyEnv) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
             source,
         })?;
-        let config = Self::parse(&text, path)?;
+        let mut config = Self::parse(&text, path)?;
         config.check_files()?;
+        config.apply_proxy_env(env)?;
         Ok(config)
+    }
+
+    /// Gives each target without a `proxy` key the environment's proxy for its scheme,
+    /// unless its host is loopback or `NO_PROXY` excludes it. A malformed variable is an
+    /// error only where it would apply.
+    fn apply_proxy_env(&mut self, env: &ProxyEnv) -> Result<(), ConfigError> {
+        for (index, t) in self.http.iter_mut().enumerate() {
+            if t.proxy != ProxySetting::Environment
+                || t.base_url.host().is_none_or(|h| is_loopback(&h))
+            {
+                continue;
+            }
+            let host = t.base_url.host_str().unwrap_or_default();
+            let Some((variable, proxy)) = env.proxy_for(t.base_url.scheme(), host) else {
+                continue;
+            };
+            match proxy {
+                Ok(proxy) => t.proxy = ProxySetting::Via(proxy),
+                Err(problem) => {
+                    let ctx = Ctx {
+                        file: &self.source,
+                        target: TargetRef {
+                            section: Section::Http,
+                            index,
+                            name: Some(t.name.clone()),
+                        },
+                    };
+                    let problem = Problem::InvalidEnvironmentProxy { variable, problem };
+                    return Err(ctx.err("proxy", problem));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Parses and validates `text` as if read from `path` (used in errors and to resolve
@@ -1443,6 +1498,11 @@ fn validate_http(ctx: &Ctx<'_>, raw: RawHttp, base_dir: &Path) -> Result<HttpTar
                     ctx.err("batch.partial_header", Problem::InvalidHeaderName)
                 }
             })?;
+    let proxy = match raw.proxy {
+        None => ProxySetting::Environment,
+        Some(text) => ProxySetting::parse(&text)
+            .map_err(|problem| ctx.err("proxy", Problem::InvalidProxy { problem }))?,
+    };
     Ok(HttpTarget {
         name: raw.name,
         base_url,
@@ -1461,6 +1521,7 @@ fn validate_http(ctx: &Ctx<'_>, raw: RawHttp, base_dir: &Path) -> Result<HttpTar
         allow_private: raw.allow_private,
         job,
         batch,
+        proxy,
     })
 }
 
@@ -1645,6 +1706,9 @@ impl HttpTarget {
                 status_list(&mut c, 0x8e, &q.committed_status);
                 status_list(&mut c, 0x8f, &q.not_applied_status);
             }
+        }
+        if let Some(proxy) = self.proxy.via() {
+            c.str(0x90, &proxy.url());
         }
         TargetVersion::from_digest(c.finish())
     }

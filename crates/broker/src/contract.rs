@@ -74,6 +74,7 @@ pub enum Stage {
     AddressGuard,
     TcpConnect,
     TlsHandshake,
+    /// The CONNECT tunnel through an HTTP proxy: TCP to the proxy and its answer.
     ProxyTunnel,
     SshKex,
     HostKey,
@@ -181,6 +182,12 @@ codes! {
         "The TCP connection was refused or unreachable; nothing was sent.";
     ConnectTimeout = "CONNECT_TIMEOUT", CS, NA, Backoff,
         "Connection setup did not finish in time; nothing was sent.";
+    ProxyUnreachable = "PROXY_UNREACHABLE", CS, NA, Backoff,
+        "No connection to the target's HTTP proxy (its name did not resolve, or TCP to it was refused or unreachable); nothing was sent.";
+    ProxyRefused = "PROXY_REFUSED", CS, NA, AfterCorrection,
+        "The HTTP proxy answered CONNECT with a non-2xx status: the proxy's answer, not the origin's, and nothing was sent to the origin. Retry is after_correction for 407 (proxy credentials), 403 and other 4xx (proxy policy); backoff for 408, 429 and 5xx (502/503/504: the proxy could not reach the origin or is overloaded).";
+    ProxyTunnelFailed = "PROXY_TUNNEL_FAILED", CS, NA, Backoff,
+        "The HTTP proxy closed or broke the CONNECT exchange before a complete answer (or answered with something that is not HTTP); nothing was sent to the origin.";
     TlsRejected = "TLS_REJECTED", CS, NA, AfterCorrection,
         "The server's TLS certificate failed verification (untrusted, expired or wrong name); nothing was sent.";
     HostKeyMismatch = "HOST_KEY_MISMATCH", CS, NA, AfterCorrection,
@@ -254,6 +261,10 @@ pub struct AttemptEvidence {
     pub stage: Stage,
     pub outcome: Outcome,
     pub code: Code,
+    /// The proxy (`host:port`, never its credentials) the attempt went through: the hop
+    /// whose answer a `proxy_tunnel` failure is. Absent for a direct connection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
 }
 
 /// The four idempotency facts stored before dispatch: the key, its scope, the request

@@ -501,6 +501,10 @@ pub struct ApprovalCard {
     /// Omitted when absent, so cards recorded before it keep their digests.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resolved: Option<String>,
+    /// The proxy the request goes through (`host:port`). Omitted when absent, like
+    /// `resolved`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<String>,
     pub credential_id: String,
     pub credential_version: String,
     pub injection_mode: String,
@@ -530,6 +534,7 @@ impl ApprovalCard {
             command: r.detail.command.clone(),
             host_key: r.detail.host_key.clone(),
             resolved: r.detail.resolved.as_deref().map(escape_text),
+            proxy: r.detail.proxy.as_deref().map(escape_text),
             credential_id: r.credential_id.clone(),
             credential_version: r.credential_version.clone(),
             injection_mode: r.injection_mode.clone(),

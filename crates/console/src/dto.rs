@@ -193,6 +193,9 @@ pub struct ApprovalCard {
     /// The addresses the host resolved to when the card was built (a refused one is
     /// marked; the broker checks again at connect time).
     pub resolved: Option<String>,
+    /// The HTTP proxy (`host:port`) the request goes through; the proxy, not the
+    /// broker, resolves the host then.
+    pub proxy: Option<String>,
     pub credential_id: String,
     pub credential_version: String,
     pub injection_mode: String,
@@ -241,6 +244,7 @@ impl ApprovalCard {
             command: card.command.clone(),
             host_key: card.host_key.clone(),
             resolved: card.resolved.clone(),
+            proxy: card.proxy.clone(),
             credential_id: card.credential_id.clone(),
             credential_version: card.credential_version.clone(),
             injection_mode: card.injection_mode.clone(),

@@ -81,6 +81,7 @@ export function approvalCard(overrides: Partial<ApprovalCard> = {}): ApprovalCar
     command: null,
     host_key: null,
     resolved: null,
+    proxy: null,
     credential_id: "orders-token",
     credential_version: "cv-77aa88bb99cc",
     injection_mode: "bearer_header",

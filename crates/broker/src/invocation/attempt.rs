@@ -76,8 +76,20 @@ impl<'a, T: Channel> Attempt<'a, T> {
         stage: Stage,
         code: Code,
     ) -> Result<(), Box<Outcome<T::Result>>> {
+        self.setup_stage_failed_via(n, stage, code, None)
+    }
+
+    /// [`Attempt::setup_stage_failed`] of a connection through the proxy `via`
+    /// (`host:port`, never its credentials).
+    pub fn setup_stage_failed_via(
+        &self,
+        n: u32,
+        stage: Stage,
+        code: Code,
+        via: Option<String>,
+    ) -> Result<(), Box<Outcome<T::Result>>> {
         self.rec
-            .connection_attempt(n, stage, code)
+            .connection_attempt_via(n, stage, code, via)
             .map(|_| ())
             .map_err(|e| Box::new(self.pipeline.journal_failed(self.rec, &e)))
     }

@@ -357,11 +357,24 @@ impl Recorder {
         stage: Stage,
         code: Code,
     ) -> Result<Appended, JournalError> {
+        self.connection_attempt_via(n, stage, code, None)
+    }
+
+    /// [`Recorder::connection_attempt`] of a connection through the proxy `via`
+    /// (`host:port`).
+    pub fn connection_attempt_via(
+        &self,
+        n: u32,
+        stage: Stage,
+        code: Code,
+        via: Option<String>,
+    ) -> Result<Appended, JournalError> {
         self.append(EventBody::ConnectionAttempt {
             n,
             stage,
             outcome: Outcome::NotAttempted,
             code,
+            via,
         })
     }
 

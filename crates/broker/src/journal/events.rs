@@ -284,6 +284,9 @@ pub enum EventBody {
         stage: Stage,
         outcome: Outcome,
         code: Code,
+        /// The proxy (`host:port`) the connection went through; absent when direct.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        via: Option<String>,
     },
     /// Appended and fsynced before the first request byte is handed to the transport.
     DispatchStarted {

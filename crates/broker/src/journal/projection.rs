@@ -322,6 +322,7 @@ impl Projection {
                 stage,
                 outcome,
                 code,
+                via,
             } => {
                 if !attempt_open {
                     return refuse(self, "connection attempts belong to an open attempt");
@@ -338,6 +339,7 @@ impl Projection {
                     stage: *stage,
                     outcome: *outcome,
                     code: *code,
+                    via: via.clone(),
                 });
             }
             EventBody::DispatchStarted {

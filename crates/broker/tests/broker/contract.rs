@@ -22,12 +22,14 @@ fn full_envelope() -> Envelope {
                     stage: Stage::TcpConnect,
                     outcome: Outcome::NotAttempted,
                     code: Code::ConnectionRefused,
+                    via: None,
                 },
                 AttemptEvidence {
                     n: 2,
                     stage: Stage::TlsHandshake,
                     outcome: Outcome::NotAttempted,
                     code: Code::TlsRejected,
+                    via: None,
                 },
             ],
             idempotency: Some(IdempotencyEvidence {

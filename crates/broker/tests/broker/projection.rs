@@ -68,6 +68,7 @@ fn connection_failed(stage: Stage, code: Code) -> EventBody {
         stage,
         outcome: Outcome::NotAttempted,
         code,
+        via: None,
     }
 }
 
@@ -552,6 +553,7 @@ fn a_failure_before_dispatch_must_claim_not_attempted() {
         stage: Stage::Dns,
         outcome: Outcome::Unknown,
         code: Code::DnsFailed,
+        via: None,
     });
     log.ok(failed(
         Phase::CredentialInjection,
@@ -1059,6 +1061,7 @@ fn arb_connection() -> impl Strategy<Value = EventBody> {
             stage,
             outcome,
             code,
+            via: None,
         })
 }
 

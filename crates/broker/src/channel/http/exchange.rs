@@ -1,8 +1,11 @@
 //! One HTTP attempt on the wire: connection setup with capped internal retries, the
 //! dispatch gate in the connector (DISPATCH_STARTED is durable before the first byte of
 //! the request), the response read to the end, decoded, scrubbed, classified and
-//! committed. Every failure is recorded as what the last proved boundary says.
+//! committed. Every failure is recorded as what the last proved boundary says. A target
+//! with a proxy connects through [`super::tunnel`]; the rest is the same.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -15,6 +18,7 @@ use super::transport::{
     self, Decoded, DispatchLayer, GateVerdict, MarkingBody, Probe, RecordingResolver,
     RecordingVerifier,
 };
+use super::tunnel::{self, SetupFailure, TunnelError};
 use super::validate::HOP_BY_HOP;
 use super::{Armed, Http, HttpOutcome, HttpResponse};
 use crate::channel::guard::{self, AddressPolicy, Refusal, Resolver};
@@ -27,6 +31,18 @@ use crate::journal::{ResultToStore, Settle};
 /// Connection-setup attempts per invocation attempt: a refused or reset connection
 /// before dispatch is tried once more, then reported.
 const MAX_SETUP_ATTEMPTS: u32 = 2;
+
+/// Why an exchange produced no response head: reqwest's error on a direct connection,
+/// the tunnel's through a proxy.
+enum SendError {
+    Http(reqwest::Error),
+    Tunnel(TunnelError),
+}
+
+type Sending<'a> = Pin<Box<dyn Future<Output = Result<reqwest::Response, SendError>> + Send + 'a>>;
+
+/// The request could not be put on the wire; no connection was tried.
+const UNBUILDABLE: &str = "The request could not be built: a header value or the URL is not valid on the wire; nothing was sent.";
 
 /// Runs one armed attempt up to a stored result or a recorded failure.
 pub(super) async fn attempt(
@@ -66,31 +82,53 @@ pub(super) async fn attempt(
     {
         return address_refused(&attempt, 1, refusal);
     }
+    // The proxy the connection goes through; attempts through it name it as their hop.
+    let proxy = armed.target.proxy.via();
+    let via = proxy.map(|p| p.authority());
     // One copy of the body for every connection-setup attempt (`Bytes` clones share it).
     let body = Bytes::from(p.request.body.clone());
     for n in 1..=MAX_SETUP_ATTEMPTS {
         let probe = Arc::new(Probe::default());
         let gate_error: Arc<Mutex<Option<GateShut>>> = Arc::new(Mutex::new(None));
         let gate = attempt.gate(attempt.connection_id(n));
-        let client = match client(
-            trust,
-            &probe,
-            (resolver, policy),
-            armed.verifier.clone(),
-            gate,
-            gate_error.clone(),
-        ) {
-            Ok(c) => c,
+        let hook = gate_hook(&probe, gate, gate_error.clone());
+        let tls = match tls_config(trust, &probe, armed.verifier.clone()) {
+            Ok(tls) => tls,
             Err(message) => return tls_setup_failed(message),
         };
-        let mut builder = client.request(method.clone(), &armed.url);
-        for (name, value) in &armed.headers {
-            builder = builder.header(name.as_str(), value.as_str());
-        }
         let marked = MarkingBody::new(body.clone(), probe.clone());
-        let exchange = async {
-            let response = builder.body(reqwest::Body::wrap(marked)).send().await?;
-            Ok::<_, reqwest::Error>(response)
+        let exchange: Sending<'_> = match proxy {
+            None => {
+                let client = match client(&probe, (resolver, policy), hook, tls) {
+                    Ok(c) => c,
+                    Err(message) => return tls_setup_failed(message),
+                };
+                let mut builder = client.request(method.clone(), &armed.url);
+                for (name, value) in &armed.headers {
+                    builder = builder.header(name.as_str(), value.as_str());
+                }
+                Box::pin(async move {
+                    let sent = builder.body(reqwest::Body::wrap(marked)).send().await;
+                    sent.map_err(SendError::Http)
+                })
+            }
+            Some(proxy) => {
+                let prepared = tunnel::prepare(method.clone(), &armed.url, &armed.headers, marked);
+                // hyper speaks HTTP/1.1 on the tunnel; ALPN says so to the origin.
+                let mut tls = tls;
+                tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+                let tls = https.then(|| Arc::new(tls));
+                let probe = probe.clone();
+                Box::pin(async move {
+                    let sent = match prepared {
+                        Ok(prepared) => {
+                            tunnel::send(proxy, resolver, prepared, tls, &probe, &hook).await
+                        }
+                        Err(e) => Err(e),
+                    };
+                    sent.map_err(SendError::Tunnel)
+                })
+            }
         };
         let deadline = tokio::time::sleep(bound.timeout);
         tokio::pin!(deadline);
@@ -105,8 +143,16 @@ pub(super) async fn attempt(
             Ok(Err(error)) => {
                 if dispatched {
                     mark_request(&attempt, &probe);
-                    return attempt.fail(Phase::RemoteExecution, Code::RemoteOutcomeUnknown, Retry::Reconcile,
-                            "The connection failed after dispatch and before a complete response; the remote may have acted.");
+                    let message = match &via {
+                        Some(hop) => format!("The connection through the proxy {hop} failed after dispatch and before a complete response; the remote may have acted."),
+                        None => "The connection failed after dispatch and before a complete response; the remote may have acted.".to_string(),
+                    };
+                    return attempt.fail(
+                        Phase::RemoteExecution,
+                        Code::RemoteOutcomeUnknown,
+                        Retry::Reconcile,
+                        &message,
+                    );
                 }
                 if probe.gate() == Some(GateVerdict::Refused) {
                     return match gate_error.lock().ok().and_then(|mut g| g.take()) {
@@ -117,33 +163,47 @@ pub(super) async fn attempt(
                 // The HTTP stack refused to build the request (a header value or the
                 // URL it cannot put on the wire): no connection was tried, and waiting
                 // will not change the request.
-                if error.is_builder() {
+                let unbuildable = match &error {
+                    SendError::Http(e) => e.is_builder(),
+                    SendError::Tunnel(e) => matches!(e, TunnelError::InvalidRequest),
+                };
+                if unbuildable {
                     return attempt.fail(
-                            Phase::Validation,
-                            Code::InvalidRequest,
-                            Retry::AfterCorrection,
-                            "The request could not be built: a header value or the URL is not valid on the wire; nothing was sent.",
-                        );
+                        Phase::Validation,
+                        Code::InvalidRequest,
+                        Retry::AfterCorrection,
+                        UNBUILDABLE,
+                    );
                 }
-                if let Some(refusal) = probe.refused() {
-                    return address_refused(&attempt, n, refusal);
-                }
-                let (io_kind, tls) = transport::error_chain_facts(&error);
-                let (stage, code) = probe.setup_failure(https, io_kind, tls);
-                if let Err(outcome) = attempt.setup_stage_failed(n, stage, code) {
+                let failure = match &error {
+                    SendError::Http(error) => {
+                        if let Some(refusal) = probe.refused() {
+                            return address_refused(&attempt, n, refusal);
+                        }
+                        direct_failure(&probe, https, error)
+                    }
+                    SendError::Tunnel(e) => {
+                        match proxy.and_then(|proxy| e.setup_failure(proxy, &probe)) {
+                            Some(failure) => failure,
+                            // A shut gate is handled above, and an exchange failure
+                            // comes only after dispatch.
+                            None => return attempt.recorded(),
+                        }
+                    }
+                };
+                let SetupFailure {
+                    stage,
+                    code,
+                    retry,
+                    message,
+                } = failure;
+                if let Err(outcome) = attempt.setup_stage_failed_via(n, stage, code, via.clone()) {
                     return *outcome;
                 }
-                if code.spec().retry == Retry::Backoff && n < MAX_SETUP_ATTEMPTS {
+                if retry == Retry::Backoff && n < MAX_SETUP_ATTEMPTS {
                     continue;
                 }
-                let reason = match probe.tls() {
-                    Some(transport::TlsVerdict::Rejected { reason }) => {
-                        format!(" (certificate {reason})")
-                    }
-                    _ => String::new(),
-                };
-                let message = format!("{}{reason}", code.spec().meaning);
-                return attempt.fail(Phase::ConnectionSetup, code, code.spec().retry, &message);
+                return attempt.fail(Phase::ConnectionSetup, code, retry, &message);
             }
             Err(code) => {
                 if dispatched {
@@ -156,7 +216,11 @@ pub(super) async fn attempt(
                     return attempt.fail(Phase::RemoteExecution, code, Retry::Reconcile, message);
                 }
                 let (stage, setup_code) = if code == Code::RemoteTimeout {
-                    let stage = if probe.tls().is_some() || (probe.connected() && https) {
+                    let stage = if proxy.is_some() && !(probe.tunnel_open() && https) {
+                        // Before the tunnel opened (or, for plain http, before dispatch
+                        // through it) the proxy is the hop that did not finish.
+                        Stage::ProxyTunnel
+                    } else if probe.tls().is_some() || (probe.connected() && https) {
                         Stage::TlsHandshake
                     } else if probe.dns().is_none()
                         && p.http.host.parse::<std::net::IpAddr>().is_err()
@@ -170,7 +234,7 @@ pub(super) async fn attempt(
                     (Stage::TcpConnect, Code::CallerCancelled)
                 };
                 if setup_code == Code::ConnectTimeout {
-                    let _ = attempt.setup_stage_failed(n, stage, setup_code);
+                    let _ = attempt.setup_stage_failed_via(n, stage, setup_code, via.clone());
                 }
                 let message = if setup_code == Code::CallerCancelled {
                     "The caller cancelled before dispatch; nothing was sent."
@@ -199,22 +263,36 @@ fn address_refused(attempt: &Attempt<'_, Http>, n: u32, refusal: Refusal) -> Htt
     )
 }
 
+/// How a direct connection failed before dispatch, judged from what the probe observed.
+fn direct_failure(probe: &Probe, https: bool, error: &reqwest::Error) -> SetupFailure {
+    let (io_kind, tls) = transport::error_chain_facts(error);
+    let (stage, code) = probe.setup_failure(https, io_kind, tls);
+    let reason = match probe.tls() {
+        Some(transport::TlsVerdict::Rejected { reason }) => format!(" (certificate {reason})"),
+        _ => String::new(),
+    };
+    SetupFailure {
+        stage,
+        code,
+        retry: code.spec().retry,
+        message: format!("{}{reason}", code.spec().meaning),
+    }
+}
+
 /// Markers of how far the request got, before a failure after dispatch is recorded.
 fn mark_request(attempt: &Attempt<'_, Http>, probe: &Probe) {
     attempt.mark(probe.headers_taken(), probe.body_taken(), None);
 }
 
-/// A one-connection client whose connector opens `gate` before the first byte.
-fn client(
-    trust: &Trust,
+/// The gate hook of one connection: opens `gate` naming the verified peer, and keeps
+/// why it stayed shut in `gate_error`.
+fn gate_hook(
     probe: &Arc<Probe>,
-    (resolver, policy): (&Resolver, AddressPolicy),
-    verifier: Option<Arc<WebPkiServerVerifier>>,
     gate: Gate,
     gate_error: Arc<Mutex<Option<GateShut>>>,
-) -> Result<reqwest::Client, String> {
+) -> transport::Gate {
     let gate_probe = probe.clone();
-    let hook: transport::Gate = Arc::new(move || {
+    Arc::new(move || {
         let gate = gate.clone();
         let gate_error = gate_error.clone();
         let probe = gate_probe.clone();
@@ -233,7 +311,17 @@ fn client(
                 }
             }
         })
-    });
+    })
+}
+
+/// A one-connection client whose connector opens the gate (`hook`) before the first
+/// byte.
+fn client(
+    probe: &Arc<Probe>,
+    (resolver, policy): (&Resolver, AddressPolicy),
+    hook: transport::Gate,
+    tls: rustls::ClientConfig,
+) -> Result<reqwest::Client, String> {
     let builder = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .retry(reqwest::retry::never())
@@ -251,6 +339,19 @@ fn client(
         });
     // Always hand reqwest a prepared TLS config: building its default one loads the
     // platform's roots on every client (milliseconds per request).
+    builder
+        .tls_backend_preconfigured(tls)
+        .build()
+        .map_err(|e| format!("HTTP client setup: {e}"))
+}
+
+/// The TLS config of one attempt: the target's trust through a verifier that records its
+/// verdict in `probe`.
+fn tls_config(
+    trust: &Trust,
+    probe: &Arc<Probe>,
+    verifier: Option<Arc<WebPkiServerVerifier>>,
+) -> Result<rustls::ClientConfig, String> {
     let base = rustls::ClientConfig::builder_with_provider(trust.provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS setup: {e}"))?;
@@ -267,10 +368,7 @@ fn client(
             .with_root_certificates(rustls::RootCertStore::empty())
             .with_no_client_auth(),
     };
-    builder
-        .tls_backend_preconfigured(tls)
-        .build()
-        .map_err(|e| format!("HTTP client setup: {e}"))
+    Ok(tls)
 }
 
 /// Reads a final response to the end (bounded by size and time), decodes and scrubs it,

@@ -8,6 +8,7 @@
 //! - `exchange`: connection setup (dns, tcp, tls; each failure recorded, capped
 //!   internal retries), the dispatch gate, the response read, scrubbed and committed.
 //! - [`transport`]: reqwest with the boundaries made visible.
+//! - `tunnel`: the same attempt through a proxy's CONNECT tunnel (hyper on the tunnel).
 //! - [`status`]: a complete response → outcome, code, retry.
 //!
 //! Around the pipeline: same-target redirects for targets that opt in, retries by the
@@ -19,6 +20,7 @@ mod inject;
 pub mod job;
 pub mod status;
 pub mod transport;
+mod tunnel;
 mod validate;
 
 use serde::{Deserialize, Serialize};
@@ -123,6 +125,8 @@ pub struct Plan {
     batch_members: Option<Vec<String>>,
     /// The target's `allow_private`, for the approval card's address check.
     allow_private: bool,
+    /// The proxy (`host:port`) the target's requests go through, for the approval card.
+    proxy: Option<String>,
 }
 
 /// One attempt's request with the credential in it. The URL and header values that may
@@ -277,14 +281,22 @@ impl Channel for Http {
     async fn approval(&self, bound: &Bound<Plan>) -> (String, ApprovalDetail) {
         let p = &bound.plan;
         let policy = AddressPolicy::for_host(&p.http.host, p.allow_private);
-        let resolved = tokio::time::timeout(
-            CARD_LOOKUP_TIMEOUT,
-            self.resolver.describe(&p.http.host, policy),
-        )
-        .await
-        .unwrap_or_else(|_| "did not resolve in time".to_string());
+        // Through a proxy the proxy resolves the host: what the broker's resolver says
+        // would not be where the request goes.
+        let resolved = match &p.proxy {
+            Some(_) => None,
+            None => Some(
+                tokio::time::timeout(
+                    CARD_LOOKUP_TIMEOUT,
+                    self.resolver.describe(&p.http.host, policy),
+                )
+                .await
+                .unwrap_or_else(|_| "did not resolve in time".to_string()),
+            ),
+        };
         let detail = ApprovalDetail {
-            resolved: Some(resolved),
+            resolved,
+            proxy: p.proxy.clone(),
             method: Some(p.http.method.clone()),
             url: Some(p.http.url()),
             body: (!p.request.body.is_empty())

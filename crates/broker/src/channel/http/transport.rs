@@ -12,7 +12,9 @@
 //!
 //! Each attempt gets its own client with pooling off, so a connection is never reused
 //! (no "write on a stale pooled socket" ambiguity), redirects are never followed by the
-//! library, no proxy is consulted and reqwest's own retries are off.
+//! library, reqwest's own proxy support is never consulted and its retries are off. A
+//! target with a proxy goes through [`super::tunnel`] instead, which reuses the probe,
+//! the verifier and the gate from here.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -57,6 +59,10 @@ pub struct Probe {
     refused: Mutex<Option<Refusal>>,
     tls: Mutex<Option<TlsVerdict>>,
     connected: AtomicBool,
+    /// A TCP connection to the target's proxy was made.
+    proxy_connected: AtomicBool,
+    /// The proxy answered CONNECT with 2xx: the tunnel to the origin is open.
+    tunnel_open: AtomicBool,
     gate: Mutex<Option<GateVerdict>>,
     headers_taken: AtomicBool,
     body_taken: AtomicBool,
@@ -79,6 +85,18 @@ impl Probe {
     }
     pub fn connected(&self) -> bool {
         self.connected.load(Ordering::SeqCst)
+    }
+    pub fn proxy_connected(&self) -> bool {
+        self.proxy_connected.load(Ordering::SeqCst)
+    }
+    pub fn tunnel_open(&self) -> bool {
+        self.tunnel_open.load(Ordering::SeqCst)
+    }
+    pub(super) fn mark_proxy_connected(&self) {
+        self.proxy_connected.store(true, Ordering::SeqCst);
+    }
+    pub(super) fn mark_tunnel_open(&self) {
+        self.tunnel_open.store(true, Ordering::SeqCst);
     }
     pub fn gate(&self) -> Option<GateVerdict> {
         self.gate.lock().ok().and_then(|g| g.clone())
@@ -286,6 +304,20 @@ impl ServerCertVerifier for RecordingVerifier {
 /// DISPATCH_STARTED durably. Returns false to refuse the connection.
 pub type Gate = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
 
+/// Holds a ready connection (TCP and TLS done, and the proxy tunnel if any) until `gate`
+/// has made dispatch durable, and records the verdict. Nothing may be written to the
+/// connection unless this returned true.
+pub async fn pass_gate(probe: &Probe, gate: &Gate) -> bool {
+    probe.connected.store(true, Ordering::SeqCst);
+    if gate().await {
+        Probe::set(&probe.gate, GateVerdict::Dispatched);
+        true
+    } else {
+        Probe::set(&probe.gate, GateVerdict::Refused);
+        false
+    }
+}
+
 /// A connector layer that holds the connection until the gate has made dispatch
 /// durable.
 #[derive(Clone)]
@@ -343,12 +375,9 @@ where
         let gate = self.gate.clone();
         Box::pin(async move {
             let conn = connecting.await?;
-            probe.connected.store(true, Ordering::SeqCst);
-            if gate().await {
-                Probe::set(&probe.gate, GateVerdict::Dispatched);
+            if pass_gate(&probe, &gate).await {
                 Ok(conn)
             } else {
-                Probe::set(&probe.gate, GateVerdict::Refused);
                 Err(BoxError::from(GateRefused))
             }
         })

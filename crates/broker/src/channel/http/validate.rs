@@ -200,6 +200,7 @@ pub(super) fn validate(request: &HttpRequest, config: &Config) -> Result<Validat
             repeat,
             batch_members,
             allow_private: target.allow_private,
+            proxy: target.proxy.via().map(|p| p.authority()),
         },
     })
 }
