@@ -1697,7 +1697,7 @@ async fn a_job_that_reports_failure_is_committed_with_job_failed_and_a_foreign_s
     ]))
     .await
     .unwrap();
-    let f = fixture(&config(&server.base_url(), JOB));
+    let f = fixture(&config(&server.base_url(), &format!("{JOB}{LOOKUP}")));
     let ctx = CallContext::default();
     let first = run(&f, post(server.url("/v1/exports"), "{}")).await;
     let polled = f
@@ -1727,6 +1727,14 @@ async fn a_job_that_reports_failure_is_committed_with_job_failed_and_a_foreign_s
         .projection(&polled.job.invocation_id)
         .unwrap();
     assert!(!job.job.unwrap().pollable);
+    assert_eq!(server.requests().len(), 3);
+    // The target's query is about submissions: it never settles a job.
+    let reconciled = f
+        .broker
+        .channel
+        .reconcile(&polled.job.invocation_id, "operator")
+        .await;
+    assert_eq!(reconciled.outcome, Outcome::Unknown);
     assert_eq!(server.requests().len(), 3);
 
     // A plain 200 queued nothing: poll_job refuses, naming why.

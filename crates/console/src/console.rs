@@ -486,6 +486,7 @@ impl Console {
                     .is_some_and(|b| !b.atomic && b.member_query.is_some())
         });
         let can_query = p.channel == Some(Channel::Http)
+            && p.job.is_none()
             && (bound_query
                 || p.target
                     .as_deref()

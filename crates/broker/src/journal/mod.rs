@@ -1241,7 +1241,7 @@ impl Journal {
                  AND kind NOT IN ('RESULT_COMMITTED', 'RESULT_DELIVERED', 'DELIVERY_FAILED',
                                   'RESULT_EXPIRED',
                                   'FAILED', 'RECONCILED', 'RETRY_MANIFEST', 'JOB_TRACKED',
-                                  'JOB_STATUS')
+                                  'JOB_STATUS', 'MEMBER_RECONCILED')
                  ORDER BY seq",
             )?;
             stmt.query_map([], |r| r.get(0))?

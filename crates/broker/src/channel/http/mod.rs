@@ -626,7 +626,9 @@ impl Pipeline<Http> {
         {
             return self.reconcile_members(&rec, &p, &query, by).await;
         }
-        if p.outcome != Outcome::Unknown || !p.terminal {
+        // A job settles through its status resource (poll_job) or an operator's
+        // attestation, never through the target's query about a submission.
+        if p.outcome != Outcome::Unknown || !p.terminal || p.job.is_some() {
             return self.recorded_outcome(&rec);
         }
         let config = self.config().current();
