@@ -1,6 +1,7 @@
 //! What a retry manifest costs: building and signing one (the broker, before any
 //! retry) and checking one (another party, with the public key alone), for a plain
 //! invocation and for batches of 5 and 1,000 members.
+#![allow(clippy::unwrap_used)]
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use ed25519_dalek::SigningKey;
