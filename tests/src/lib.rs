@@ -3,6 +3,7 @@
 
 pub mod adversary;
 pub mod agent;
+pub mod calls;
 pub mod proxy;
 
 use std::path::Path;

@@ -18,6 +18,7 @@ use postern_broker::vault::KeychainBackend;
 use postern_tests::adversary::{
     Adversary, Behavior, Encoding, TestCert, TestPki, encodings, refused_addr,
 };
+use postern_tests::calls::{assert_error, error, get, post};
 use postern_tests::fixture::{Broker, open_broker, open_broker_resolving, test_service};
 use std::sync::Arc;
 
@@ -79,51 +80,11 @@ fn fixture(config_text: &str) -> Fixture {
     Fixture { dir, broker }
 }
 
-fn post(url: String, body: &str) -> HttpRequest {
-    HttpRequest {
-        url,
-        method: "POST".into(),
-        headers: vec![("content-type".into(), "application/json".into())],
-        body: body.as_bytes().to_vec(),
-        ..Default::default()
-    }
-}
-
-fn get(url: String) -> HttpRequest {
-    HttpRequest {
-        url,
-        method: "GET".into(),
-        ..Default::default()
-    }
-}
-
 async fn run(f: &Fixture, request: HttpRequest) -> HttpOutcome {
     f.broker
         .channel
         .execute(request, &CallContext::default())
         .await
-}
-
-fn error(outcome: &HttpOutcome) -> &postern_broker::contract::Envelope {
-    outcome
-        .error
-        .as_ref()
-        .unwrap_or_else(|| panic!("expected an envelope: {outcome:?}"))
-}
-
-fn assert_error(outcome: &HttpOutcome, phase: Phase, o: Outcome, retry: Retry, code: Code) {
-    let env = error(outcome);
-    assert_eq!(
-        (
-            env.error.phase,
-            env.error.outcome,
-            env.error.retry,
-            env.error.code
-        ),
-        (phase, o, retry, code),
-        "{env:#?}"
-    );
-    assert_eq!(outcome.outcome, o);
 }
 
 /// The canary in the forms the scrubber catches: raw, upper-case, reversed, hex in both

@@ -17,6 +17,7 @@ use postern_broker::contract::{Code, Outcome, Phase, Retry, Stage};
 use postern_broker::invocation::CallContext;
 use postern_broker::vault::KeychainBackend;
 use postern_tests::adversary::{Adversary, Behavior, TestCert, TestPki, refused_addr};
+use postern_tests::calls::{assert_error, error, get, post};
 use postern_tests::fixture::{Broker, open_broker_in_env, test_service};
 use postern_tests::proxy::{ProxyBehavior, TestProxy};
 
@@ -76,27 +77,12 @@ fn fixture(text: &str, pki: Option<&TestPki>) -> Fixture {
     fixture_with(text, pki, &ProxyEnv::default(), Resolver::system())
 }
 
+/// The body every payment in these tests carries.
+const PAYMENT: &str = "{\"amount\":1}";
+
 /// `proxy = "<url>"` plus the test CA.
 fn via(proxy: &str) -> String {
     format!("proxy = \"{proxy}\"\nca_file = \"postern-test-ca.pem\"")
-}
-
-fn post(url: String) -> HttpRequest {
-    HttpRequest {
-        url,
-        method: "POST".into(),
-        headers: vec![("content-type".into(), "application/json".into())],
-        body: b"{\"amount\":1}".to_vec(),
-        ..Default::default()
-    }
-}
-
-fn get(url: String) -> HttpRequest {
-    HttpRequest {
-        url,
-        method: "GET".into(),
-        ..Default::default()
-    }
 }
 
 async fn run(f: &Fixture, request: HttpRequest) -> HttpOutcome {
@@ -104,28 +90,6 @@ async fn run(f: &Fixture, request: HttpRequest) -> HttpOutcome {
         .channel
         .execute(request, &CallContext::default())
         .await
-}
-
-fn error(outcome: &HttpOutcome) -> &postern_broker::contract::Envelope {
-    outcome
-        .error
-        .as_ref()
-        .unwrap_or_else(|| panic!("expected an envelope: {outcome:?}"))
-}
-
-fn assert_error(outcome: &HttpOutcome, phase: Phase, o: Outcome, retry: Retry, code: Code) {
-    let env = error(outcome);
-    assert_eq!(
-        (
-            env.error.phase,
-            env.error.outcome,
-            env.error.retry,
-            env.error.code
-        ),
-        (phase, o, retry, code),
-        "{env:#?}"
-    );
-    assert_eq!(outcome.outcome, o);
 }
 
 /// Every recorded setup attempt is at `stage` with `code`, through `proxy`.
@@ -159,7 +123,7 @@ async fn a_tls_origin_is_reached_through_the_tunnel_with_its_certificate_verifie
     let origin = tls_origin(&pki, TestCert::Valid).await;
     let proxy = TestProxy::start(ProxyBehavior::Tunnel).await.unwrap();
     let f = fixture(&config(&origin.base_url(), &via(&proxy.url())), Some(&pki));
-    let out = run(&f, post(origin.url("/v1/payments"))).await;
+    let out = run(&f, post(origin.url("/v1/payments"), PAYMENT)).await;
     assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
     assert_eq!(out.result.as_ref().unwrap().status, 200);
     assert_eq!(proxy.tunnels(), 1);
@@ -197,7 +161,7 @@ async fn a_wrong_name_certificate_is_still_rejected_through_the_tunnel() {
     let origin = tls_origin(&pki, TestCert::WrongName).await;
     let proxy = TestProxy::start(ProxyBehavior::Tunnel).await.unwrap();
     let f = fixture(&config(&origin.base_url(), &via(&proxy.url())), Some(&pki));
-    let out = run(&f, post(origin.url("/v1/payments"))).await;
+    let out = run(&f, post(origin.url("/v1/payments"), PAYMENT)).await;
     assert_error(
         &out,
         Phase::ConnectionSetup,
@@ -237,7 +201,7 @@ async fn a_plain_http_origin_is_tunnelled_too() {
     let proxy = TestProxy::start(ProxyBehavior::Tunnel).await.unwrap();
     let text = config(&origin.base_url(), &format!("proxy = \"{}\"", proxy.url()));
     let f = fixture(&text, None);
-    let out = run(&f, post(origin.url("/v1/payments?x=1"))).await;
+    let out = run(&f, post(origin.url("/v1/payments?x=1"), PAYMENT)).await;
     assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
     assert_eq!(proxy.tunnels(), 1);
     assert_eq!(
@@ -266,7 +230,7 @@ async fn a_407_from_the_proxy_is_proxy_refused_and_the_origin_sees_nothing() {
             .await
             .unwrap();
     let f = fixture(&config(&origin.base_url(), &via(&proxy.url())), Some(&pki));
-    let out = run(&f, post(origin.url("/v1/payments"))).await;
+    let out = run(&f, post(origin.url("/v1/payments"), PAYMENT)).await;
     assert_error(
         &out,
         Phase::ConnectionSetup,
@@ -301,7 +265,7 @@ async fn a_proxy_refusal_is_retried_by_status_403_after_correction_502_after_bac
             .unwrap();
         let text = config(&origin.base_url(), &format!("proxy = \"{}\"", proxy.url()));
         let f = fixture(&text, None);
-        let out = run(&f, post(origin.url("/v1/payments"))).await;
+        let out = run(&f, post(origin.url("/v1/payments"), PAYMENT)).await;
         assert_error(
             &out,
             Phase::ConnectionSetup,
@@ -330,7 +294,7 @@ async fn a_proxy_that_is_down_is_proxy_unreachable() {
     let down = refused_addr().unwrap();
     let text = config(&origin.base_url(), &format!("proxy = \"http://{down}\""));
     let f = fixture(&text, None);
-    let out = run(&f, post(origin.url("/v1/payments"))).await;
+    let out = run(&f, post(origin.url("/v1/payments"), PAYMENT)).await;
     assert_error(
         &out,
         Phase::ConnectionSetup,
@@ -356,7 +320,7 @@ async fn a_proxy_that_breaks_the_connect_exchange_is_tunnel_failed() {
         let proxy = TestProxy::start(behavior).await.unwrap();
         let text = config(&origin.base_url(), &format!("proxy = \"{}\"", proxy.url()));
         let f = fixture(&text, None);
-        let out = run(&f, post(origin.url("/v1/payments"))).await;
+        let out = run(&f, post(origin.url("/v1/payments"), PAYMENT)).await;
         assert_error(
             &out,
             Phase::ConnectionSetup,
@@ -384,7 +348,7 @@ async fn a_proxy_that_never_answers_times_out_in_the_tunnel_stage() {
     let text = config(&origin.base_url(), &format!("proxy = \"{}\"", proxy.url()))
         .replace("timeout_ms = 3000", "timeout_ms = 400");
     let f = fixture(&text, None);
-    let out = run(&f, post(origin.url("/v1/payments"))).await;
+    let out = run(&f, post(origin.url("/v1/payments"), PAYMENT)).await;
     assert_error(
         &out,
         Phase::ConnectionSetup,
@@ -413,7 +377,7 @@ async fn a_tunnel_that_dies_after_dispatch_is_unknown_and_the_origin_got_the_req
         .unwrap();
     let text = config(&origin.base_url(), &format!("proxy = \"{}\"", proxy.url()));
     let f = fixture(&text, None);
-    let out = run(&f, post(origin.url("/v1/payments"))).await;
+    let out = run(&f, post(origin.url("/v1/payments"), PAYMENT)).await;
     assert_error(
         &out,
         Phase::RemoteExecution,
@@ -451,7 +415,7 @@ async fn a_proxy_on_a_metadata_address_is_refused_before_any_connection() {
         "proxy = \"http://169.254.169.254:3128\"",
     );
     let f = fixture(&text, None);
-    let out = run(&f, post(origin.url("/v1/payments"))).await;
+    let out = run(&f, post(origin.url("/v1/payments"), PAYMENT)).await;
     assert_error(
         &out,
         Phase::ConnectionSetup,
@@ -567,7 +531,7 @@ async fn proxy_credentials_reach_only_the_proxy_and_never_a_record_or_answer() {
             .unwrap();
     let with_creds = format!("http://{PROXY_USER}:{PROXY_PASSWORD}@{}", proxy.authority());
     let f = fixture(&config(&origin.base_url(), &via(&with_creds)), Some(&pki));
-    let ok = run(&f, post(origin.url("/v1/payments"))).await;
+    let ok = run(&f, post(origin.url("/v1/payments"), PAYMENT)).await;
     assert_eq!(ok.outcome, Outcome::Committed, "{ok:?}");
     let token =
         base64::engine::general_purpose::STANDARD.encode(format!("{PROXY_USER}:{PROXY_PASSWORD}"));
@@ -589,7 +553,7 @@ async fn proxy_credentials_reach_only_the_proxy_and_never_a_record_or_answer() {
     );
     let text = config(&origin.base_url(), &via(&wrong));
     let g = fixture(&text, Some(&pki));
-    let refused = run(&g, post(origin.url("/v1/payments"))).await;
+    let refused = run(&g, post(origin.url("/v1/payments"), PAYMENT)).await;
     assert_eq!(error(&refused).error.code, Code::ProxyRefused);
 
     for (fx, out) in [(&f, &ok), (&g, &refused)] {
