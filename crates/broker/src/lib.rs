@@ -64,6 +64,7 @@ pub mod contract;
 pub mod delivery;
 pub mod display;
 pub mod evidence;
+pub mod federation;
 pub mod invocation;
 pub mod journal;
 pub mod provenance;

@@ -10,6 +10,7 @@ mod config_history;
 mod config_proxy;
 mod contract;
 mod evidence;
+mod federation;
 mod journal;
 mod projection;
 mod provenance;

@@ -1,0 +1,415 @@
+//! Federation between brokers (seed 002): what one broker attests to another about a
+//! capability it exports, and how the asking broker classifies what came back.
+//!
+//! Broker B holds the credential and the approver; broker A's agents call B's exported
+//! capabilities. Every resolution and call outcome B emits carries an [`Attestation`]
+//! signed with B's broker key, with an explicit [`AttestationKind`]: `denial` (B's policy
+//! refused; B does not say whether the capability exists), `unavailable` (B cannot serve
+//! it for now), or `outcome` (B ran the call; the digest binds B's outcome envelope).
+//!
+//! A classifies each answer by [`classify`], which follows seed 002's decision boundary
+//! exactly, and decides the next step with [`Attempts::next`]:
+//!
+//! | what arrived | verdict | next |
+//! |---|---|---|
+//! | signed `denial` | terminal | never retried, no failover; a *policy incident* for the peering owner |
+//! | signed `unavailable` | transient | bounded backoff, then *transient exhaustion* for the local operator |
+//! | no envelope, bad signature, wrong key, or an envelope about another request | unknown | limited retries, then a *broker-contract violation* for B's operator |
+//! | transport error (429, timeout, reset) | transient | backoff; never counted toward any denial or contract budget |
+//! | signed, but B's policy version changed since the attempt began | abandoned | the attempt stops unclassified |
+//!
+//! # Attestation encoding, version 1
+//!
+//! The digest is BLAKE3 in key-derivation mode with context
+//! `"postern 2026 federation-attestation v1"` over, in order, the format version byte,
+//! the kind, peer, capability, request fingerprint, policy version, issue time (i64 LE)
+//! and the outcome digest (a presence byte, then the text), each preceded by its length
+//! as u64 LE. The signature is Ed25519 over [`SIGNING_CONTEXT`] followed by the digest's
+//! text (`blake3:` + hex).
+
+use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
+use serde::{Deserialize, Serialize};
+
+const DIGEST_CONTEXT: &str = "postern 2026 federation-attestation v1";
+const FORMAT: u8 = 1;
+/// What a broker's signature on an attestation covers, before the digest.
+pub const SIGNING_CONTEXT: &[u8] = b"postern federation-attestation signature v1\n";
+
+/// What an attestation says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttestationKind {
+    /// B's policy refused. Terminal: never retried. B does not disclose whether the
+    /// capability exists.
+    Denial,
+    /// B cannot serve the capability for now.
+    Unavailable,
+    /// B ran the call; `outcome_digest` binds B's outcome envelope.
+    Outcome,
+}
+
+impl AttestationKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttestationKind::Denial => "denial",
+            AttestationKind::Unavailable => "unavailable",
+            AttestationKind::Outcome => "outcome",
+        }
+    }
+}
+
+/// A peer broker's signed statement about one request for one capability.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Attestation {
+    pub kind: AttestationKind,
+    /// The attesting broker's name for itself.
+    pub peer: String,
+    /// The capability asked for, as the attesting broker exports it.
+    pub capability: String,
+    /// The fingerprint of the request the asking broker sent.
+    pub request_fingerprint: String,
+    /// The attesting broker's export policy version when it decided.
+    pub policy_version: String,
+    /// Unix ms, by the attesting broker's clock.
+    pub issued_at_ms: i64,
+    /// For `outcome`: the digest of the attesting broker's outcome envelope.
+    pub outcome_digest: Option<String>,
+    /// `blake3:` + hex over the fields above ([`Attestation::digest`]).
+    pub digest: String,
+    /// ed25519 signature, hex, over [`SIGNING_CONTEXT`] followed by `digest`.
+    pub signature: String,
+}
+
+/// The fields an attestation signs, before it is signed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Statement {
+    pub kind: AttestationKind,
+    pub peer: String,
+    pub capability: String,
+    pub request_fingerprint: String,
+    pub policy_version: String,
+    pub issued_at_ms: i64,
+    pub outcome_digest: Option<String>,
+}
+
+impl Statement {
+    /// The digest of these fields (see the module doc).
+    pub fn digest(&self) -> String {
+        let mut h = blake3::Hasher::new_derive_key(DIGEST_CONTEXT);
+        let mut field = |bytes: &[u8]| {
+            h.update(&(bytes.len() as u64).to_le_bytes());
+            h.update(bytes);
+        };
+        field(&[FORMAT]);
+        field(self.kind.as_str().as_bytes());
+        field(self.peer.as_bytes());
+        field(self.capability.as_bytes());
+        field(self.request_fingerprint.as_bytes());
+        field(self.policy_version.as_bytes());
+        field(&self.issued_at_ms.to_le_bytes());
+        match &self.outcome_digest {
+            None => field(&[0]),
+            Some(d) => {
+                field(&[1]);
+                field(d.as_bytes());
+            }
+        }
+        format!("blake3:{}", h.finalize().to_hex())
+    }
+
+    /// Signs the statement with the broker's key.
+    pub fn sign(self, key: &SigningKey) -> Attestation {
+        let digest = self.digest();
+        let signature = key.sign(&signed_message(&digest));
+        Attestation {
+            kind: self.kind,
+            peer: self.peer,
+            capability: self.capability,
+            request_fingerprint: self.request_fingerprint,
+            policy_version: self.policy_version,
+            issued_at_ms: self.issued_at_ms,
+            outcome_digest: self.outcome_digest,
+            digest,
+            signature: hex::encode(signature.to_bytes()),
+        }
+    }
+}
+
+fn signed_message(digest: &str) -> Vec<u8> {
+    let mut message = SIGNING_CONTEXT.to_vec();
+    message.extend_from_slice(digest.as_bytes());
+    message
+}
+
+/// Why an attestation is not accepted as the pinned peer's statement about this request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unverified {
+    #[error("the attestation's digest does not match its fields: it was changed after signing")]
+    DigestMismatch,
+    #[error("the signature is not 64 bytes of hex")]
+    MalformedSignature,
+    #[error("the signature does not verify with the pinned key of peer {peer}")]
+    BadSignature { peer: String },
+    #[error("the attestation names peer {found}, not {expected}")]
+    WrongPeer { expected: String, found: String },
+    #[error("the attestation is about capability {found}, not {expected}")]
+    WrongCapability { expected: String, found: String },
+    #[error("the attestation is about another request (fingerprint {found})")]
+    WrongRequest { found: String },
+    #[error("an outcome attestation carries no outcome digest")]
+    OutcomeWithoutDigest,
+}
+
+impl Attestation {
+    /// The signed fields.
+    pub fn statement(&self) -> Statement {
+        Statement {
+            kind: self.kind,
+            peer: self.peer.clone(),
+            capability: self.capability.clone(),
+            request_fingerprint: self.request_fingerprint.clone(),
+            policy_version: self.policy_version.clone(),
+            issued_at_ms: self.issued_at_ms,
+            outcome_digest: self.outcome_digest.clone(),
+        }
+    }
+
+    /// Checks the digest and the signature with the peer's pinned key, and that the
+    /// attestation is about `request` (peer, capability, fingerprint).
+    pub fn verify(&self, pinned: &VerifyingKey, request: &Request) -> Result<(), Unverified> {
+        if self.statement().digest() != self.digest {
+            return Err(Unverified::DigestMismatch);
+        }
+        let bytes: [u8; 64] = hex::decode(&self.signature)
+            .ok()
+            .and_then(|b| b.try_into().ok())
+            .ok_or(Unverified::MalformedSignature)?;
+        pinned
+            .verify_strict(
+                &signed_message(&self.digest),
+                &Signature::from_bytes(&bytes),
+            )
+            .map_err(|_| Unverified::BadSignature {
+                peer: request.peer.clone(),
+            })?;
+        if self.peer != request.peer {
+            return Err(Unverified::WrongPeer {
+                expected: request.peer.clone(),
+                found: self.peer.clone(),
+            });
+        }
+        if self.capability != request.capability {
+            return Err(Unverified::WrongCapability {
+                expected: request.capability.clone(),
+                found: self.capability.clone(),
+            });
+        }
+        if self.request_fingerprint != request.fingerprint {
+            return Err(Unverified::WrongRequest {
+                found: self.request_fingerprint.clone(),
+            });
+        }
+        if self.kind == AttestationKind::Outcome && self.outcome_digest.is_none() {
+            return Err(Unverified::OutcomeWithoutDigest);
+        }
+        Ok(())
+    }
+}
+
+/// What the asking broker sent, and what it knew of the peer's policy when it began.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// The peer's name as pinned in `[[peer]]`.
+    pub peer: String,
+    pub capability: String,
+    pub fingerprint: String,
+    /// The peer's policy version the attempt began under, when one was known.
+    pub policy_version: Option<String>,
+}
+
+/// A failure below the attestation layer: never a verdict about policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TransportFault {
+    /// HTTP 429 (a rate limiter, perhaps answering a retry storm).
+    RateLimited,
+    Timeout,
+    /// Connection refused or reset, or the stream broke.
+    Reset,
+}
+
+/// What came back from the peer for one attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    Transport(TransportFault),
+    /// An answer at the attestation layer; `None` when it carried no envelope.
+    Attested(Option<Attestation>),
+}
+
+/// How one answer is classified (seed 002's decision boundary).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Signed denial: terminal, never retried, no failover.
+    Denial,
+    /// Signed unavailable: transient.
+    Unavailable,
+    /// Signed outcome: B ran the call and says what happened.
+    Outcome,
+    /// A transport error: transient, and never counted toward a denial or contract
+    /// budget.
+    Transport(TransportFault),
+    /// No envelope or one that does not verify: not a verdict; a broker-contract
+    /// violation once the retries are spent.
+    Unknown { reason: String },
+    /// The peer's policy version changed since the attempt began: the attempt is
+    /// abandoned, not classified.
+    PolicyChanged { from: String, to: String },
+}
+
+/// Classifies one answer. Signature validation comes before anything the envelope
+/// says; an unsigned or wrongly signed "denial" is unknown, never terminal.
+pub fn classify(answer: &Answer, pinned: &VerifyingKey, request: &Request) -> Verdict {
+    let envelope = match answer {
+        Answer::Transport(fault) => return Verdict::Transport(*fault),
+        Answer::Attested(None) => {
+            return Verdict::Unknown {
+                reason: "the peer answered without an attestation envelope".into(),
+            };
+        }
+        Answer::Attested(Some(envelope)) => envelope,
+    };
+    if let Err(e) = envelope.verify(pinned, request) {
+        return Verdict::Unknown {
+            reason: e.to_string(),
+        };
+    }
+    if let Some(began) = &request.policy_version
+        && *began != envelope.policy_version
+    {
+        return Verdict::PolicyChanged {
+            from: began.clone(),
+            to: envelope.policy_version.clone(),
+        };
+    }
+    match envelope.kind {
+        AttestationKind::Denial => Verdict::Denial,
+        AttestationKind::Unavailable => Verdict::Unavailable,
+        AttestationKind::Outcome => Verdict::Outcome,
+    }
+}
+
+/// Who must act on an incident.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Owner {
+    /// Whoever owns the peering agreement: the peer's policy refuses this capability.
+    PeeringOwner,
+    /// The operator of the peer broker: it emitted outcomes it did not attest.
+    PeerOperator,
+    /// This broker's operator: the peer stayed unavailable.
+    LocalOperator,
+}
+
+/// What the asking broker raises when it stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Incident {
+    /// A signed denial.
+    Policy,
+    /// Unattested or unverifiable answers until the unknown budget was spent.
+    ContractViolation,
+    /// Signed unavailable or transport errors until the transient budget was spent.
+    TransientExhaustion,
+}
+
+impl Incident {
+    pub fn owner(self) -> Owner {
+        match self {
+            Incident::Policy => Owner::PeeringOwner,
+            Incident::ContractViolation => Owner::PeerOperator,
+            Incident::TransientExhaustion => Owner::LocalOperator,
+        }
+    }
+}
+
+/// What to do after an answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    /// B's outcome stands; use it.
+    Done,
+    /// Try again after this long.
+    RetryAfterMs(u64),
+    /// Stop and raise the incident.
+    Stop(Incident),
+    /// Stop without a verdict: the peer's policy moved during the attempt.
+    Abandon,
+}
+
+/// Budgets for one resolution, counted separately: a transport error never spends the
+/// unknown budget, and nothing but a signed denial ever stops as a policy incident.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attempts {
+    /// Retries allowed after signed `unavailable` or transport errors.
+    pub transient_budget: u32,
+    /// Retries allowed after unattested answers.
+    pub unknown_budget: u32,
+    pub transient_used: u32,
+    pub unknown_used: u32,
+    /// Backoff base and cap, ms.
+    pub base_backoff_ms: u64,
+    pub max_backoff_ms: u64,
+}
+
+impl Attempts {
+    /// Five transient retries (seed 002's example), three for unattested answers
+    /// (fewer: a broker that does not attest is at fault, and waiting rarely fixes it),
+    /// backoff from 500 ms doubling to at most 30 s.
+    pub fn new() -> Attempts {
+        Attempts {
+            transient_budget: 5,
+            unknown_budget: 3,
+            transient_used: 0,
+            unknown_used: 0,
+            base_backoff_ms: 500,
+            max_backoff_ms: 30_000,
+        }
+    }
+
+    fn backoff(&self, n: u32) -> u64 {
+        self.base_backoff_ms
+            .saturating_mul(1u64 << n.min(20))
+            .min(self.max_backoff_ms)
+    }
+
+    /// The next step after `verdict`, spending the matching budget.
+    pub fn next(&mut self, verdict: &Verdict) -> Next {
+        match verdict {
+            Verdict::Outcome => Next::Done,
+            Verdict::Denial => Next::Stop(Incident::Policy),
+            Verdict::PolicyChanged { .. } => Next::Abandon,
+            Verdict::Unavailable | Verdict::Transport(_) => {
+                if self.transient_used >= self.transient_budget {
+                    return Next::Stop(Incident::TransientExhaustion);
+                }
+                let wait = self.backoff(self.transient_used);
+                self.transient_used += 1;
+                Next::RetryAfterMs(wait)
+            }
+            Verdict::Unknown { .. } => {
+                if self.unknown_used >= self.unknown_budget {
+                    return Next::Stop(Incident::ContractViolation);
+                }
+                let wait = self.backoff(self.unknown_used);
+                self.unknown_used += 1;
+                Next::RetryAfterMs(wait)
+            }
+        }
+    }
+}
+
+impl Default for Attempts {
+    fn default() -> Self {
+        Attempts::new()
+    }
+}
