@@ -291,12 +291,12 @@ impl Session {
     fn http_answer(&self, outcome: &HttpOutcome) -> (CallToolResult, bool) {
         let bytes = outcome.result.as_ref().map_or(0, |r| r.body.len() as u64);
         let mut answer = http_value(outcome);
-        // A 202 queued a job: say which invocation tracks it, for poll_job.
-        if let Some(job) = self
-            .broker
-            .journal
-            .children(&outcome.invocation_id)
-            .ok()
+        // A 202 queued a job: say which invocation tracks it, for poll_job. (Only then is
+        // the journal asked: every other answer skips the lookup.)
+        let accepted = outcome.result.as_ref().is_some_and(|r| r.status == 202);
+        if let Some(job) = accepted
+            .then(|| self.broker.journal.children(&outcome.invocation_id).ok())
+            .flatten()
             .and_then(|c| c.into_iter().find(|l| l.relation == Relation::Job))
         {
             answer.0["job"] = json!({
