@@ -68,6 +68,7 @@ use crate::contract::Code;
 use crate::journal::RetentionPolicy;
 use crate::vault::CredentialId;
 
+pub mod peer;
 pub mod proxy;
 use proxy::{ProxyEnv, ProxyProblem, ProxySetting};
 
@@ -92,6 +93,8 @@ pub struct Config {
     pub witnesses: Vec<WitnessConfig>,
     /// How long, and how many bytes of, stored results are kept (`[results]`).
     pub results: RetentionPolicy,
+    /// Brokers this one federates with (`[[peer]]`).
+    pub peers: Vec<peer::PeerConfig>,
     /// The file this configuration came from.
     pub source: PathBuf,
 }
@@ -285,6 +288,7 @@ pub enum Section {
     Witness,
     /// `[results]`: the retention of stored results.
     Results,
+    Peer,
 }
 
 /// A target as a person finds it in the file: by name, or by position when the name
@@ -304,6 +308,7 @@ impl fmt::Display for TargetRef {
             Section::Ssh => "[[ssh]]",
             Section::Witness => "[[witness]]",
             Section::Results => "[results]",
+            Section::Peer => "[[peer]]",
         };
         match &self.name {
             Some(name) => write!(f, "{section} \"{name}\""),
@@ -375,6 +380,16 @@ pub enum Problem {
         "must start with `/` and hold no query, fragment or placeholder (a member query's path holds `{{member_id}}` exactly once)"
     )]
     InvalidBatchPath,
+    #[error("a peer name is 1 to 64 letters, digits, `-`, `_` or `.`")]
+    InvalidPeerName,
+    #[error("not a broker key (as `postern audit key` prints it): {reason}")]
+    InvalidPeerKey { reason: String },
+    #[error("a peer needs `url` (this broker calls it) or `exports` (it calls this broker)")]
+    UnusedPeer,
+    #[error("`{name}` is not an [[http]] target of this file, so it cannot be exported")]
+    UnknownExport { name: String },
+    #[error("`{name}` is exported twice")]
+    DuplicateExport { name: String },
     #[error("not a valid host name or IP address")]
     InvalidHost,
     #[error("not `<algorithm> <base64 key>`: {reason}")]
@@ -481,6 +496,8 @@ struct RawConfig {
     witness: Vec<RawWitness>,
     #[serde(default)]
     results: Option<RawResults>,
+    #[serde(default)]
+    peer: Vec<peer::RawPeer>,
 }
 
 /// `[results] max_age = "7d", max_bytes = "1GiB"`; both optional.
@@ -744,11 +761,53 @@ impl Config {
             .map(|(index, w)| validate_witness(path, index, w))
             .collect::<Result<_, _>>()?;
         let results = validate_results(path, raw.results)?;
+        let names: Vec<&str> = http.iter().map(|t| t.name.as_str()).collect();
+        let mut peers: Vec<peer::PeerConfig> = Vec::with_capacity(raw.peer.len());
+        for (index, p) in raw.peer.into_iter().enumerate() {
+            let target = TargetRef {
+                section: Section::Peer,
+                index,
+                name: Some(p.name().to_string()),
+            };
+            let ctx = Ctx { file: path, target };
+            let p = peer::PeerConfig::check(p, &names).map_err(|(field, problem)| {
+                use peer::PeerProblem as P;
+                let problem = match problem {
+                    P::Name => Problem::InvalidPeerName,
+                    P::Key(reason) => Problem::InvalidPeerKey { reason },
+                    P::Url(reason) => Problem::InvalidUrl { reason },
+                    P::Unused => Problem::UnusedPeer,
+                    P::UnknownExport { index, name } => {
+                        return ctx
+                            .err(format!("{field}[{index}]"), Problem::UnknownExport { name });
+                    }
+                    P::DuplicateExport { index, name } => {
+                        return ctx.err(
+                            format!("{field}[{index}]"),
+                            Problem::DuplicateExport { name },
+                        );
+                    }
+                };
+                ctx.err(field, problem)
+            })?;
+            if let Some(first) = peers.iter().position(|q| q.name == p.name) {
+                let problem = Problem::DuplicateName {
+                    first: TargetRef {
+                        section: Section::Peer,
+                        index: first,
+                        name: Some(p.name.clone()),
+                    },
+                };
+                return Err(ctx.err("name", problem));
+            }
+            peers.push(p);
+        }
         Ok(Self {
             http,
             ssh,
             witnesses,
             results,
+            peers,
             source: path.to_path_buf(),
         })
     }

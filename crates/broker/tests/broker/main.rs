@@ -7,6 +7,7 @@ mod audit;
 mod broker;
 mod config;
 mod config_history;
+mod config_peer;
 mod config_proxy;
 mod contract;
 mod evidence;

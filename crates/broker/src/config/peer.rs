@@ -1,0 +1,172 @@
+//! `[[peer]]`: another Postern broker this one federates with (seed 002).
+//!
+//! ```toml
+//! [[peer]]
+//! name = "org-b"
+//! key = "postern.local/audit/…+1a2b3c4d+AQ…"   # its broker key, as `postern audit key` prints
+//! url = "https://postern.org-b.example:8443"   # where this broker calls it (optional)
+//! exports = ["payments"]                        # this broker's targets it may call (optional)
+//! ```
+//!
+//! A peer is pinned by its broker key: every request it sends and every attestation it
+//! returns is checked against that key, never against anything the network says. A peer
+//! needs a `url` (this broker calls it), `exports` (it calls this broker), or both.
+
+use serde::Deserialize;
+use url::Url;
+
+use crate::transparency::note::{KeyAlg, VerifierKey};
+
+/// The `[[peer]]` table as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPeer {
+    name: String,
+    key: String,
+    url: Option<String>,
+    #[serde(default)]
+    exports: Vec<String>,
+}
+
+/// A federated broker, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerConfig {
+    /// A name without `/` (it appears in `peer/<name>/<capability>`).
+    pub name: String,
+    /// Its broker key (Ed25519), as `postern audit key` prints it.
+    pub key: VerifierKey,
+    /// Where this broker reaches it, if it calls it.
+    pub url: Option<Url>,
+    /// This broker's HTTP targets the peer may call, sorted.
+    pub exports: Vec<String>,
+}
+
+/// Why a `[[peer]]` table is refused: the field and the problem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum PeerProblem {
+    Name,
+    Key(String),
+    Url(String),
+    /// Neither `url` nor `exports`: the peer could never be used.
+    Unused,
+    /// An export that names no `[[http]]` target.
+    UnknownExport {
+        index: usize,
+        name: String,
+    },
+    DuplicateExport {
+        index: usize,
+        name: String,
+    },
+}
+
+impl RawPeer {
+    pub(super) fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl PeerConfig {
+    /// Checks a raw table against the HTTP target names it may export.
+    pub(super) fn check(
+        raw: RawPeer,
+        http_targets: &[&str],
+    ) -> Result<PeerConfig, (&'static str, PeerProblem)> {
+        let name_ok = !raw.name.is_empty()
+            && raw.name.len() <= 64
+            && raw
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        if !name_ok {
+            return Err(("name", PeerProblem::Name));
+        }
+        let key =
+            VerifierKey::parse(&raw.key).map_err(|e| ("key", PeerProblem::Key(e.to_string())))?;
+        if key.alg != KeyAlg::Ed25519 {
+            return Err((
+                "key",
+                PeerProblem::Key("a broker key is of type 0x01 (Ed25519)".into()),
+            ));
+        }
+        let url = match raw.url {
+            None => None,
+            Some(text) => {
+                Some(check_url(&text).map_err(|reason| ("url", PeerProblem::Url(reason)))?)
+            }
+        };
+        let mut exports: Vec<String> = Vec::with_capacity(raw.exports.len());
+        for (index, name) in raw.exports.into_iter().enumerate() {
+            if !http_targets.contains(&name.as_str()) {
+                return Err(("exports", PeerProblem::UnknownExport { index, name }));
+            }
+            if exports.contains(&name) {
+                return Err(("exports", PeerProblem::DuplicateExport { index, name }));
+            }
+            exports.push(name);
+        }
+        if url.is_none() && exports.is_empty() {
+            return Err(("url", PeerProblem::Unused));
+        }
+        exports.sort();
+        Ok(PeerConfig {
+            name: raw.name,
+            key,
+            url,
+            exports,
+        })
+    }
+}
+
+/// https anywhere; plain http only on loopback (as for targets); no credentials, query
+/// or fragment.
+fn check_url(text: &str) -> Result<Url, String> {
+    let url = Url::parse(text).map_err(|e| e.to_string())?;
+    let loopback = match url.host() {
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => return Err("no host".into()),
+    };
+    match url.scheme() {
+        "https" => {}
+        "http" if loopback => {}
+        "http" => return Err("plain http is allowed only for loopback hosts".into()),
+        other => return Err(format!("scheme `{other}` is not allowed; use https")),
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("credentials in the URL are not allowed".into());
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err("a peer URL may not have a query or fragment".into());
+    }
+    Ok(url)
+}
+
+impl super::Config {
+    /// The peer named `name`.
+    pub fn peer(&self, name: &str) -> Option<&PeerConfig> {
+        self.peers.iter().find(|p| p.name == name)
+    }
+
+    /// The version of what this broker exports to `peer`: a digest over the peer's name
+    /// and each exported target's name and [`TargetVersion`](super::TargetVersion). Any
+    /// change to what the peer may call, or to how an exported target is configured,
+    /// changes it, so a peer can tell that the policy moved during its attempt.
+    pub fn export_policy_version(&self, peer: &str) -> Option<String> {
+        let p = self.peer(peer)?;
+        let mut h = blake3::Hasher::new_derive_key("postern 2026 peer-export-policy v1");
+        let mut field = |bytes: &[u8]| {
+            h.update(&(bytes.len() as u64).to_le_bytes());
+            h.update(bytes);
+        };
+        field(p.name.as_bytes());
+        field(&(p.exports.len() as u64).to_le_bytes());
+        for name in &p.exports {
+            field(name.as_bytes());
+            let version = self.http_target(name).map(|t| t.version().to_string());
+            field(version.unwrap_or_default().as_bytes());
+        }
+        Some(format!("blake3:{}", h.finalize().to_hex()))
+    }
+}
