@@ -65,7 +65,8 @@ impl AttestationKind {
 #[serde(deny_unknown_fields)]
 pub struct Attestation {
     pub kind: AttestationKind,
-    /// The attesting broker's name for itself.
+    /// The attesting broker's key name (its audit log origin, the name part of the key
+    /// pinned for it in `[[peer]]`).
     pub peer: String,
     /// The capability asked for, as the attesting broker exports it.
     pub capability: String,
@@ -222,7 +223,7 @@ impl Attestation {
 /// What the asking broker sent, and what it knew of the peer's policy when it began.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request {
-    /// The peer's name as pinned in `[[peer]]`.
+    /// The key name of the peer's pinned key (what its attestations call it).
     pub peer: String,
     pub capability: String,
     pub fingerprint: String,

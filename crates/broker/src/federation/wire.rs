@@ -16,8 +16,8 @@
 //!   path, headers (list of pairs), query (list of pairs), body (the bytes), idempotency
 //!   key (optional), timeout ms (optional u64 LE).
 //! - Auth digest (context `"postern 2026 peer-auth v1"`): tool name, asking peer's name,
-//!   issued-at (i64 LE), nonce, subject (the request fingerprint for `peer_call`, the
-//!   invocation id for `peer_reconcile`, empty for `peer_capabilities`). The signature is
+//!   issued-at (i64 LE), nonce, subject (the for `peer_reconcile`, empty for `peer_capabilities`; for `peer_call`
+//!   it is [`call_subject`]: the fingerprint and the caller's invocation id). The signature is
 //!   Ed25519 over [`AUTH_SIGNING_CONTEXT`] followed by the digest's text.
 
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
@@ -39,7 +39,9 @@ pub const AUTH_WINDOW_MS: i64 = 120_000;
 /// What A's signature on a tool call covers, before the digest.
 pub const AUTH_SIGNING_CONTEXT: &[u8] = b"postern peer-auth signature v1\n";
 
-/// Who is asking: A's name as B pins it, when, a fresh nonce, and A's signature.
+/// Who is asking: the asking broker's key name (its audit log origin,
+/// `postern.local/audit/<hex>`, by which the answering broker finds its `[[peer]]`
+/// entry), when, a fresh nonce, and the asking broker's signature.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PeerAuth {
@@ -229,6 +231,10 @@ impl PeerRequest {
 pub struct CallArgs {
     pub auth: PeerAuth,
     pub request: PeerRequest,
+    /// The asking broker's invocation id. The answering broker runs a request at most
+    /// once per (asking broker, caller invocation): asking again, after a timeout or a
+    /// reset, returns what its record says instead of running it again.
+    pub caller_invocation: String,
     /// B's export policy version A saw when the attempt began, if it knew one.
     #[serde(default)]
     pub policy_version: Option<String>,
@@ -264,6 +270,12 @@ impl PeerOutcome {
         h.update(&json);
         format!("blake3:{}", h.finalize().to_hex())
     }
+}
+
+/// The subject a `peer_call` auth signs: the request fingerprint and the caller's
+/// invocation id, on two lines.
+pub fn call_subject(request_fingerprint: &str, caller_invocation: &str) -> String {
+    format!("{request_fingerprint}\n{caller_invocation}")
 }
 
 /// `peer_call` and `peer_reconcile` answer: always an attestation; an outcome when its
