@@ -15,9 +15,10 @@
 //! - Request fingerprint (context `"postern 2026 peer-request v1"`): capability, method,
 //!   path, headers (list of pairs), query (list of pairs), body (the bytes), idempotency
 //!   key (optional), timeout ms (optional u64 LE).
-//! - Auth digest (context `"postern 2026 peer-auth v1"`): tool name, asking peer's name,
-//!   issued-at (i64 LE), nonce, subject (the for `peer_reconcile`, empty for `peer_capabilities`; for `peer_call`
-//!   it is [`call_subject`]: the fingerprint and the caller's invocation id). The signature is
+//! - Auth digest (context `"postern 2026 peer-auth v1"`): tool name, asking broker's
+//!   key name, issued-at (i64 LE), nonce, subject: [`call_subject`] for `peer_call` (the
+//!   request fingerprint and the caller's invocation id), the invocation id on the
+//!   answering broker for `peer_reconcile`, empty for `peer_capabilities`. The signature is
 //!   Ed25519 over [`AUTH_SIGNING_CONTEXT`] followed by the digest's text.
 
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
