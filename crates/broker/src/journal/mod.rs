@@ -22,8 +22,11 @@
 //! - [`schema`]: numbered migrations embedded in the binary.
 //! - [`results`]: the settled-result store (chunked, with a completeness marker).
 //! - [`space`]: the disk-space reserve and the low-space mode of a full disk.
+//! - [`peer_calls`]: which invocation runs a federated peer's call (at most once per
+//!   asking broker and caller invocation).
 
 pub mod events;
+pub mod peer_calls;
 pub mod projection;
 pub mod query;
 pub mod results;
@@ -790,6 +793,15 @@ impl Journal {
         )
     }
 
+    /// A federation attestation of `statement`, signed with the broker's key (the key
+    /// that signs checkpoints; see [`crate::federation`]). The key never leaves here.
+    pub fn sign_attestation(
+        &self,
+        statement: crate::federation::Statement,
+    ) -> crate::federation::Attestation {
+        statement.sign(&self.inner.manifest_key)
+    }
+
     pub fn now_ms(&self) -> i64 {
         self.inner.clock.now_ms()
     }
@@ -891,6 +903,40 @@ impl Journal {
     /// refused (unknown invocation) if this was.
     pub fn accept_pipelined(&self, new: NewInvocation) -> Result<(), JournalError> {
         self.pipeline(move |ctx| accept_in(ctx, new).map(|_| ()))
+    }
+
+    /// Accepts `new` as the invocation that runs the peer call `call`, recording both in
+    /// one transaction, unless the call already has an invocation other than
+    /// `replacing` (see [`peer_calls::accept`]). Refused like [`Journal::accept`] in
+    /// low-space mode.
+    pub fn accept_peer_call(
+        &self,
+        call: peer_calls::PeerCall,
+        replacing: Option<String>,
+        new: NewInvocation,
+    ) -> Result<peer_calls::PeerAccept, JournalError> {
+        self.write(false, move |ctx| {
+            peer_calls::accept(ctx, call, replacing, new)
+        })
+    }
+
+    /// The recorded peer call `caller_invocation` of `asker`.
+    pub fn peer_call(
+        &self,
+        asker: &str,
+        caller_invocation: &str,
+    ) -> Result<Option<peer_calls::PeerCall>, JournalError> {
+        let conn = self.inner.reader.lock().map_err(|_| JournalError::Closed)?;
+        peer_calls::find(&conn, asker, caller_invocation)
+    }
+
+    /// The peer call `invocation_id` runs, if any.
+    pub fn peer_call_of(
+        &self,
+        invocation_id: &str,
+    ) -> Result<Option<peer_calls::PeerCall>, JournalError> {
+        let conn = self.inner.reader.lock().map_err(|_| JournalError::Closed)?;
+        peer_calls::of_invocation(&conn, invocation_id)
     }
 
     /// Appends one event to an existing invocation, checked against its projection;

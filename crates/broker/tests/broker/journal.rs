@@ -605,3 +605,116 @@ fn a_failing_job_rolls_back_alone_inside_a_shared_batch() {
     f.journal.close().unwrap();
     postern_broker::audit::verify_file(&db, &signing_key().verifying_key()).unwrap();
 }
+
+// ---------------------------------------------------------------------------------
+// Peer calls (federation, issue 14): one invocation per (asking broker, caller
+// invocation), recorded with its acceptance.
+
+fn peer_call(invocation_id: &str) -> postern_broker::journal::peer_calls::PeerCall {
+    postern_broker::journal::peer_calls::PeerCall {
+        asker: "postern.local/audit/00aa".into(),
+        caller_invocation: "inv_caller".into(),
+        invocation_id: invocation_id.into(),
+        capability: "payments".into(),
+        request_fingerprint: "blake3:req".into(),
+        policy_version: "blake3:policy".into(),
+        accepted_at_ms: 0,
+    }
+}
+
+#[test]
+fn a_peer_call_is_accepted_once_with_its_invocation_and_a_repeat_finds_that_one() {
+    use postern_broker::journal::peer_calls::PeerAccept;
+    let f = Fixture::new();
+    let accepted = f
+        .journal
+        .accept_peer_call(peer_call("inv_1"), None, new_invocation("inv_1", None))
+        .unwrap();
+    assert!(matches!(accepted, PeerAccept::Accepted { .. }));
+    assert!(f.journal.projection("inv_1").is_ok());
+    // The same caller invocation again: nothing is accepted, the first one answers.
+    let again = f
+        .journal
+        .accept_peer_call(peer_call("inv_2"), None, new_invocation("inv_2", None))
+        .unwrap();
+    let PeerAccept::Existing(row) = again else {
+        panic!("a second invocation was accepted for one peer call")
+    };
+    assert_eq!(row.invocation_id, "inv_1");
+    assert_eq!(row.policy_version, "blake3:policy");
+    assert!(matches!(
+        f.journal.projection("inv_2"),
+        Err(JournalError::UnknownInvocation(_))
+    ));
+    // Replacing names the invocation the caller found unsent: only that one is replaced.
+    let stale = f
+        .journal
+        .accept_peer_call(
+            peer_call("inv_3"),
+            Some("inv_other".into()),
+            new_invocation("inv_3", None),
+        )
+        .unwrap();
+    assert!(matches!(stale, PeerAccept::Existing(_)));
+    let replaced = f
+        .journal
+        .accept_peer_call(
+            peer_call("inv_4"),
+            Some("inv_1".into()),
+            new_invocation("inv_4", None),
+        )
+        .unwrap();
+    assert!(matches!(replaced, PeerAccept::Accepted { .. }));
+    let row = f
+        .journal
+        .peer_call("postern.local/audit/00aa", "inv_caller")
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.invocation_id, "inv_4");
+    assert_eq!(
+        f.journal
+            .peer_call_of("inv_4")
+            .unwrap()
+            .map(|r| r.caller_invocation),
+        Some("inv_caller".to_string())
+    );
+    assert_eq!(f.journal.peer_call_of("inv_1").unwrap(), None);
+}
+
+#[test]
+fn a_peer_call_row_survives_a_restart_and_an_attestation_verifies_with_the_journal_key() {
+    use postern_broker::federation::{AttestationKind, Request, Statement};
+    let f = Fixture::new();
+    f.journal
+        .accept_peer_call(peer_call("inv_1"), None, new_invocation("inv_1", None))
+        .unwrap();
+    let key = f.journal.verifying_key();
+    let Fixture {
+        dir,
+        clock,
+        journal,
+    } = f;
+    journal.close().unwrap();
+    let journal = open(&dir.path().join("journal.db"), &clock);
+    let row = journal
+        .peer_call("postern.local/audit/00aa", "inv_caller")
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.invocation_id, "inv_1");
+    let attestation = journal.sign_attestation(Statement {
+        kind: AttestationKind::Denial,
+        peer: "b".into(),
+        capability: "payments".into(),
+        request_fingerprint: "blake3:req".into(),
+        policy_version: "blake3:policy".into(),
+        issued_at_ms: T0,
+        outcome_digest: None,
+    });
+    let request = Request {
+        peer: "b".into(),
+        capability: "payments".into(),
+        fingerprint: "blake3:req".into(),
+        policy_version: None,
+    };
+    assert_eq!(attestation.verify(&key, &request), Ok(()));
+}

@@ -1,0 +1,127 @@
+//! The `peer_calls` table (`0010_peer_calls.sql`): which invocation on this broker runs
+//! a federated peer's call, keyed by (asking broker, its invocation id).
+//!
+//! A row is written in the same transaction as the invocation's ACTION_ACCEPTED
+//! ([`accept`]), so the two exist together or not at all. Both commit before the
+//! invocation can reach DISPATCH_STARTED, whose fsync makes them durable too (the WAL
+//! is ordered): a call that may have been sent always has its row after a crash, and a
+//! repeat of it finds the row and never sends it again.
+
+use rusqlite::{OptionalExtension, params};
+
+use super::{JournalError, NewInvocation, WriteCtx, accept_in};
+
+/// One peer call as recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerCall {
+    /// The asking broker's key name.
+    pub asker: String,
+    /// The asking broker's invocation id.
+    pub caller_invocation: String,
+    /// The invocation here that runs it.
+    pub invocation_id: String,
+    pub capability: String,
+    /// The peer request's fingerprint, computed here from what arrived.
+    pub request_fingerprint: String,
+    /// This broker's export policy version for the asker when it accepted the call:
+    /// what it decided under, and so what every answer about the call attests.
+    pub policy_version: String,
+    pub accepted_at_ms: i64,
+}
+
+/// What [`accept`] did.
+#[derive(Debug, Clone)]
+pub enum PeerAccept {
+    /// The invocation was accepted (ACTION_ACCEPTED at `seq`) and the call recorded
+    /// against it.
+    Accepted { seq: u64 },
+    /// The call already has an invocation (not the one `replacing` named): nothing was
+    /// written.
+    Existing(PeerCall),
+}
+
+const COLUMNS: &str = "asker, caller_invocation, invocation_id, capability, request_fingerprint, \
+                       policy_version, accepted_at_ms";
+
+fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<PeerCall> {
+    Ok(PeerCall {
+        asker: r.get(0)?,
+        caller_invocation: r.get(1)?,
+        invocation_id: r.get(2)?,
+        capability: r.get(3)?,
+        request_fingerprint: r.get(4)?,
+        policy_version: r.get(5)?,
+        accepted_at_ms: r.get(6)?,
+    })
+}
+
+/// The call `caller_invocation` of `asker`, if it was recorded.
+pub fn find(
+    conn: &rusqlite::Connection,
+    asker: &str,
+    caller_invocation: &str,
+) -> Result<Option<PeerCall>, JournalError> {
+    Ok(conn
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM peer_calls WHERE asker = ?1 AND caller_invocation = ?2"
+        ))?
+        .query_row([asker, caller_invocation], row)
+        .optional()?)
+}
+
+/// The peer call `invocation_id` runs, if it runs one.
+pub fn of_invocation(
+    conn: &rusqlite::Connection,
+    invocation_id: &str,
+) -> Result<Option<PeerCall>, JournalError> {
+    Ok(conn
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM peer_calls WHERE invocation_id = ?1"
+        ))?
+        .query_row([invocation_id], row)
+        .optional()?)
+}
+
+/// Accepts `new` as the invocation that runs `call` (whose `invocation_id` must be
+/// `new`'s), in one transaction: when the call has no row yet, or when its row still
+/// names `replacing` (an invocation the caller found ended without sending anything,
+/// which may therefore be run anew). Otherwise writes nothing and returns the row.
+pub(super) fn accept(
+    ctx: &mut WriteCtx<'_>,
+    call: PeerCall,
+    replacing: Option<String>,
+    new: NewInvocation,
+) -> Result<PeerAccept, JournalError> {
+    if let Some(existing) = find(ctx.conn(), &call.asker, &call.caller_invocation)?
+        && replacing.as_deref() != Some(existing.invocation_id.as_str())
+    {
+        return Ok(PeerAccept::Existing(existing));
+    }
+    if new.invocation_id != call.invocation_id {
+        return Err(JournalError::Storage(format!(
+            "peer call {} names invocation {}, not the one accepted ({})",
+            call.caller_invocation, call.invocation_id, new.invocation_id
+        )));
+    }
+    let appended = accept_in(ctx, new)?;
+    ctx.conn()
+        .prepare_cached(&format!(
+            "INSERT INTO peer_calls ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+             ON CONFLICT (asker, caller_invocation) DO UPDATE SET
+               invocation_id = excluded.invocation_id,
+               capability = excluded.capability,
+               request_fingerprint = excluded.request_fingerprint,
+               policy_version = excluded.policy_version,
+               accepted_at_ms = excluded.accepted_at_ms"
+        ))?
+        .execute(params![
+            call.asker,
+            call.caller_invocation,
+            call.invocation_id,
+            call.capability,
+            call.request_fingerprint,
+            call.policy_version,
+            ctx.now_ms(),
+        ])?;
+    Ok(PeerAccept::Accepted { seq: appended.seq })
+}
