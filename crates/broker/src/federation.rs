@@ -7,6 +7,8 @@
 //! refused; B does not say whether the capability exists), `unavailable` (B cannot serve
 //! it for now), or `outcome` (B ran the call; the digest binds B's outcome envelope).
 //!
+//! B answers its peers through [`serve::PeerService`] (the wire is [`wire`]).
+//!
 //! A classifies each answer by [`classify`], which follows seed 002's decision boundary
 //! exactly, and decides the next step with [`Attempts::next`]:
 //!
@@ -30,6 +32,7 @@
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 
+pub mod serve;
 pub mod wire;
 
 const DIGEST_CONTEXT: &str = "postern 2026 federation-attestation v1";

@@ -149,6 +149,13 @@ impl super::Config {
         self.peers.iter().find(|p| p.name == name)
     }
 
+    /// The peer whose pinned broker key is named `key_name` (its audit log origin): how
+    /// a call's [`PeerAuth`](crate::federation::wire::PeerAuth) finds the entry whose
+    /// key must verify it.
+    pub fn peer_by_key_name(&self, key_name: &str) -> Option<&PeerConfig> {
+        self.peers.iter().find(|p| p.key.name == key_name)
+    }
+
     /// The version of what this broker exports to `peer`: a digest over the peer's name
     /// and each exported target's name and [`TargetVersion`](super::TargetVersion). Any
     /// change to what the peer may call, or to how an exported target is configured,

@@ -160,8 +160,19 @@ pub struct Capability {
     pub approval: String,
 }
 
+/// The fingerprint a `peer_capabilities` attestation carries (as `request_fingerprint`
+/// and, for `outcome`, as `outcome_digest`): `blake3:` and the hex BLAKE3 hash of the
+/// list's JSON as serde writes it (fields in declaration order, no whitespace). The
+/// asking broker recomputes it from the list it parsed, so a list changed in transit
+/// fails verification.
+pub fn capabilities_fingerprint(capabilities: &[Capability]) -> String {
+    let json = serde_json::to_vec(capabilities).unwrap_or_default();
+    format!("blake3:{}", blake3::hash(&json).to_hex())
+}
+
 /// `peer_capabilities` answer. The attestation's kind is `outcome` (or `denial` when B
-/// refuses to say), its capability `*`, its fingerprint the digest of `capabilities`.
+/// refuses to say), its capability `*`, its fingerprint the digest of `capabilities`
+/// ([`capabilities_fingerprint`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CapabilitiesAnswer {

@@ -228,6 +228,17 @@ impl<T: Channel> Pipeline<T> {
             Ok(rec) => rec,
             Err(outcome) => return *outcome,
         };
+        self.run_accepted(rec, request, ctx).await
+    }
+
+    /// Runs a request whose ACTION_ACCEPTED the caller recorded itself (a peer broker's
+    /// call, accepted together with its dedup record), from validation to the end.
+    pub async fn run_accepted(
+        &self,
+        rec: Recorder,
+        request: &T::Request,
+        ctx: &CallContext,
+    ) -> Outcome<T::Result> {
         let validated = match self
             .inner
             .channel
@@ -375,6 +386,21 @@ impl<T: Channel> Pipeline<T> {
             ));
         };
         let (summary, detail) = self.inner.channel.approval(bound).await;
+        // A federated peer's call: the card (and its digest) says which broker asks.
+        let summary = match ctx
+            .session
+            .as_deref()
+            .and_then(crate::federation::serve::session_peer)
+        {
+            Some(key_name) => {
+                let config = self.inner.config.current();
+                let name = config
+                    .peer_by_key_name(key_name)
+                    .map_or("unknown", |p| p.name.as_str());
+                format!("for peer broker {name} ({key_name}): {summary}")
+            }
+            None => summary,
+        };
         let request = ApprovalRequest {
             mode: mode.as_str(),
             agent: crate::provenance::card_agent_of(&self.inner.journal, ctx.session.as_deref()),
