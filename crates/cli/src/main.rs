@@ -243,6 +243,14 @@ struct DaemonCmd {
     /// How long a request waits for an operator's answer, in seconds.
     #[arg(long, value_name = "SECS", default_value_t = 300)]
     approval_timeout: u64,
+    /// Serve federated peer brokers (the `[[peer]]` entries with `exports`) over MCP
+    /// Streamable HTTP at http://ADDR/mcp. Loopback addresses only, unless
+    /// --peer-listen-any; plain HTTP (put TLS in front for confidentiality).
+    #[arg(long, value_name = "ADDR")]
+    peer_listen: Option<std::net::SocketAddr>,
+    /// Allow --peer-listen on a non-loopback address (behind a TLS terminator).
+    #[arg(long, requires = "peer_listen")]
+    peer_listen_any: bool,
     #[command(flatten)]
     keychain: KeychainArgs,
 }
@@ -495,6 +503,14 @@ fn run(cli: Cli) -> common::Outcome {
                     AgentUsers::Any => postern_mcp::daemon::AgentAccess::AnyLocalUser,
                 },
                 approval_timeout: std::time::Duration::from_secs(cmd.approval_timeout),
+                peer_listen: cmd.peer_listen.map(|addr| {
+                    let reach = if cmd.peer_listen_any {
+                        postern_mcp::peering::Reach::Any
+                    } else {
+                        postern_mcp::peering::Reach::Loopback
+                    };
+                    (addr, reach)
+                }),
             };
             runtime()?
                 .block_on(postern_console::headless::run(args))

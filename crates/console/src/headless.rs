@@ -1,16 +1,21 @@
 //! `postern daemon`: the headless broker with both of its sockets. The agent socket
 //! serves MCP; the operator socket serves the console's commands ([`crate::operator`]),
-//! with an approvals queue so per-call approvals can be answered from it.
+//! with an approvals queue so per-call approvals can be answered from it. With
+//! `--peer-listen`, a third listener serves federated peer brokers
+//! ([`postern_mcp::peering`]); their per-call approvals land in the same queue.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use postern_broker::approvals::Approvals;
 use postern_broker::clock::SystemClock;
+use postern_broker::federation::serve::PeerService;
 use postern_mcp::daemon::{
     self, AgentAccess, DaemonError, bind_with_mode, check_socket_path, file_identity,
 };
+use postern_mcp::peering::{self, PeeringError, Reach};
 use postern_mcp::server::Sessions;
 use postern_mcp::{DaemonArgs, default_socket};
 
@@ -32,6 +37,8 @@ pub struct HeadlessArgs {
     pub agent_access: AgentAccess,
     /// How long a request waits for an operator's answer.
     pub approval_timeout: Duration,
+    /// Serve federated peers on this address (loopback only unless `Reach::Any`).
+    pub peer_listen: Option<(SocketAddr, Reach)>,
 }
 
 /// Why the headless broker could not start or stopped.
@@ -43,6 +50,8 @@ pub enum HeadlessError {
     Operator(#[from] OperatorError),
     #[error("the operator socket must not be the agent socket ({0})")]
     SameSocket(String),
+    #[error("{0}")]
+    Peering(#[from] PeeringError),
 }
 
 /// Runs until SIGINT or SIGTERM.
@@ -68,6 +77,10 @@ pub async fn run(args: HeadlessArgs) -> Result<(), HeadlessError> {
         .as_deref()
         .map(lookup_group)
         .transpose()?;
+    let peer_listener = match args.peer_listen {
+        Some((addr, reach)) => Some((peering::bind(addr, reach).await?, reach)),
+        None => None,
+    };
     let approvals = Arc::new(Approvals::new(
         args.approval_timeout.max(Duration::from_secs(1)),
         Arc::new(SystemClock),
@@ -125,6 +138,26 @@ pub async fn run(args: HeadlessArgs) -> Result<(), HeadlessError> {
         stopped(stop_rx.clone()),
     ));
     let witnessing = tokio::spawn(broker.witnessing.clone().run());
+    let peers = match peer_listener {
+        Some((listener, reach)) => {
+            if let Ok(addr) = listener.local_addr() {
+                eprintln!("postern: peering on http://{addr}{}", peering::PATH);
+            }
+            // Refusals go to the daemon's log (see federation::serve for why not the
+            // journal).
+            let service = Arc::new(PeerService::new(
+                broker.clone(),
+                Arc::new(|line: &str| eprintln!("postern: {line}")),
+            ));
+            Some(tokio::spawn(peering::serve(
+                service,
+                listener,
+                reach,
+                stopped(stop_rx.clone()),
+            )))
+        }
+        None => None,
+    };
     let agents = tokio::spawn(daemon::serve_with(
         broker.clone(),
         sessions,
@@ -139,6 +172,9 @@ pub async fn run(args: HeadlessArgs) -> Result<(), HeadlessError> {
     let _ = stop_tx.send(true);
     let _ = operator.await;
     let _ = agents.await;
+    if let Some(peers) = peers {
+        let _ = peers.await;
+    }
     witnessing.abort();
     // Remove each socket only if it is still the one this daemon bound.
     for (path, identity) in [(&socket, bound.0), (&operator_socket, bound.1)] {

@@ -11,10 +11,14 @@
 //! - [`bridge`]: stdio ↔ socket relay that answers malformed input itself and delivers
 //!   what it owes before exiting; BROKER_UNAVAILABLE when no broker runs or may be reached.
 //! - [`peer`]: peer credentials and the agent process behind a bridge.
+//! - [`peering`]: the federation endpoint another broker calls (MCP Streamable HTTP
+//!   over TCP, the three peering tools only), over
+//!   [`postern_broker::federation::serve::PeerService`].
 
 pub mod bridge;
 pub mod daemon;
 pub mod peer;
+pub mod peering;
 pub mod server;
 pub mod tools;
 
