@@ -7,7 +7,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -26,6 +26,10 @@ pub struct Daemon {
     service: String,
     /// The keychain entries to remove on drop.
     keys: Vec<String>,
+    /// Arguments after the usual ones (kept for a restart).
+    extra_args: Vec<String>,
+    /// What the daemon wrote to stderr so far (read on a thread as it arrives).
+    stderr: Arc<Mutex<String>>,
 }
 
 impl Drop for Daemon {
@@ -110,6 +114,28 @@ pub fn start_daemon_keyed(
     socket: Option<&Path>,
     ssh_keys: &[(&str, &str)],
 ) -> Daemon {
+    start_daemon_full(dir, config_text, socket, ssh_keys, &[])
+}
+
+/// A daemon over `config_text` (token `api-key` stored) started with `extra_args` after
+/// the usual ones (`--peer-listen …`, say).
+pub fn start_daemon_args(config_text: &str, extra_args: &[&str]) -> Daemon {
+    start_daemon_full(
+        tempfile::tempdir().unwrap(),
+        config_text,
+        None,
+        &[],
+        extra_args,
+    )
+}
+
+fn start_daemon_full(
+    dir: tempfile::TempDir,
+    config_text: &str,
+    socket: Option<&Path>,
+    ssh_keys: &[(&str, &str)],
+    extra_args: &[&str],
+) -> Daemon {
     let service = test_service();
     let db = dir.path().join("journal.db");
     let keychain = Keychain::new(KeychainBackend::SecretService, &service).unwrap();
@@ -143,19 +169,28 @@ pub fn start_daemon_keyed(
         || dir.path().join("run").join("postern.sock"),
         Path::to_path_buf,
     );
-    let child = spawn_daemon(dir.path(), &socket, &service);
+    let extra_args: Vec<String> = extra_args.iter().map(|a| a.to_string()).collect();
+    let (child, stderr) = spawn_daemon(dir.path(), &socket, &service, &extra_args);
     Daemon {
         child,
         dir,
         socket,
         service,
         keys,
+        extra_args,
+        stderr,
     }
 }
 
-/// Starts `postern daemon` over the data dir `dir` (its config beside it) and waits
-/// until it listens on `socket`.
-fn spawn_daemon(dir: &Path, socket: &Path, service: &str) -> Child {
+/// Starts `postern daemon` over the data dir `dir` (its config beside it) with
+/// `extra_args`, and waits until it listens on `socket`. Its stderr is collected as it
+/// arrives.
+fn spawn_daemon(
+    dir: &Path,
+    socket: &Path,
+    service: &str,
+    extra_args: &[String],
+) -> (Child, Arc<Mutex<String>>) {
     let mut child = Command::new(POSTERN)
         .args(["daemon", "--data-dir"])
         .arg(dir)
@@ -164,19 +199,30 @@ fn spawn_daemon(dir: &Path, socket: &Path, service: &str) -> Child {
         .arg("--socket")
         .arg(socket)
         .args(["--keychain-service", service])
+        .args(extra_args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let stderr = Arc::new(Mutex::new(String::new()));
+    let pipe = child.stderr.take().unwrap();
+    let collected = stderr.clone();
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(pipe);
+        let mut line = String::new();
+        while matches!(reader.read_line(&mut line), Ok(n) if n > 0) {
+            collected.lock().unwrap().push_str(&line);
+            line.clear();
+        }
+    });
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(10) {
         if std::os::unix::net::UnixStream::connect(socket).is_ok() {
-            return child;
+            return (child, stderr);
         }
         if let Ok(Some(status)) = child.try_wait() {
-            let mut stderr = String::new();
-            let _ = std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr);
-            panic!("the daemon exited ({status}): {stderr}");
+            std::thread::sleep(Duration::from_millis(100));
+            panic!("the daemon exited ({status}): {}", stderr.lock().unwrap());
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -196,7 +242,33 @@ impl Daemon {
     pub fn restart(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        self.child = spawn_daemon(self.dir.path(), &self.socket, &self.service);
+        let (child, stderr) = spawn_daemon(
+            self.dir.path(),
+            &self.socket,
+            &self.service,
+            &self.extra_args,
+        );
+        self.child = child;
+        self.stderr = stderr;
+    }
+
+    /// What the daemon (since its last start) wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// The first stderr line containing `needle`, waiting up to `within` for it.
+    pub fn stderr_line(&self, needle: &str, within: Duration) -> Option<String> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(line) = self.stderr().lines().find(|l| l.contains(needle)) {
+                return Some(line.to_string());
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
