@@ -410,6 +410,10 @@ async fn a_capability_not_exported_and_one_that_does_not_exist_get_the_same_sign
     let stranger = Asker::new(9);
     let unknown = call(&b, &stranger, &post("payments", "/x", "{}"), "inv_4").await;
     assert_eq!(unknown.attestation.kind, AttestationKind::Denial);
+    // Unauthenticated: no policy version, so an A that knows B's version never takes
+    // a denial provoked by breaking its signature as final.
+    assert_eq!(unknown.attestation.policy_version, "none");
+    assert_ne!(not_exported.attestation.policy_version, "none");
     b.verify(
         &unknown.attestation,
         "payments",

@@ -67,7 +67,10 @@ use crate::journal::{Journal, NewInvocation};
 pub const REPEAT_WAIT: Duration = Duration::from_secs(20);
 /// How often a waiting repeat reads the record.
 const REPEAT_POLL: Duration = Duration::from_millis(50);
-/// The policy version a denial carries when the asker is no pinned peer.
+/// The policy version a denial carries when the call is not authenticated (no pinned
+/// peer, or a signature that fails). A party on the path can provoke such a denial by
+/// breaking the asker's signature; an asker that began with B's version then sees a
+/// policy change and abandons the attempt instead of taking the denial as final.
 pub const NO_POLICY: &str = "none";
 /// The longest caller invocation id accepted.
 const MAX_CALLER_INVOCATION: usize = 128;
@@ -693,6 +696,8 @@ fn check_caller_invocation(id: &str) -> Result<(), NotAnswered> {
 /// is an HTTP target exported to `peer` and the URL (its base URL plus the request's
 /// path) stays under that target. A request that does not normalize is let through:
 /// the pipeline records it as a validation failure of that target, and sends nothing.
+/// (The pipeline resolves the URL again under the configuration it binds; only an
+/// operator's edit between the two could move it, and the edit is the operator's.)
 fn exported_request(
     config: &Config,
     peer: &PeerConfig,
@@ -724,4 +729,131 @@ fn exported_request(
         idempotency_key: r.idempotency_key.clone(),
         timeout_ms: r.timeout_ms,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PEER_KEY: &str = "postern.local/audit/0011223344556677";
+
+    fn config() -> Config {
+        let key = crate::transparency::note::VerifierKey::new(
+            PEER_KEY,
+            crate::transparency::note::KeyAlg::Ed25519,
+            ed25519_dalek::SigningKey::from_bytes(&[7; 32]).verifying_key(),
+        )
+        .unwrap()
+        .encode();
+        let text = format!(
+            r#"
+[[http]]
+name = "payments"
+base_url = "http://127.0.0.1:9/v1"
+methods = ["GET", "POST"]
+credential = "k"
+inject = {{ header = "Authorization", format = "Bearer {{secret}}" }}
+approval = "none"
+idempotent_methods = ["GET"]
+
+[[http]]
+name = "internal"
+base_url = "http://127.0.0.1:9/v1/internal"
+methods = ["GET", "POST"]
+credential = "k"
+inject = {{ header = "Authorization", format = "Bearer {{secret}}" }}
+approval = "none"
+idempotent_methods = ["GET"]
+
+[[peer]]
+name = "org-a"
+key = "{key}"
+exports = ["payments"]
+"#
+        );
+        Config::parse(&text, std::path::Path::new("/nonexistent/postern.toml")).unwrap()
+    }
+
+    fn args(capability: &str, path: &str) -> CallArgs {
+        CallArgs {
+            auth: PeerAuth {
+                peer: PEER_KEY.into(),
+                issued_at_ms: 0,
+                nonce: String::new(),
+                signature: String::new(),
+            },
+            request: wire::PeerRequest {
+                capability: capability.into(),
+                method: "GET".into(),
+                path: path.into(),
+                ..Default::default()
+            },
+            caller_invocation: "inv_1".into(),
+            policy_version: None,
+        }
+    }
+
+    #[test]
+    fn only_a_path_that_stays_under_the_exported_target_runs() {
+        let config = config();
+        let peer = config.peer_by_key_name(PEER_KEY).unwrap();
+        let run = |capability: &str, path: &str| {
+            exported_request(&config, peer, &args(capability, path), Vec::new()).map(|r| r.url)
+        };
+        assert_eq!(
+            run("payments", "/charges?x=1").as_deref(),
+            Some("http://127.0.0.1:9/v1/charges?x=1")
+        );
+        assert_eq!(run("internal", "/x"), None, "not exported");
+        assert_eq!(run("nope", "/x"), None, "no such target");
+        // Under payments' prefix, but the longer prefix of a target not exported.
+        assert_eq!(run("payments", "/internal/x"), None);
+        assert_eq!(
+            run("payments", "/../admin"),
+            None,
+            "climbs out of the target"
+        );
+        assert_eq!(run("payments", "/%2e%2e/admin"), None, "encoded climb");
+    }
+
+    #[test]
+    fn only_an_unsent_ending_for_a_transient_reason_is_run_again() {
+        let na = Outcome::NotAttempted;
+        for code in [
+            Code::VaultLocked,
+            Code::BrokerUnavailable,
+            Code::BrokerInterrupted,
+        ] {
+            assert!(unsent_for_now(na, Some(code), false), "{code}");
+            assert!(
+                !unsent_for_now(na, Some(code), true),
+                "{code} after dispatch"
+            );
+            assert!(!unsent_for_now(Outcome::Unknown, Some(code), true));
+        }
+        for code in [
+            Code::ApprovalDenied,
+            Code::ApprovalTimeout,
+            Code::CredentialMissing,
+            Code::InvalidRequest,
+            Code::ConnectionRefused,
+        ] {
+            assert!(
+                !unsent_for_now(na, Some(code), false),
+                "{code} is an outcome"
+            );
+        }
+        assert!(!unsent_for_now(na, None, false));
+    }
+
+    #[test]
+    fn a_caller_invocation_is_short_printable_ascii() {
+        assert!(check_caller_invocation("inv_0123").is_ok());
+        for bad in ["", "inv 1", "inv\n1", "inv_é", &"x".repeat(129)] {
+            assert!(
+                matches!(check_caller_invocation(bad), Err(NotAnswered::Malformed(_))),
+                "{bad:?}"
+            );
+        }
+    }
 }
