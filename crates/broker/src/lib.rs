@@ -49,6 +49,9 @@
 //!   cosignatures ([`transparency::note`]), the witness and its store
 //!   ([`transparency::witness`], [`transparency::store`], [`transparency::server`]) and
 //!   the client a log submits through ([`transparency::client`]).
+//! - [`federation`]: brokers that peer (seed 002): the signed attestation, how the asking
+//!   broker classifies an answer, the wire ([`federation::wire`]) and the answering
+//!   broker's side ([`federation::serve`]).
 //! - [`display`]: agent-written text made safe to show (escaping, body previews).
 //! - [`clock`]: time passed in, so expiry and leases are deterministic in tests.
 

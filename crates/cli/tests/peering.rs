@@ -280,6 +280,15 @@ async fn an_exported_call_runs_once_on_b_under_a_peer_session_and_comes_back_sig
     names.sort();
     assert_eq!(names, ["peer_call", "peer_capabilities", "peer_reconcile"]);
     let _ = client.cancel().await;
+    for agent_tool in ["http_request", "list_targets", "fetch_result"] {
+        let refused = tool(&b.url, agent_tool, json!({})).await.unwrap_err();
+        assert_eq!(refused.code, rmcp::model::ErrorCode::INVALID_PARAMS);
+        assert!(
+            refused.message.contains("unknown tool"),
+            "{}",
+            refused.message
+        );
+    }
 
     // The capabilities exported to A, signed as an outcome about `*`.
     let listed: CapabilitiesAnswer = serde_json::from_value(
