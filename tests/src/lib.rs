@@ -166,6 +166,7 @@ pub fn run_lifecycle(
             source_query: None,
             batch: None,
             retry_budget: 1,
+            peer: None,
         },
     )?;
     after(2);

@@ -30,6 +30,8 @@
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 
+pub mod client;
+pub mod record;
 pub mod wire;
 
 const DIGEST_CONTEXT: &str = "postern 2026 federation-attestation v1";

@@ -790,6 +790,31 @@ impl Journal {
         )
     }
 
+    /// This broker's name to its peers: the audit log origin of its key, the name the
+    /// peers' `[[peer]] key` entries pin it by.
+    pub fn peer_name(&self) -> String {
+        crate::audit::log_origin(&self.inner.verifying_key)
+    }
+
+    /// Signs one peering tool call (`tool` about `subject`) as this broker, with a
+    /// fresh `nonce`: the signing key never leaves the journal.
+    pub fn sign_peer_auth(
+        &self,
+        tool: &str,
+        subject: &str,
+        issued_at_ms: i64,
+        nonce: [u8; 16],
+    ) -> crate::federation::wire::PeerAuth {
+        crate::federation::wire::PeerAuth::sign(
+            &self.inner.manifest_key,
+            tool,
+            &self.peer_name(),
+            subject,
+            issued_at_ms,
+            nonce,
+        )
+    }
+
     pub fn now_ms(&self) -> i64 {
         self.inner.clock.now_ms()
     }
@@ -1355,6 +1380,7 @@ fn accept_in(ctx: &mut WriteCtx<'_>, new: NewInvocation) -> Result<Appended, Jou
     let channel = match new.channel {
         Channel::Http => "http",
         Channel::Ssh => "ssh",
+        Channel::Peer => "peer",
     };
     ctx.conn()
         .prepare_cached(
