@@ -4,6 +4,7 @@
 pub mod adversary;
 pub mod agent;
 pub mod calls;
+pub mod peer;
 pub mod proxy;
 
 use std::path::Path;

@@ -1,0 +1,582 @@
+//! Calls through a peer broker (issue 14, seed 002) against a scripted peer on
+//! 127.0.0.1 over real MCP Streamable HTTP: each case asserts the outcome and code this
+//! broker records, how many requests reached the peer (no retry storms), how often the
+//! peer ran the request (never twice), and the incident raised for its owner.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use postern_broker::channel::http::{HttpOutcome, HttpRequest};
+use postern_broker::channel::peer::PeerChannel;
+use postern_broker::config::{Config, ConfigHandle};
+use postern_broker::contract::{Code, ConfidenceSource, Outcome, Phase, Retry};
+use postern_broker::federation::record::{PeerIncident, SignatureCheck, VerdictKind};
+use postern_broker::federation::wire::PeerRequest;
+use postern_broker::federation::{AttestationKind, Incident, Owner};
+use postern_broker::invocation::CallContext;
+use postern_broker::journal::Journal;
+use postern_broker::journal::events::EventBody;
+use postern_broker::vault::{Keychain, KeychainBackend, Vault};
+use postern_tests::fixture::test_service;
+use postern_tests::peer::{Step, TestPeer};
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    dir_path: std::path::PathBuf,
+    journal: Journal,
+    channel: PeerChannel,
+    service: String,
+}
+
+fn peer_key() -> ed25519_dalek::SigningKey {
+    ed25519_dalek::SigningKey::from_bytes(&[7u8; 32])
+}
+
+async fn start_peer(script: Vec<Step>) -> TestPeer {
+    let caller = postern_tests::test_signing_key().verifying_key();
+    TestPeer::start(peer_key(), caller, script).await.unwrap()
+}
+
+fn config(peer: &TestPeer, extra: &str) -> String {
+    format!(
+        r#"
+[[peer]]
+name = "org-b"
+key = "{}"
+url = "{}"
+timeout_ms = 3000
+backoff_ms = 10
+max_backoff_ms = 40
+{extra}
+"#,
+        peer.key_line(),
+        peer.url()
+    )
+}
+
+fn open(dir: &std::path::Path, config_text: &str, service: &str) -> (Journal, PeerChannel) {
+    let path = dir.join("postern.toml");
+    std::fs::write(&path, config_text).unwrap();
+    let config = ConfigHandle::new(Config::load(&path).unwrap());
+    let db = dir.join("journal.db");
+    let journal = postern_tests::open_journal(&db).unwrap();
+    let vault = Arc::new(
+        Vault::open(
+            Keychain::new(KeychainBackend::SecretService, service.to_string()).unwrap(),
+            &db,
+        )
+        .unwrap(),
+    );
+    let channel = PeerChannel::new(journal.clone(), vault, config);
+    (journal, channel)
+}
+
+fn fixture(config_text: &str) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let service = test_service();
+    let (journal, channel) = open(dir.path(), config_text, &service);
+    Fixture {
+        dir_path: dir.path().to_path_buf(),
+        _dir: dir,
+        journal,
+        channel,
+        service,
+    }
+}
+
+impl Fixture {
+    /// Closes this broker and opens another over the same data dir (a restart).
+    fn restart(self, config_text: &str) -> Fixture {
+        let Fixture {
+            _dir,
+            dir_path,
+            journal,
+            channel,
+            service,
+        } = self;
+        drop(channel);
+        journal.close().unwrap();
+        let (journal, channel) = open(&dir_path, config_text, &service);
+        journal.recover_interrupted().unwrap();
+        Fixture {
+            _dir,
+            dir_path,
+            journal,
+            channel,
+            service,
+        }
+    }
+
+    fn events(&self, id: &str) -> Vec<EventBody> {
+        self.journal
+            .events(id)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.body)
+            .collect()
+    }
+
+    fn incidents(&self, id: &str) -> Vec<PeerIncident> {
+        self.events(id)
+            .into_iter()
+            .filter_map(|b| match b {
+                EventBody::PeerIncident(i) => Some(*i),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+fn charge() -> HttpRequest {
+    HttpRequest {
+        url: "peer://org-b/payments/charges?currency=eur".into(),
+        method: "POST".into(),
+        headers: vec![("content-type".into(), "application/json".into())],
+        query: vec![],
+        body: b"{\"amount\":100}".to_vec(),
+        idempotency_key: None,
+        timeout_ms: None,
+    }
+}
+
+async fn call(f: &Fixture, request: HttpRequest) -> HttpOutcome {
+    f.channel.execute(request, &CallContext::default()).await
+}
+
+fn code(out: &HttpOutcome) -> Option<Code> {
+    out.error.as_ref().map(|e| e.error.code)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_outcome_settles_with_the_peers_result_and_its_verified_proof() {
+    let peer = start_peer(vec![Step::Outcome {
+        status: 201,
+        body: "{\"charge\":\"ch_1\"}".into(),
+    }])
+    .await;
+    let f = fixture(&config(&peer, ""));
+    let out = call(&f, charge()).await;
+    assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
+    assert!(out.error.is_none(), "{out:?}");
+    let response = out.result.clone().unwrap();
+    assert_eq!(response.status, 201);
+    assert_eq!(response.body, b"{\"charge\":\"ch_1\"}");
+
+    let seen = peer.seen();
+    assert_eq!(seen.calls, vec![out.invocation_id.clone()]);
+    assert_eq!(seen.runs, vec![out.invocation_id.clone()]);
+    assert_eq!(
+        seen.bad_auth, 0,
+        "every auth verified with this broker's key"
+    );
+    assert_eq!(
+        seen.listings, 1,
+        "the call bound the listing's policy version"
+    );
+
+    let p = f.journal.projection(&out.invocation_id).unwrap();
+    assert_eq!(p.target.as_deref(), Some("peer/org-b/payments"));
+    assert_eq!(p.confidence, Some(ConfidenceSource::RemoteResponse));
+    // The invocation's fingerprint is the peer request's, as the peer computes it.
+    let wire = PeerRequest {
+        capability: "payments".into(),
+        method: "POST".into(),
+        path: "/charges?currency=eur".into(),
+        headers: vec![("content-type".into(), "application/json".into())],
+        query: vec![],
+        body_base64: "eyJhbW91bnQiOjEwMH0=".into(),
+        idempotency_key: None,
+        timeout_ms: None,
+    };
+    assert_eq!(
+        p.fingerprint.as_deref(),
+        Some(wire.fingerprint(b"{\"amount\":100}").as_str())
+    );
+    let op = p.operation.as_ref().unwrap().peer.as_ref().unwrap();
+    assert_eq!(op.policy_version.as_deref(), Some("policy-v1"));
+
+    let evidence = p.evidence();
+    let proof = evidence.peer.unwrap();
+    assert_eq!(proof.signature, Some(SignatureCheck::Verified));
+    assert_eq!(proof.last_verdict, Some(VerdictKind::Outcome));
+    assert_eq!(
+        proof.peer_invocation_id.as_deref(),
+        Some(format!("inv_peer_{}", out.invocation_id).as_str())
+    );
+    assert_eq!(proof.peer_outcome, Some(Outcome::Committed));
+    assert_eq!(
+        proof.attestation.as_ref().map(|a| a.kind),
+        Some(AttestationKind::Outcome)
+    );
+    assert!(evidence.dispatch_started);
+
+    // No credential of this broker's: the keychain was never read.
+    let events = f.events(&out.invocation_id);
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, EventBody::CredentialAuthorized { .. })),
+        "{events:?}"
+    );
+    let dispatch = events
+        .iter()
+        .position(|e| matches!(e, EventBody::DispatchStarted { .. }))
+        .unwrap();
+    let answer = events
+        .iter()
+        .position(|e| matches!(e, EventBody::PeerAnswer(_)))
+        .unwrap();
+    assert!(
+        dispatch < answer,
+        "DISPATCH_STARTED is durable before the call leaves"
+    );
+    assert!(f.incidents(&out.invocation_id).is_empty());
+
+    // Read back, it is the stored result, never a second call.
+    let stored = f.channel.recorded_projection(&p).unwrap();
+    assert_eq!(stored.result.unwrap().status, 201);
+    assert_eq!(peer.seen().calls.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_denial_is_terminal_after_exactly_one_request_with_a_policy_incident() {
+    let peer = start_peer(vec![Step::Denial, Step::Denial, Step::Denial]).await;
+    let f = fixture(&config(&peer, ""));
+    let out = call(&f, charge()).await;
+    let env = out.error.clone().unwrap();
+    assert_eq!(env.error.code, Code::PeerDenied);
+    assert_eq!(
+        env.error.outcome,
+        Outcome::NotAttempted,
+        "the peer attests it did not run it"
+    );
+    assert_eq!(env.error.retry, Retry::Never);
+    assert_eq!(env.error.phase, Phase::RemoteExecution);
+    assert!(env.evidence.dispatch_started);
+    let proof = env.evidence.peer.unwrap();
+    assert_eq!(proof.signature, Some(SignatureCheck::Verified));
+    assert_eq!(proof.incident, Some(Incident::Policy));
+    assert_eq!(peer.seen().calls.len(), 1, "a denial is never retried");
+    assert!(peer.seen().runs.is_empty());
+
+    let incidents = f.incidents(&out.invocation_id);
+    assert_eq!(incidents.len(), 1);
+    assert_eq!(incidents[0].incident, Incident::Policy);
+    assert_eq!(incidents[0].owner, Owner::PeeringOwner);
+    assert_eq!(incidents[0].signature, SignatureCheck::Verified);
+    assert!(incidents[0].attestation_digest.is_some());
+
+    // Asked to retry, the broker answers the record: still one request at the peer.
+    let again = f
+        .channel
+        .retry(&out.invocation_id, &CallContext::default())
+        .await;
+    assert_eq!(code(&again), Some(Code::PeerDenied));
+    assert_eq!(peer.seen().calls.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unavailable_twice_then_an_outcome_commits_after_backoff_running_once() {
+    let peer = start_peer(vec![
+        Step::Unavailable,
+        Step::Unavailable,
+        Step::Outcome {
+            status: 200,
+            body: "{}".into(),
+        },
+    ])
+    .await;
+    let f = fixture(&config(&peer, ""));
+    let started = Instant::now();
+    let out = call(&f, charge()).await;
+    assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
+    // backoff 10 ms, then 20 ms
+    assert!(started.elapsed() >= Duration::from_millis(30));
+    let seen = peer.seen();
+    assert_eq!(
+        seen.calls,
+        vec![out.invocation_id.clone(); 3],
+        "same caller invocation"
+    );
+    assert_eq!(seen.runs.len(), 1);
+    let p = f.journal.projection(&out.invocation_id).unwrap();
+    let state = p.peer.unwrap();
+    assert_eq!((state.transient_used, state.unknown_used), (2, 0));
+    assert_eq!(p.dispatches, 1, "one dispatch, asked three times");
+    assert!(f.incidents(&out.invocation_id).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unavailable_forever_exhausts_the_budget_and_a_restart_does_not_reset_it() {
+    let peer = start_peer(vec![Step::Unavailable; 20]).await;
+    let text = config(&peer, "");
+    let f = fixture(&text);
+    let out = call(&f, charge()).await;
+    let env = out.error.clone().unwrap();
+    assert_eq!(env.error.code, Code::PeerUnavailable);
+    assert_eq!(
+        env.error.outcome,
+        Outcome::NotAttempted,
+        "its last signed answer says it did not run"
+    );
+    assert_eq!(env.error.retry, Retry::Backoff);
+    assert_eq!(peer.seen().calls.len(), 6, "the first ask and five retries");
+    let incidents = f.incidents(&out.invocation_id);
+    assert_eq!(incidents.len(), 1);
+    assert_eq!(incidents[0].incident, Incident::TransientExhaustion);
+    assert_eq!(incidents[0].owner, Owner::LocalOperator);
+    assert_eq!(incidents[0].transient_used, 5);
+
+    // After a restart the budget is what the journal says: spent. A retry asks once.
+    let f = f.restart(&text);
+    let again = f
+        .channel
+        .retry(&out.invocation_id, &CallContext::default())
+        .await;
+    assert_eq!(code(&again), Some(Code::PeerUnavailable));
+    assert_eq!(peer.seen().calls.len(), 7, "one more ask, not another six");
+    let state = f
+        .journal
+        .projection(&out.invocation_id)
+        .unwrap()
+        .peer
+        .unwrap();
+    assert_eq!(state.transient_used, 5);
+    assert_eq!(state.answers, 7);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_envelope_is_unknown_never_a_denial_and_a_contract_violation_after_limited_retries() {
+    let peer = start_peer(vec![Step::NoEnvelope; 10]).await;
+    let f = fixture(&config(&peer, ""));
+    let out = call(&f, charge()).await;
+    let env = out.error.clone().unwrap();
+    assert_eq!(env.error.code, Code::PeerContractViolation);
+    assert_eq!(env.error.outcome, Outcome::Unknown, "it was dispatched");
+    assert_eq!(env.error.retry, Retry::Reconcile);
+    assert_eq!(
+        peer.seen().calls.len(),
+        4,
+        "the first ask and three retries"
+    );
+    let incidents = f.incidents(&out.invocation_id);
+    assert_eq!(incidents.len(), 1);
+    assert_eq!(incidents[0].incident, Incident::ContractViolation);
+    assert_eq!(incidents[0].owner, Owner::PeerOperator);
+    assert_eq!(incidents[0].signature, SignatureCheck::Absent);
+    assert_eq!(incidents[0].unknown_used, 3);
+    assert_eq!(incidents[0].transient_used, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denial_signed_by_another_key_is_unknown_and_never_terminal() {
+    let peer = start_peer(vec![Step::Forged; 10]).await;
+    let f = fixture(&config(&peer, ""));
+    let out = call(&f, charge()).await;
+    let env = out.error.clone().unwrap();
+    assert_ne!(env.error.code, Code::PeerDenied);
+    assert_eq!(env.error.code, Code::PeerContractViolation);
+    assert_eq!(env.error.outcome, Outcome::Unknown);
+    assert_eq!(
+        peer.seen().calls.len(),
+        4,
+        "retried like any unattested answer"
+    );
+    let proof = env.evidence.peer.unwrap();
+    assert_eq!(proof.signature, Some(SignatureCheck::Failed));
+    assert_eq!(proof.last_verdict, Some(VerdictKind::Unknown));
+    // The forged envelope is kept as received, for the operator to see.
+    assert_eq!(
+        proof.attestation.map(|a| a.kind),
+        Some(AttestationKind::Denial)
+    );
+    let incidents = f.incidents(&out.invocation_id);
+    assert_eq!(incidents.len(), 1);
+    assert_eq!(incidents[0].incident, Incident::ContractViolation);
+    assert_eq!(incidents[0].signature, SignatureCheck::Failed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limiter_answering_429_ten_times_is_transient_never_a_denial_or_violation() {
+    let mut script = vec![Step::RateLimited; 10];
+    script.push(Step::Outcome {
+        status: 200,
+        body: "{\"ok\":1}".into(),
+    });
+    let peer = start_peer(script).await;
+    let f = fixture(&config(&peer, "transient_retries = 12"));
+    let out = call(&f, charge()).await;
+    assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
+    let seen = peer.seen();
+    assert_eq!(seen.rate_limited, 10);
+    assert_eq!(seen.calls.len(), 1, "the eleventh reached the peer");
+    assert_eq!(seen.runs.len(), 1);
+    let state = f
+        .journal
+        .projection(&out.invocation_id)
+        .unwrap()
+        .peer
+        .unwrap();
+    assert_eq!(state.transient_used, 10);
+    assert_eq!(
+        state.unknown_used, 0,
+        "a transport error never spends the unknown budget"
+    );
+    assert!(f.incidents(&out.invocation_id).is_empty());
+    let answers: Vec<_> = f
+        .events(&out.invocation_id)
+        .into_iter()
+        .filter_map(|e| match e {
+            EventBody::PeerAnswer(a) => Some(*a),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(answers.len(), 11);
+    assert!(
+        answers[..10]
+            .iter()
+            .all(|a| a.verdict == VerdictKind::Transport
+                && a.transport == Some(postern_broker::federation::TransportFault::RateLimited)),
+        "{answers:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_version_that_changes_mid_flight_abandons_the_attempt() {
+    let peer = start_peer(vec![
+        Step::Unavailable,
+        Step::PolicyMoves {
+            to: "policy-v2".into(),
+            then: Box::new(Step::Unavailable),
+        },
+    ])
+    .await;
+    let f = fixture(&config(&peer, ""));
+    let out = call(&f, charge()).await;
+    let env = out.error.clone().unwrap();
+    assert_eq!(env.error.code, Code::PeerPolicyChanged);
+    assert_eq!(
+        env.error.outcome,
+        Outcome::NotAttempted,
+        "the signed answer says not run"
+    );
+    assert_eq!(env.error.retry, Retry::AfterCorrection);
+    assert_eq!(peer.seen().calls.len(), 2, "abandoned, not retried");
+    assert!(
+        f.incidents(&out.invocation_id).is_empty(),
+        "abandoned, not classified"
+    );
+    // The listing is asked again, and a new request binds the new version.
+    peer.push(vec![Step::Outcome {
+        status: 200,
+        body: "{}".into(),
+    }]);
+    let next = call(&f, charge()).await;
+    assert_eq!(next.outcome, Outcome::Committed, "{next:?}");
+    let p = f.journal.projection(&next.invocation_id).unwrap();
+    let op = p.operation.unwrap().peer.unwrap();
+    assert_eq!(op.policy_version.as_deref(), Some("policy-v2"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stall_after_dispatch_is_asked_again_with_the_same_caller_and_run_once() {
+    let peer = start_peer(vec![Step::Stall {
+        ms: 2500,
+        then: Box::new(Step::Outcome {
+            status: 200,
+            body: "{\"ran\":1}".into(),
+        }),
+    }])
+    .await;
+    let f = fixture(&config(&peer, "").replace("timeout_ms = 3000", "timeout_ms = 800"));
+    let out = call(&f, charge()).await;
+    assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
+    assert_eq!(out.result.unwrap().body, b"{\"ran\":1}");
+    let seen = peer.seen();
+    assert_eq!(seen.calls, vec![out.invocation_id.clone(); 2]);
+    assert_eq!(seen.runs, vec![out.invocation_id.clone()], "run once");
+    let answers: Vec<_> = f
+        .events(&out.invocation_id)
+        .into_iter()
+        .filter_map(|e| match e {
+            EventBody::PeerAnswer(a) => Some(*a),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        answers[0].transport,
+        Some(postern_broker::federation::TransportFault::Timeout)
+    );
+    assert_eq!(answers[1].verdict, VerdictKind::Outcome);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_peers_own_not_run_and_unknown_are_kept_and_an_unknown_reconciles_on_the_peer() {
+    let peer = start_peer(vec![Step::NotRun, Step::PeerUnknown]).await;
+    let f = fixture(&config(&peer, ""));
+    let refused = call(&f, charge()).await;
+    let env = refused.error.clone().unwrap();
+    assert_eq!(env.error.code, Code::ApprovalDenied, "the peer's own code");
+    assert_eq!(env.error.outcome, Outcome::NotAttempted);
+    assert_eq!(env.error.retry, Retry::Never);
+
+    let out = call(&f, charge()).await;
+    let env = out.error.clone().unwrap();
+    assert_eq!(env.error.code, Code::PeerOutcomeUnknown);
+    assert_eq!(env.error.outcome, Outcome::Unknown);
+    assert_eq!(env.error.retry, Retry::Reconcile);
+    let proof = env.evidence.peer.unwrap();
+    assert_eq!(proof.peer_outcome, Some(Outcome::Unknown));
+    assert_eq!(proof.peer_error.map(|e| e.code), Some(Code::RemoteTimeout));
+
+    let (settled, report) = f.channel.reconcile(&out.invocation_id, "operator").await;
+    assert_eq!(settled.outcome, Outcome::Committed, "{settled:?}");
+    let report = report.unwrap();
+    assert_eq!(report.signature, SignatureCheck::Verified);
+    assert_eq!(
+        peer.seen().reconciles,
+        1,
+        "asked by the peer's invocation id"
+    );
+    let p = f.journal.projection(&out.invocation_id).unwrap();
+    assert_eq!(p.confidence, Some(ConfidenceSource::RemoteQuery));
+    assert_eq!(p.code, Some(Code::ReconciledCommitted));
+    assert_eq!(peer.seen().runs.len(), 1, "reconciling never runs it again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_cannot_name_a_peer_that_is_not_configured_or_a_capability_it_does_not_list() {
+    let peer = start_peer(vec![]).await;
+    let f = fixture(&config(&peer, ""));
+    let out = call(
+        &f,
+        HttpRequest {
+            url: "peer://org-c/payments/x".into(),
+            ..charge()
+        },
+    )
+    .await;
+    assert_eq!(code(&out), Some(Code::InvalidTarget));
+    assert_eq!(out.outcome, Outcome::NotAttempted);
+    let out = call(
+        &f,
+        HttpRequest {
+            url: "peer://org-b/refunds/x".into(),
+            ..charge()
+        },
+    )
+    .await;
+    assert_eq!(code(&out), Some(Code::InvalidTarget));
+    let out = call(
+        &f,
+        HttpRequest {
+            headers: vec![("authorization".into(), "Bearer mine".into())],
+            ..charge()
+        },
+    )
+    .await;
+    assert_eq!(code(&out), Some(Code::ForbiddenHeader));
+    assert!(peer.seen().calls.is_empty(), "nothing reached the peer");
+}
