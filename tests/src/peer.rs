@@ -88,6 +88,8 @@ struct State {
     records: HashMap<String, PeerOutcome>,
     capabilities: Vec<Capability>,
     deny_listing: bool,
+    /// The asking broker's key, pinned.
+    caller: VerifyingKey,
 }
 
 /// A running test peer.
@@ -107,8 +109,6 @@ impl Drop for TestPeer {
 #[derive(Clone)]
 struct Tools {
     key: SigningKey,
-    /// The asking broker's key, pinned.
-    caller: VerifyingKey,
     state: Arc<Mutex<State>>,
 }
 
@@ -144,10 +144,10 @@ impl TestPeer {
             records: HashMap::new(),
             capabilities: vec![payments()],
             deny_listing: false,
+            caller,
         }));
         let tools = Tools {
             key: key.clone(),
-            caller,
             state: state.clone(),
         };
         let stop = CancellationToken::new();
@@ -225,6 +225,13 @@ impl TestPeer {
     pub fn set_policy_version(&self, version: &str) {
         if let Ok(mut s) = self.state.lock() {
             s.policy_version = version.to_string();
+        }
+    }
+
+    /// Pins the asking broker's key (known only once that broker has started).
+    pub fn set_caller(&self, caller: VerifyingKey) {
+        if let Ok(mut s) = self.state.lock() {
+            s.caller = caller;
         }
     }
 
@@ -374,9 +381,11 @@ impl Tools {
     }
 
     fn check_auth(&self, auth: &wire::PeerAuth, tool: &str, subject: &str) {
-        let ok = auth.peer == log_origin(&self.caller)
-            && auth.verify(&self.caller, tool, subject, now_ms()).is_ok();
-        if !ok && let Ok(mut s) = self.state.lock() {
+        let Ok(mut s) = self.state.lock() else { return };
+        let caller = s.caller;
+        let ok = auth.peer == log_origin(&caller)
+            && auth.verify(&caller, tool, subject, now_ms()).is_ok();
+        if !ok {
             s.seen.bad_auth += 1;
         }
     }

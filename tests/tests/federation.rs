@@ -580,3 +580,15 @@ async fn an_agent_cannot_name_a_peer_that_is_not_configured_or_a_capability_it_d
     assert_eq!(code(&out), Some(Code::ForbiddenHeader));
     assert!(peer.seen().calls.is_empty(), "nothing reached the peer");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn this_brokers_own_approval_for_a_peer_applies_before_anything_is_sent() {
+    let peer = start_peer(vec![]).await;
+    let f = fixture(&config(&peer, "approval = \"per_call\""));
+    let out = call(&f, charge()).await;
+    let env = out.error.clone().unwrap();
+    assert_eq!(env.error.code, Code::NoApprover);
+    assert_eq!(env.error.outcome, Outcome::NotAttempted);
+    assert!(!env.evidence.dispatch_started);
+    assert!(peer.seen().calls.is_empty(), "nothing reached the peer");
+}
