@@ -592,3 +592,110 @@ async fn this_brokers_own_approval_for_a_peer_applies_before_anything_is_sent() 
     assert!(!env.evidence.dispatch_started);
     assert!(peer.seen().calls.is_empty(), "nothing reached the peer");
 }
+
+/// The operator's side: the console lists the incidents (newest first, each routed to
+/// its owner, with the envelope and the signature check) and reconciles a peer's
+/// unknown on the peer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_lists_incidents_by_owner_and_reconciles_a_peer_unknown() {
+    use postern_broker::approvals::Approvals;
+    use postern_broker::broker::{Broker, BrokerOptions};
+    use postern_broker::sealed_store::VaultKey;
+    use postern_console::console::{Console, Paths};
+    use postern_mcp::server::Sessions;
+
+    let placeholder = ed25519_dalek::SigningKey::from_bytes(&[1u8; 32]).verifying_key();
+    let peer = TestPeer::start(
+        peer_key(),
+        placeholder,
+        vec![
+            Step::Denial,
+            Step::NoEnvelope,
+            Step::NoEnvelope,
+            Step::NoEnvelope,
+            Step::NoEnvelope,
+            Step::PeerUnknown,
+        ],
+    )
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("postern.toml");
+    std::fs::write(&config, config_text_for(&peer)).unwrap();
+    let broker = Arc::new(
+        Broker::open(BrokerOptions {
+            data_dir: dir.path().to_path_buf(),
+            config: config.clone(),
+            keychain: KeychainBackend::File,
+            service: "postern".into(),
+            approver: None,
+            anchor: None,
+            vault_key: Some(VaultKey::from_bytes(&[9; 32]).unwrap()),
+        })
+        .unwrap()
+        .broker,
+    );
+    peer.set_caller(broker.journal.verifying_key());
+    let ctx = CallContext::default();
+    let denied = broker.peer.execute(charge(), &ctx).await;
+    let violated = broker.peer.execute(charge(), &ctx).await;
+    let unknown = broker.peer.execute(charge(), &ctx).await;
+    assert_eq!(code(&denied), Some(Code::PeerDenied));
+    assert_eq!(code(&violated), Some(Code::PeerContractViolation));
+    assert_eq!(code(&unknown), Some(Code::PeerOutcomeUnknown));
+    assert_eq!(peer.seen().bad_auth, 0);
+
+    let console = Arc::new(Console::new(
+        broker.clone(),
+        Arc::new(Sessions::default()),
+        Arc::new(Approvals::new(
+            Duration::from_secs(5),
+            Arc::new(postern_broker::clock::SystemClock),
+        )),
+        Paths {
+            data_dir: dir.path().to_path_buf(),
+            config,
+            socket: dir.path().join("postern.sock"),
+            keychain: "file".into(),
+        },
+    ));
+    let rows =
+        postern_console::dispatch::dispatch(&console, "peer_incidents", serde_json::Value::Null)
+            .await
+            .unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(rows[0]["kind"], "contract_violation", "newest first");
+    assert_eq!(rows[0]["owner"], "peer_operator");
+    assert_eq!(rows[0]["signature"], "absent");
+    assert_eq!(
+        rows[0]["envelope"]["error"]["code"],
+        "PEER_CONTRACT_VIOLATION"
+    );
+    assert_eq!(rows[1]["kind"], "policy");
+    assert_eq!(rows[1]["owner"], "peering_owner");
+    assert_eq!(rows[1]["peer"], "org-b");
+    assert_eq!(rows[1]["capability"], "payments");
+    assert_eq!(rows[1]["signature"], "verified");
+    assert_eq!(rows[1]["attestation"]["kind"], "denial");
+    assert_eq!(rows[1]["invocation_id"], denied.invocation_id.as_str());
+
+    // The peer's unknown is listed for reconciliation, and settled on the peer.
+    let open = console.needs_reconciliation().unwrap();
+    let item = open
+        .iter()
+        .find(|d| d.row.id == unknown.invocation_id)
+        .unwrap();
+    assert!(item.can_query);
+    let settled = console
+        .run_reconcile_query(&unknown.invocation_id)
+        .await
+        .unwrap();
+    assert!(!settled.unsettled);
+    assert_eq!(peer.seen().reconciles, 1);
+    assert_eq!(peer.seen().runs.len(), 1, "only the unknown call ran, once");
+}
+
+fn config_text_for(peer: &TestPeer) -> String {
+    config(peer, "")
+}

@@ -754,6 +754,42 @@ impl Journal {
         Ok(out)
     }
 
+    /// The newest `limit` incidents of calls through peer brokers (PEER_INCIDENT),
+    /// newest first.
+    pub fn peer_incidents(&self, limit: usize) -> Result<Vec<Event>, JournalError> {
+        let conn = self.inner.reader.lock().map_err(|_| JournalError::Closed)?;
+        let mut stmt = conn.prepare_cached(
+            "SELECT seq, invocation_id, recorded_at_ms, body FROM events
+             WHERE kind = 'PEER_INCIDENT' ORDER BY seq DESC LIMIT ?1",
+        )?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = stmt.query_map([limit], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, String>(3)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (seq, invocation_id, recorded_at_ms, body) = row?;
+            let seq = u64::try_from(seq).unwrap_or(0);
+            let body: EventBody =
+                serde_json::from_str(&body).map_err(|e| JournalError::BadEvent {
+                    seq,
+                    detail: e.to_string(),
+                })?;
+            out.push(Event {
+                seq,
+                invocation_id,
+                recorded_at_ms,
+                body,
+            });
+        }
+        Ok(out)
+    }
+
     /// What was answered for an invocation that was never recorded, if this process
     /// refused it.
     pub fn unrecorded(&self, invocation_id: &str) -> Option<Unrecorded> {

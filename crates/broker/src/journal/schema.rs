@@ -25,6 +25,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0007_merkle.sql"),
     include_str!("migrations/0008_result_retention.sql"),
     include_str!("migrations/0009_links.sql"),
+    include_str!("migrations/0010_events_by_kind.sql"),
 ];
 
 /// Bytes a checkpointed WAL is truncated to (see `configure`).
