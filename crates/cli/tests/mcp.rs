@@ -948,6 +948,10 @@ async fn an_agent_lists_and_calls_a_peer_capability_through_the_bridge() {
         .map(|e| e["kind"].as_str().unwrap())
         .collect();
     assert!(kinds.contains(&"PEER_ANSWER"), "{kinds:?}");
+    assert!(
+        !inv.to_string().contains(&peer.url()),
+        "the record an agent reads never names the peer's URL"
+    );
     assert!(!kinds.contains(&"CREDENTIAL_AUTHORIZED"), "{kinds:?}");
     client.cancel().await.unwrap();
 }

@@ -514,10 +514,10 @@ impl<'a, 'b> Run<'a, 'b> {
         Ok(received_call(answered, PeerStage::Call))
     }
 
-    /// What DISPATCH_STARTED names as the verified peer: the key its answers must
-    /// verify with, and where it is.
+    /// What DISPATCH_STARTED names as the peer: its name here and the name of the key
+    /// its answers must verify with. Never its URL: agents read this record.
     fn peer_identity(&self) -> String {
-        format!("{} at {}", self.op.key_name, self.url)
+        format!("peer {} (key {})", self.op.peer, self.op.key_name)
     }
 
     fn classify(&self, received: Received) -> Classified {
