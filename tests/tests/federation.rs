@@ -699,3 +699,41 @@ async fn the_console_lists_incidents_by_owner_and_reconciles_a_peer_unknown() {
 fn config_text_for(peer: &TestPeer) -> String {
     config(peer, "")
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transport_errors_after_dispatch_leave_it_unknown_and_reconcile_asks_the_same_call_again() {
+    let peer = start_peer(vec![Step::RateLimited, Step::RateLimited]).await;
+    let f = fixture(&config(&peer, "transient_retries = 1"));
+    let out = call(&f, charge()).await;
+    let env = out.error.clone().unwrap();
+    assert_eq!(env.error.code, Code::PeerUnavailable);
+    assert_eq!(
+        env.error.outcome,
+        Outcome::Unknown,
+        "a 429 after dispatch proves nothing"
+    );
+    assert_eq!(
+        env.error.retry,
+        Retry::SameIdempotencyKey,
+        "the peer runs this invocation at most once"
+    );
+    assert_eq!(
+        env.evidence.idempotency.map(|i| i.key),
+        Some(out.invocation_id.clone())
+    );
+    assert_eq!(
+        f.incidents(&out.invocation_id)[0].incident,
+        Incident::TransientExhaustion
+    );
+    assert!(peer.seen().calls.is_empty());
+
+    // No invocation on the peer is known: reconciling repeats the same peer_call, which
+    // the peer answers from its record (or runs, once, if it never received it).
+    let (settled, report) = f.channel.reconcile(&out.invocation_id, "operator").await;
+    assert_eq!(settled.outcome, Outcome::Committed, "{settled:?}");
+    assert_eq!(report.unwrap().verdict, VerdictKind::Outcome);
+    let seen = peer.seen();
+    assert_eq!(seen.calls, vec![out.invocation_id.clone()]);
+    assert_eq!(seen.reconciles, 0);
+    assert_eq!(seen.runs.len(), 1);
+}

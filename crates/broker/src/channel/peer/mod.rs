@@ -992,8 +992,9 @@ impl Pipeline<Peer> {
 
     /// Reconciles an unknown outcome on the peer: `peer_reconcile` with the peer's
     /// invocation when a verified answer named it, otherwise `peer_call` again with
-    /// the same caller invocation (the peer answers its record, never runs it twice).
-    /// A signed, verified settlement is recorded as RECONCILED (`remote_query`).
+    /// the same caller invocation (the peer answers its record; one that never reached
+    /// it runs now, still at most once). A signed, verified settlement is recorded as
+    /// RECONCILED (`remote_query`); a response that comes with it stays at the peer.
     pub async fn reconcile(
         &self,
         invocation_id: &str,
