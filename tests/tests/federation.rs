@@ -737,3 +737,19 @@ async fn transport_errors_after_dispatch_leave_it_unknown_and_reconcile_asks_the
     assert_eq!(seen.reconciles, 0);
     assert_eq!(seen.runs.len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_listing_lists_nothing_and_is_kept_only_briefly() {
+    use postern_broker::channel::peer::listing::ListingError;
+    let peer = start_peer(vec![]).await;
+    peer.deny_listing();
+    let f = fixture(&config(&peer, ""));
+    let all = f.channel.listings().all().await;
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].0, "org-b");
+    assert_eq!(all[0].1, Err(ListingError::Denied));
+    assert_eq!(f.channel.listings().cached("org-b"), None);
+    // Asked again within the failure window: from memory, not the peer.
+    let _ = f.channel.listings().all().await;
+    assert_eq!(peer.seen().listings, 1);
+}
