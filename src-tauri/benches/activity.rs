@@ -115,6 +115,7 @@ fn dispatched_lifecycle(target: &str) -> Vec<EventBody> {
                 source_query: None,
                 batch: None,
                 retry_budget: 1,
+                peer: None,
             },
         },
         EventBody::CredentialAuthorized {

@@ -84,6 +84,11 @@ pub const SIGNATURES: &[Signature] = &[
         returns: "InvocationDetail",
     },
     Signature {
+        name: "peer_incidents",
+        args: &[],
+        returns: "PeerIncidentRow[]",
+    },
+    Signature {
         name: "list_credentials",
         args: &[],
         returns: "CredentialCard[]",
@@ -196,6 +201,7 @@ pub fn typescript() -> String {
         MemberRow::decl(),
         Settlement::decl(),
         Attestation::decl(),
+        PeerIncidentRow::decl(),
         CredentialCard::decl(),
         SetCredential::decl(),
         TargetCard::decl(),

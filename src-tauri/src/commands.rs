@@ -167,6 +167,12 @@ pub async fn attest_outcome(
     .await
 }
 
+/// Incidents of calls through peer brokers, each routed to its owner.
+#[tauri::command]
+pub async fn peer_incidents(backend: BackendState<'_>) -> Result<Value, CommandError> {
+    call(backend, "peer_incidents", Value::Null).await
+}
+
 #[tauri::command]
 pub async fn list_credentials(backend: BackendState<'_>) -> Result<Value, CommandError> {
     call(backend, "list_credentials", Value::Null).await
@@ -221,6 +227,7 @@ macro_rules! console_handlers {
             $crate::commands::needs_reconciliation,
             $crate::commands::run_reconcile_query,
             $crate::commands::attest_outcome,
+            $crate::commands::peer_incidents,
             $crate::commands::list_credentials,
             $crate::commands::set_credential,
             $crate::commands::remove_credential,

@@ -4,6 +4,7 @@
 pub mod adversary;
 pub mod agent;
 pub mod calls;
+pub mod peer;
 pub mod proxy;
 
 use std::path::Path;
@@ -166,6 +167,7 @@ pub fn run_lifecycle(
             source_query: None,
             batch: None,
             retry_budget: 1,
+            peer: None,
         },
     )?;
     after(2);

@@ -14,6 +14,7 @@ function backendWith(overviewData = overview()) {
     list_credentials: [],
     list_targets: { config_path: "/etc/postern.toml", targets: [] },
     needs_reconciliation: [],
+    peer_incidents: [],
     query_activity: { rows: [], next_before_seq: null, took_us: 10 },
   });
 }
@@ -72,6 +73,7 @@ describe("App", () => {
       ["nav-reconcile", "screen-reconcile"],
       ["nav-credentials", "screen-credentials"],
       ["nav-targets", "screen-targets"],
+      ["nav-incidents", "screen-incidents"],
       ["nav-approvals", "screen-approvals"],
     ];
     for (const [nav, screenId] of pairs) {
@@ -82,7 +84,7 @@ describe("App", () => {
     }
   });
 
-  test("Alt+1..Alt+6 switch screens", async () => {
+  test("Alt+1..Alt+7 switch screens", async () => {
     backendWith();
     render(App);
     await settle();
@@ -92,6 +94,9 @@ describe("App", () => {
     await fireEvent.keyDown(window, { key: "™", code: "Digit6", altKey: true });
     await settle();
     expect(screen.getByTestId("screen-targets")).toBeTruthy();
+    await fireEvent.keyDown(window, { key: "7", code: "Digit7", altKey: true });
+    await settle();
+    expect(screen.getByTestId("screen-incidents")).toBeTruthy();
     await fireEvent.keyDown(window, { key: "1", code: "Digit1", altKey: true });
     await settle();
     expect(screen.getByTestId("screen-approvals")).toBeTruthy();

@@ -36,6 +36,10 @@
 //!   0x22 STR   command                  raw bytes
 //!   0x23 STR   stdin_digest             64 lowercase hex chars, as ASCII
 //!   0x24 STR   stdin_len                u64 little-endian (8 bytes)
+//! peer:                                 (a peer call binds its request's own
+//!                                        fingerprint; this is never bound)
+//!   0x40 STR   peer
+//!   0x41 STR   request_fingerprint
 //! snapshot:
 //!   0x30 STR   target_id
 //!   0x31 STR   target_version           "blake3:<hex>"
@@ -258,12 +262,29 @@ impl NormalizedSsh {
     }
 }
 
+/// A request to a capability a peer broker exports, as this broker binds it. Its
+/// invocation fingerprint is the peer request's own
+/// ([`PeerRequest::fingerprint`](crate::federation::wire::PeerRequest::fingerprint)),
+/// which both brokers compute and the peer's attestations name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NormalizedPeer {
+    /// The peer's name in `[[peer]]`.
+    pub peer: String,
+    pub capability: String,
+    pub method: String,
+    /// Relative to the capability's base at the peer (may carry a query).
+    pub path: String,
+    /// `PeerRequest::fingerprint` of the request.
+    pub request_fingerprint: String,
+}
+
 /// What the agent asked for, normalized.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum NormalizedAction {
     Http(NormalizedHttp),
     Ssh(NormalizedSsh),
+    Peer(NormalizedPeer),
 }
 
 /// The configuration an invocation was validated against, bound before authorization so
@@ -358,6 +379,14 @@ impl Fingerprint {
                 c.bytes(0x22, &s.command);
                 c.str(0x23, &s.stdin_digest);
                 c.u64(0x24, s.stdin_len);
+            }
+            // A peer call binds the peer request's fingerprint as its invocation
+            // fingerprint (see `NormalizedPeer`); this encoding only keeps the
+            // function total.
+            NormalizedAction::Peer(p) => {
+                c.str(0x02, "peer");
+                c.str(0x40, &p.peer);
+                c.str(0x41, &p.request_fingerprint);
             }
         }
         c.str(0x30, &snapshot.target_id);

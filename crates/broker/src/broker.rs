@@ -14,6 +14,7 @@ use crate::approvals::Approver;
 use crate::audit::witnessing::Witnessing;
 use crate::audit::{AuditKeyError, last_checkpoint_key, signing_key_from_vault};
 use crate::channel::http::HttpChannel;
+use crate::channel::peer::PeerChannel;
 use crate::channel::ssh::SshChannel;
 use crate::clock::{Clock, SystemClock};
 use crate::config::ConfigHandle;
@@ -31,6 +32,8 @@ pub struct Broker {
     pub http: HttpChannel,
     /// The SSH channel.
     pub ssh: SshChannel,
+    /// Calls to capabilities other brokers export (`peer://`), and their listings.
+    pub peer: PeerChannel,
     pub journal: Journal,
     /// The live targets configuration (swapped when the operator edits a target).
     pub config: ConfigHandle,
@@ -159,11 +162,13 @@ impl Broker {
         let _ = journal.set_result_retention(Arc::new(move || live.current().results));
         let http = HttpChannel::new(journal.clone(), vault.clone(), config.clone());
         let ssh = SshChannel::new(journal.clone(), vault.clone(), config.clone());
+        let peer = PeerChannel::new(journal.clone(), vault.clone(), config.clone());
         let witnessing = Arc::new(Witnessing::new(journal.clone(), config.clone()));
         Ok(Opened {
             broker: Broker {
                 http,
                 ssh,
+                peer,
                 journal,
                 config,
                 approver,

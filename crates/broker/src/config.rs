@@ -386,6 +386,8 @@ pub enum Problem {
     InvalidPeerKey { reason: String },
     #[error("a peer needs `url` (this broker calls it) or `exports` (it calls this broker)")]
     UnusedPeer,
+    #[error("out of range: {reason}")]
+    InvalidPeerSetting { reason: String },
     #[error("`{name}` is not an [[http]] target of this file, so it cannot be exported")]
     UnknownExport { name: String },
     #[error("`{name}` is exported twice")]
@@ -777,6 +779,7 @@ impl Config {
                     P::Key(reason) => Problem::InvalidPeerKey { reason },
                     P::Url(reason) => Problem::InvalidUrl { reason },
                     P::Unused => Problem::UnusedPeer,
+                    P::Setting(reason) => Problem::InvalidPeerSetting { reason },
                     P::UnknownExport { index, name } => {
                         return ctx
                             .err(format!("{field}[{index}]"), Problem::UnknownExport { name });

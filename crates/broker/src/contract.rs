@@ -236,6 +236,16 @@ codes! {
         "The broker stopped before this invocation finished. Before dispatch it is not_attempted (retry backoff); after dispatch the outcome is unknown.";
     ReconciledNotApplied = "RECONCILED_NOT_APPLIED", RE, REJ, Backoff,
         "Reconciliation settled an unknown outcome as not applied; a new attempt is allowed.";
+    PeerDenied = "PEER_DENIED", RE, NA, Never,
+        "The peer broker's policy refused the call with a signed, verified denial: it attests it did not run it. Terminal: never retried, no failover; a policy incident goes to the peering owner.";
+    PeerUnavailable = "PEER_UNAVAILABLE", REACHED, FROM_EVIDENCE, Backoff,
+        "The peer broker stayed unavailable (signed `unavailable` answers, or transport errors such as HTTP 429, a timeout or a reset) through the retry budget; a transient-exhaustion incident goes to the local operator. not_attempted when nothing was dispatched or the peer's last signed answer attests it did not run; unknown when the last answer was a transport error after dispatch (a retry reuses the invocation, which the peer runs at most once).";
+    PeerContractViolation = "PEER_CONTRACT_VIOLATION", RE, FROM_EVIDENCE, Reconcile,
+        "The peer broker answered without a verifiable attestation (no envelope, a bad or foreign signature, or one about another request) through the limited retries. Never read as a denial; a contract-violation incident goes to the peer's operator. Unknown once dispatched: reconcile.";
+    PeerPolicyChanged = "PEER_POLICY_CHANGED", RE, FROM_EVIDENCE, AfterCorrection,
+        "The peer's export policy version changed during the attempt, which was abandoned. The outcome is what the peer's signed answer says it did; list the targets again before a new request.";
+    PeerOutcomeUnknown = "PEER_OUTCOME_UNKNOWN", RE, UNK, Reconcile,
+        "The peer broker ran the call and its own record says the outcome is unknown; it is reconciled on the peer, and the settlement comes back signed.";
 }
 
 impl std::fmt::Display for Code {
@@ -326,6 +336,9 @@ pub struct Evidence {
     pub job: Option<crate::journal::events::JobFacts>,
     /// For a batch: each member's outcome and what settled it (empty otherwise).
     pub members: Vec<crate::journal::events::MemberState>,
+    /// For a call through a peer broker: what the peer proved (its invocation, its
+    /// signed attestation and whether the signature verified) and the budgets spent.
+    pub peer: Option<crate::federation::record::PeerEvidence>,
 }
 
 /// The `error` member of the envelope.

@@ -95,6 +95,10 @@ pub fn step_of(body: &EventBody) -> Step {
         EventBody::JobTracked { .. } | EventBody::JobStatus { .. } => Step::Job,
         EventBody::SigningResumed { .. } => Step::Journal,
         EventBody::SessionOpened(_) => Step::Session,
+        // What a peer broker answered is its response; its signed "did not run" and
+        // an incident end the call.
+        EventBody::PeerAnswer(_) => Step::Response,
+        EventBody::PeerNotRun { .. } | EventBody::PeerIncident(_) => Step::Failed,
     }
 }
 

@@ -32,6 +32,8 @@
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 
+pub mod client;
+pub mod record;
 pub mod serve;
 pub mod wire;
 

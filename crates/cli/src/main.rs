@@ -138,6 +138,10 @@ enum OperatorAction {
     Sessions,
     /// Credentials as metadata (id, kind, version, dates, targets using them).
     Credentials,
+    /// Incidents of calls through peer brokers, newest first, each routed to its owner
+    /// (policy: the peering owner; contract violation: the peer's operator; transient
+    /// exhaustion: this broker's operator), with the envelope and the signature check.
+    Incidents,
     /// Store or rotate a credential in the broker's keychain; the secret is read from
     /// stdin or a no-echo prompt (or --from-file), never argv.
     SetCredential {
@@ -649,6 +653,7 @@ fn run(cli: Cli) -> common::Outcome {
                 OperatorAction::Verify => operator_cmd::Request::verify(),
                 OperatorAction::Sessions => operator_cmd::Request::sessions(),
                 OperatorAction::Credentials => operator_cmd::Request::credentials(),
+                OperatorAction::Incidents => operator_cmd::Request::incidents(),
                 OperatorAction::RemoveCredential { id } => {
                     operator_cmd::Request::remove_credential(&id)
                 }

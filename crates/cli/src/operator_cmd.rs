@@ -92,6 +92,13 @@ impl Request {
             args: Value::Null,
         }
     }
+
+    pub fn incidents() -> Self {
+        Request {
+            command: "peer_incidents",
+            args: Value::Null,
+        }
+    }
 }
 
 /// The error as JSON on stdout (what a script reads) and as a sentence on stderr.

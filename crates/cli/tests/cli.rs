@@ -402,6 +402,7 @@ fn make_ready(rec: &mut Recorder, target: &str) {
             source_query: None,
             batch: None,
             retry_budget: 1,
+            peer: None,
         },
     )
     .unwrap();

@@ -851,3 +851,107 @@ async fn a_202_names_its_job_and_poll_job_reads_it_until_it_settles() {
     assert_eq!(plain["error"]["code"], "INVALID_REQUEST");
     client.cancel().await.unwrap();
 }
+
+/// Issue 14: through the real bridge and daemon, an agent lists a peer's capability and
+/// calls it with a `peer://` URL; the peer's signed outcome comes back as the result,
+/// and the agent never sees the peer's URL or key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_lists_and_calls_a_peer_capability_through_the_bridge() {
+    use postern_broker::transparency::note::VerifierKey;
+    use postern_tests::peer::{Step, TestPeer};
+
+    let placeholder = ed25519_dalek::SigningKey::from_bytes(&[1u8; 32]).verifying_key();
+    let peer = TestPeer::start(
+        ed25519_dalek::SigningKey::from_bytes(&[7u8; 32]),
+        placeholder,
+        vec![Step::Outcome {
+            status: 201,
+            body: "{\"charge\":\"ch_9\"}".into(),
+        }],
+    )
+    .await
+    .unwrap();
+    let text = format!(
+        "[[peer]]\nname = \"org-b\"\nkey = \"{}\"\nurl = \"{}\"\ntimeout_ms = 5000\n",
+        peer.key_line(),
+        peer.url()
+    );
+    let daemon = start_daemon_with(&text, &[]);
+    // The peer pins this broker's key, as its operator would from `postern audit key`.
+    let key = Command::new(POSTERN)
+        .args(["audit", "key", "--json", "--data-dir"])
+        .arg(daemon.dir.path())
+        .args(["--keychain-service", daemon.service()])
+        .output()
+        .unwrap();
+    assert!(
+        key.status.success(),
+        "{}",
+        String::from_utf8_lossy(&key.stderr)
+    );
+    let key: Value = serde_json::from_slice(&key.stdout).unwrap();
+    peer.set_caller(
+        VerifierKey::parse(key["key"].as_str().unwrap())
+            .unwrap()
+            .key,
+    );
+
+    let client = client(&daemon.socket).await;
+    let listed = call(&client, "list_targets", json!({})).await;
+    let listed = structured(&listed);
+    let targets = listed["targets"].as_array().unwrap();
+    let cap = targets
+        .iter()
+        .find(|t| t["name"] == "peer/org-b/payments")
+        .unwrap_or_else(|| panic!("{listed}"));
+    assert_eq!(cap["kind"], "peer");
+    assert_eq!(cap["url"], "peer://org-b/payments/");
+    let shown = listed.to_string();
+    assert!(
+        !shown.contains(&peer.url()),
+        "the peer's URL is never shown"
+    );
+    assert!(!shown.contains(&peer.key_line()), "nor its key");
+
+    let result = call(
+        &client,
+        "http_request",
+        json!({
+            "url": "peer://org-b/payments/charges",
+            "method": "POST",
+            "body": "{\"amount\":5}",
+        }),
+    )
+    .await;
+    assert!(!is_error(&result), "{result:?}");
+    let value = structured(&result);
+    assert_eq!(value["outcome"], "committed");
+    assert_eq!(value["status"], 201);
+    assert_eq!(value["body"], "{\"charge\":\"ch_9\"}");
+    let id = value["invocation_id"].as_str().unwrap().to_string();
+
+    let seen = peer.seen();
+    assert_eq!(
+        seen.calls,
+        vec![id.clone()],
+        "the caller invocation is the agent's"
+    );
+    assert_eq!(seen.runs.len(), 1);
+    assert_eq!(seen.bad_auth, 0, "signed with this broker's key");
+
+    let inv = call(&client, "get_invocation", json!({"invocation_id": id})).await;
+    let inv = structured(&inv);
+    let kinds: Vec<&str> = inv["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert!(kinds.contains(&"PEER_ANSWER"), "{kinds:?}");
+    assert!(
+        !inv.to_string().contains(&peer.url()),
+        "the record an agent reads never names the peer's URL"
+    );
+    assert!(!kinds.contains(&"CREDENTIAL_AUTHORIZED"), "{kinds:?}");
+    client.cancel().await.unwrap();
+}

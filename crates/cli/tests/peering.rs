@@ -313,7 +313,7 @@ async fn an_exported_call_runs_once_on_b_under_a_peer_session_and_comes_back_sig
     b.verify(
         &listed.attestation,
         "*",
-        &wire::capabilities_fingerprint(&listed.capabilities),
+        &wire::capabilities_digest(&listed.capabilities),
     );
     let policy = listed.attestation.policy_version.clone();
 

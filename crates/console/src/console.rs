@@ -33,6 +33,27 @@ use postern_mcp::server::{SessionRecord, Sessions};
 
 use crate::dto::*;
 
+/// How many peer incidents the console lists.
+pub const INCIDENT_LIST: usize = 200;
+
+fn incident_name(i: postern_broker::federation::Incident) -> &'static str {
+    use postern_broker::federation::Incident;
+    match i {
+        Incident::Policy => "policy",
+        Incident::ContractViolation => "contract_violation",
+        Incident::TransientExhaustion => "transient_exhaustion",
+    }
+}
+
+fn owner_name(o: postern_broker::federation::Owner) -> &'static str {
+    use postern_broker::federation::Owner;
+    match o {
+        Owner::PeeringOwner => "peering_owner",
+        Owner::PeerOperator => "peer_operator",
+        Owner::LocalOperator => "local_operator",
+    }
+}
+
 /// The most rows one activity page returns.
 pub const MAX_PAGE: usize = 500;
 /// How many unknown outcomes the reconciliation screen lists.
@@ -485,13 +506,15 @@ impl Console {
                     .as_ref()
                     .is_some_and(|b| !b.atomic && b.member_query.is_some())
         });
-        let can_query = p.channel == Some(Channel::Http)
-            && p.job.is_none()
-            && (bound_query
-                || p.target
-                    .as_deref()
-                    .and_then(|t| config.http_target(t))
-                    .is_some_and(|t| t.reconcile.is_some()));
+        // A call through a peer is reconciled on the peer, which answers its record.
+        let can_query = p.channel == Some(Channel::Peer)
+            || (p.channel == Some(Channel::Http)
+                && p.job.is_none()
+                && (bound_query
+                    || p.target
+                        .as_deref()
+                        .and_then(|t| config.http_target(t))
+                        .is_some_and(|t| t.reconcile.is_some())));
         let mut related: Vec<RelatedInvocation> = p
             .parent
             .iter()
@@ -563,6 +586,67 @@ impl Console {
         })
     }
 
+    // ----- peer incidents --------------------------------------------------------------
+
+    /// The newest [`INCIDENT_LIST`] incidents of calls through peer brokers, newest
+    /// first, each with the invocation's envelope and the last attestation received.
+    pub fn peer_incidents(&self) -> Result<Vec<PeerIncidentRow>, CommandError> {
+        use postern_broker::journal::events::EventBody;
+        let recorded = self
+            .broker
+            .journal
+            .peer_incidents(INCIDENT_LIST)
+            .map_err(|e| journal_error(&e))?;
+        let now = self.now();
+        let mut rows = Vec::with_capacity(recorded.len());
+        for event in recorded {
+            let EventBody::PeerIncident(incident) = event.body else {
+                continue;
+            };
+            let events = self
+                .broker
+                .journal
+                .events(&event.invocation_id)
+                .map_err(|e| journal_error(&e))?;
+            let p = Projection::fold(&event.invocation_id, &events)
+                .map_err(|e| journal_error(&e.into()))?;
+            // The answer the incident names, else the last one before it.
+            let attestation = events
+                .iter()
+                .rev()
+                .filter(|e| e.seq < event.seq)
+                .find_map(|e| match &e.body {
+                    EventBody::PeerAnswer(a) => Some(a.attestation.clone()),
+                    _ => None,
+                })
+                .flatten()
+                .and_then(|a| serde_json::to_value(a).ok());
+            rows.push(PeerIncidentRow {
+                invocation_id: event.invocation_id.clone(),
+                seq: event.seq,
+                at_ms: event.recorded_at_ms,
+                kind: incident_name(incident.incident).to_string(),
+                owner: owner_name(incident.owner).to_string(),
+                peer: escape_text(&incident.peer),
+                capability: escape_text(&incident.capability),
+                code: incident.code,
+                signature: incident.signature.as_str().to_string(),
+                attestation_digest: incident.attestation_digest.clone(),
+                attestation,
+                answers: incident.answers,
+                transient_used: incident.transient_used,
+                unknown_used: incident.unknown_used,
+                // Seed 000's envelope (error and evidence), or the status when the
+                // record carries no code any more (a reconciliation settled it).
+                envelope: p
+                    .envelope(now)
+                    .and_then(|e| serde_json::to_value(e).ok())
+                    .unwrap_or_else(|| evidence::invocation_status(&p, now)),
+            });
+        }
+        Ok(rows)
+    }
+
     // ----- reconciliation -------------------------------------------------------------
 
     /// The unknown outcomes that nothing has settled, among the newest
@@ -600,11 +684,23 @@ impl Console {
                  system and attest what you find.",
             ));
         }
-        let outcome = self
+        let through_peer = self
             .broker
-            .http
-            .reconcile(invocation_id, &self.operator)
-            .await;
+            .journal
+            .projection(invocation_id)
+            .is_ok_and(|p| p.channel == Some(Channel::Peer));
+        let outcome = if through_peer {
+            self.broker
+                .peer
+                .reconcile(invocation_id, &self.operator)
+                .await
+                .0
+        } else {
+            self.broker
+                .http
+                .reconcile(invocation_id, &self.operator)
+                .await
+        };
         let after = self.detail(invocation_id)?;
         if after.unsettled {
             let why = outcome

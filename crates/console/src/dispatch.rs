@@ -227,6 +227,10 @@ pub async fn dispatch_as(
             let a: InvocationArgs = args(command, raw)?;
             to_value(console.run_reconcile_query(&a.invocation_id).await?)
         }
+        "peer_incidents" => {
+            let NoArgs {} = args(command, raw)?;
+            blocking(console, |c| c.peer_incidents()).await
+        }
         "attest_outcome" => {
             let a: AttestArgs = args(command, raw)?;
             blocking(console, move |c| c.attest(&a.attestation)).await

@@ -404,6 +404,44 @@ pub struct InvocationDetail {
     pub members: Vec<MemberRow>,
 }
 
+/// A call through a peer broker that stopped with an incident (seed 002), routed to
+/// whoever must act on it.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct PeerIncidentRow {
+    pub invocation_id: String,
+    /// The PEER_INCIDENT record's journal sequence and time (unix ms).
+    #[ts(type = "number")]
+    pub seq: u64,
+    #[ts(type = "number")]
+    pub at_ms: i64,
+    /// `policy` (a signed denial), `contract_violation` (answers without a verifiable
+    /// attestation) or `transient_exhaustion` (the peer stayed unavailable).
+    pub kind: String,
+    /// `peering_owner`, `peer_operator` or `local_operator`.
+    pub owner: String,
+    /// The peer's name in `[[peer]]`, and the capability called.
+    pub peer: String,
+    pub capability: String,
+    /// The code the invocation stopped with.
+    #[ts(type = "Code")]
+    pub code: Code,
+    /// What checking the last attestation against the peer's pinned key found:
+    /// `verified`, `absent`, `failed` or `not_applicable` (a transport error).
+    pub signature: String,
+    pub attestation_digest: Option<String>,
+    /// The last attestation as received (verified or not), as JSON.
+    #[ts(type = "Record<string, unknown> | null")]
+    pub attestation: Option<serde_json::Value>,
+    /// Answers the call received, and the budgets they spent.
+    pub answers: u32,
+    pub transient_used: u32,
+    pub unknown_used: u32,
+    /// The invocation's envelope as an agent reads it (seed 000: `invocation_id`,
+    /// `error`, `evidence` with what the peer proved).
+    #[ts(type = "Record<string, unknown>")]
+    pub envelope: serde_json::Value,
+}
+
 /// An invocation linked to the one shown.
 #[derive(Debug, Clone, Serialize, TS)]
 pub struct RelatedInvocation {

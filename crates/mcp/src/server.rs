@@ -30,6 +30,7 @@ use serde_json::{Value, json};
 
 use postern_broker::broker::Broker;
 use postern_broker::channel::http::{HttpOutcome, HttpRequest, HttpResponse, PollRefused};
+use postern_broker::channel::peer;
 use postern_broker::channel::ssh::{SshOutcome, SshRequest, SshResult};
 use postern_broker::contract::{Code, ErrorBody, Outcome, Phase, Retry};
 use postern_broker::delivery::{self, DeliveryError, Piece};
@@ -354,7 +355,13 @@ impl Session {
         };
         let ctx = self.call_context(context);
         let progress = self.progress_ticker(context);
-        let outcome = self.broker.http.execute(request, &ctx).await;
+        // A capability another broker exports runs through the peer channel; the agent
+        // names it, never the peer's URL or keys.
+        let outcome = if peer::is_peer_url(&request.url) {
+            self.broker.peer.execute(request, &ctx).await
+        } else {
+            self.broker.http.execute(request, &ctx).await
+        };
         progress.abort();
         let (answer, whole) = self.http_answer(&outcome);
         self.remember(context, &outcome.invocation_id, whole);
@@ -474,6 +481,13 @@ impl Session {
                 .recorded_projection(&p)
                 .map_err(unreadable)?;
             self.ssh_answer(&outcome)
+        } else if p.channel == Some(Channel::Peer) {
+            let outcome = self
+                .broker
+                .peer
+                .recorded_projection(&p)
+                .map_err(unreadable)?;
+            self.http_answer(&outcome)
         } else {
             let outcome = self
                 .broker
@@ -590,13 +604,17 @@ impl Session {
             return Ok(ssh_result_of(&outcome));
         }
         let ctx = self.call_context(context);
-        let outcome = self.broker.http.retry(&args.invocation_id, &ctx).await;
+        let outcome = if p.channel == Some(Channel::Peer) {
+            self.broker.peer.retry(&args.invocation_id, &ctx).await
+        } else {
+            self.broker.http.retry(&args.invocation_id, &ctx).await
+        };
         let (answer, whole) = self.http_answer(&outcome);
         self.remember(context, &outcome.invocation_id, whole);
         Ok(answer)
     }
 
-    fn list_targets(&self) -> CallToolResult {
+    async fn list_targets(&self) -> CallToolResult {
         let config = self.broker.config.current();
         let targets: Vec<Value> = config
             .http
@@ -625,6 +643,23 @@ impl Session {
                 "host_key_pinned": t.host_key.is_some(),
             })
         }));
+        // What each peer lists for this broker. A peer whose listing failed or was
+        // denied lists nothing; its URL and key are never shown.
+        for (name, listing) in self.broker.peer.listings().all().await {
+            let Ok(listing) = listing else { continue };
+            let approval = config.peer(&name).map_or("none", |p| p.approval.as_str());
+            targets.extend(listing.capabilities.iter().map(|c| {
+                json!({
+                    "name": peer::target_name(&name, &c.name),
+                    "kind": "peer",
+                    "url": format!("{}{name}/{}/", peer::SCHEME, c.name),
+                    "methods": c.methods,
+                    "idempotent_methods": c.idempotent_methods,
+                    "approval": approval,
+                    "peer_approval": c.approval,
+                })
+            }));
+        }
         CallToolResult::structured(json!({ "targets": targets }))
     }
 }
@@ -837,7 +872,7 @@ impl ServerHandler for Session {
             tools::POLL_JOB => self.poll_job(parse(&request)?, &context).await?,
             tools::LIST_TARGETS => {
                 let _: NoArgs = parse(&request)?;
-                self.list_targets()
+                self.list_targets().await
             }
             other => {
                 return Err(McpError::invalid_params(

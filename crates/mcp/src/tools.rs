@@ -73,7 +73,7 @@ pub fn tools() -> Vec<Tool> {
                 "additionalProperties": false,
                 "required": ["url", "method"],
                 "properties": {
-                    "url": {"type": "string", "description": "Absolute URL under a configured target (see list_targets)."},
+                    "url": {"type": "string", "description": "Absolute URL under a configured target, or peer://<peer>/<capability>/<path> for a capability another broker exports (see list_targets)."},
                     "method": {"type": "string", "description": "HTTP method, e.g. GET or POST."},
                     "headers": {"type": "object", "additionalProperties": {"type": "string"}, "description": "Extra request headers (not credentials, not framing)."},
                     "query": {"type": "array", "items": {"type": "array", "items": {"type": "string"}, "minItems": 2, "maxItems": 2}, "description": "Extra query parameters as [name, value] pairs, in order."},

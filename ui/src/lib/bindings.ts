@@ -9,8 +9,8 @@ export type Outcome = "not_attempted" | "rejected" | "committed" | "unknown";
 export const OUTCOME_VALUES: Outcome[] = ["not_attempted", "rejected", "committed", "unknown"];
 export type Retry = "never" | "after_correction" | "backoff" | "same_idempotency_key" | "reconcile" | "fetch_result";
 export const RETRY_VALUES: Retry[] = ["never", "after_correction", "backoff", "same_idempotency_key", "reconcile", "fetch_result"];
-export type Code = "INVALID_TARGET" | "INVALID_REQUEST" | "UNSUPPORTED_ACTION" | "PAYLOAD_LIMIT" | "FORBIDDEN_HEADER" | "IDEMPOTENCY_MISMATCH" | "FINGERPRINT_MISMATCH" | "LEASE_LOST" | "BROKER_UNAVAILABLE" | "VAULT_LOCKED" | "CREDENTIAL_MISSING" | "UNSUPPORTED_INJECTION" | "KEY_DECRYPTION_FAILED" | "APPROVAL_DENIED" | "APPROVAL_TIMEOUT" | "NO_APPROVER" | "DNS_FAILED" | "ADDRESS_REFUSED" | "CONNECTION_REFUSED" | "CONNECT_TIMEOUT" | "PROXY_UNREACHABLE" | "PROXY_REFUSED" | "PROXY_TUNNEL_FAILED" | "TLS_REJECTED" | "HOST_KEY_MISMATCH" | "HOST_KEY_UNKNOWN" | "SSH_HANDSHAKE_FAILED" | "SSH_AUTH_FAILED" | "CHANNEL_OPEN_FAILED" | "REMOTE_OUTCOME_UNKNOWN" | "REMOTE_RESULT_INCOMPLETE" | "REMOTE_TIMEOUT" | "CALLER_CANCELLED" | "EXEC_REFUSED" | "REMOTE_REJECTED" | "REMOTE_UNAUTHORIZED" | "REMOTE_RATE_LIMITED" | "REMOTE_SERVER_ERROR" | "JOB_PENDING" | "JOB_FAILED" | "BATCH_PARTIAL" | "RESULT_DELIVERY_FAILED" | "RESULT_STORE_FAILED" | "RESULT_EXPIRED" | "RECONCILED_COMMITTED" | "BROKER_INTERRUPTED" | "RECONCILED_NOT_APPLIED";
-export const CODE_VALUES: Code[] = ["INVALID_TARGET", "INVALID_REQUEST", "UNSUPPORTED_ACTION", "PAYLOAD_LIMIT", "FORBIDDEN_HEADER", "IDEMPOTENCY_MISMATCH", "FINGERPRINT_MISMATCH", "LEASE_LOST", "BROKER_UNAVAILABLE", "VAULT_LOCKED", "CREDENTIAL_MISSING", "UNSUPPORTED_INJECTION", "KEY_DECRYPTION_FAILED", "APPROVAL_DENIED", "APPROVAL_TIMEOUT", "NO_APPROVER", "DNS_FAILED", "ADDRESS_REFUSED", "CONNECTION_REFUSED", "CONNECT_TIMEOUT", "PROXY_UNREACHABLE", "PROXY_REFUSED", "PROXY_TUNNEL_FAILED", "TLS_REJECTED", "HOST_KEY_MISMATCH", "HOST_KEY_UNKNOWN", "SSH_HANDSHAKE_FAILED", "SSH_AUTH_FAILED", "CHANNEL_OPEN_FAILED", "REMOTE_OUTCOME_UNKNOWN", "REMOTE_RESULT_INCOMPLETE", "REMOTE_TIMEOUT", "CALLER_CANCELLED", "EXEC_REFUSED", "REMOTE_REJECTED", "REMOTE_UNAUTHORIZED", "REMOTE_RATE_LIMITED", "REMOTE_SERVER_ERROR", "JOB_PENDING", "JOB_FAILED", "BATCH_PARTIAL", "RESULT_DELIVERY_FAILED", "RESULT_STORE_FAILED", "RESULT_EXPIRED", "RECONCILED_COMMITTED", "BROKER_INTERRUPTED", "RECONCILED_NOT_APPLIED"];
+export type Code = "INVALID_TARGET" | "INVALID_REQUEST" | "UNSUPPORTED_ACTION" | "PAYLOAD_LIMIT" | "FORBIDDEN_HEADER" | "IDEMPOTENCY_MISMATCH" | "FINGERPRINT_MISMATCH" | "LEASE_LOST" | "BROKER_UNAVAILABLE" | "VAULT_LOCKED" | "CREDENTIAL_MISSING" | "UNSUPPORTED_INJECTION" | "KEY_DECRYPTION_FAILED" | "APPROVAL_DENIED" | "APPROVAL_TIMEOUT" | "NO_APPROVER" | "DNS_FAILED" | "ADDRESS_REFUSED" | "CONNECTION_REFUSED" | "CONNECT_TIMEOUT" | "PROXY_UNREACHABLE" | "PROXY_REFUSED" | "PROXY_TUNNEL_FAILED" | "TLS_REJECTED" | "HOST_KEY_MISMATCH" | "HOST_KEY_UNKNOWN" | "SSH_HANDSHAKE_FAILED" | "SSH_AUTH_FAILED" | "CHANNEL_OPEN_FAILED" | "REMOTE_OUTCOME_UNKNOWN" | "REMOTE_RESULT_INCOMPLETE" | "REMOTE_TIMEOUT" | "CALLER_CANCELLED" | "EXEC_REFUSED" | "REMOTE_REJECTED" | "REMOTE_UNAUTHORIZED" | "REMOTE_RATE_LIMITED" | "REMOTE_SERVER_ERROR" | "JOB_PENDING" | "JOB_FAILED" | "BATCH_PARTIAL" | "RESULT_DELIVERY_FAILED" | "RESULT_STORE_FAILED" | "RESULT_EXPIRED" | "RECONCILED_COMMITTED" | "BROKER_INTERRUPTED" | "RECONCILED_NOT_APPLIED" | "PEER_DENIED" | "PEER_UNAVAILABLE" | "PEER_CONTRACT_VIOLATION" | "PEER_POLICY_CHANGED" | "PEER_OUTCOME_UNKNOWN";
+export const CODE_VALUES: Code[] = ["INVALID_TARGET", "INVALID_REQUEST", "UNSUPPORTED_ACTION", "PAYLOAD_LIMIT", "FORBIDDEN_HEADER", "IDEMPOTENCY_MISMATCH", "FINGERPRINT_MISMATCH", "LEASE_LOST", "BROKER_UNAVAILABLE", "VAULT_LOCKED", "CREDENTIAL_MISSING", "UNSUPPORTED_INJECTION", "KEY_DECRYPTION_FAILED", "APPROVAL_DENIED", "APPROVAL_TIMEOUT", "NO_APPROVER", "DNS_FAILED", "ADDRESS_REFUSED", "CONNECTION_REFUSED", "CONNECT_TIMEOUT", "PROXY_UNREACHABLE", "PROXY_REFUSED", "PROXY_TUNNEL_FAILED", "TLS_REJECTED", "HOST_KEY_MISMATCH", "HOST_KEY_UNKNOWN", "SSH_HANDSHAKE_FAILED", "SSH_AUTH_FAILED", "CHANNEL_OPEN_FAILED", "REMOTE_OUTCOME_UNKNOWN", "REMOTE_RESULT_INCOMPLETE", "REMOTE_TIMEOUT", "CALLER_CANCELLED", "EXEC_REFUSED", "REMOTE_REJECTED", "REMOTE_UNAUTHORIZED", "REMOTE_RATE_LIMITED", "REMOTE_SERVER_ERROR", "JOB_PENDING", "JOB_FAILED", "BATCH_PARTIAL", "RESULT_DELIVERY_FAILED", "RESULT_STORE_FAILED", "RESULT_EXPIRED", "RECONCILED_COMMITTED", "BROKER_INTERRUPTED", "RECONCILED_NOT_APPLIED", "PEER_DENIED", "PEER_UNAVAILABLE", "PEER_CONTRACT_VIOLATION", "PEER_POLICY_CHANGED", "PEER_OUTCOME_UNKNOWN"];
 
 export type Overview = { 
 /**
@@ -306,6 +306,47 @@ settlement: string,
  */
 note: string, };
 
+export type PeerIncidentRow = { invocation_id: string, 
+/**
+ * The PEER_INCIDENT record's journal sequence and time (unix ms).
+ */
+seq: number, at_ms: number, 
+/**
+ * `policy` (a signed denial), `contract_violation` (answers without a verifiable
+ * attestation) or `transient_exhaustion` (the peer stayed unavailable).
+ */
+kind: string, 
+/**
+ * `peering_owner`, `peer_operator` or `local_operator`.
+ */
+owner: string, 
+/**
+ * The peer's name in `[[peer]]`, and the capability called.
+ */
+peer: string, capability: string, 
+/**
+ * The code the invocation stopped with.
+ */
+code: Code, 
+/**
+ * What checking the last attestation against the peer's pinned key found:
+ * `verified`, `absent`, `failed` or `not_applicable` (a transport error).
+ */
+signature: string, attestation_digest: string | null, 
+/**
+ * The last attestation as received (verified or not), as JSON.
+ */
+attestation: Record<string, unknown> | null, 
+/**
+ * Answers the call received, and the budgets they spent.
+ */
+answers: number, transient_used: number, unknown_used: number, 
+/**
+ * The invocation's envelope as an agent reads it (seed 000: `invocation_id`,
+ * `error`, `evidence` with what the peer proved).
+ */
+envelope: Record<string, unknown>, };
+
 export type CredentialCard = { id: string, kind: string, version: string, created_at_ms: number, rotated_at_ms: number | null, last_used_ms: number | null, 
 /**
  * Targets that name this credential.
@@ -405,6 +446,7 @@ export const commands = {
   needsReconciliation: (): Promise<InvocationDetail[]> => invoke<InvocationDetail[]>("needs_reconciliation"),
   runReconcileQuery: (invocationId: string): Promise<InvocationDetail> => invoke<InvocationDetail>("run_reconcile_query", { invocationId }),
   attestOutcome: (attestation: Attestation): Promise<InvocationDetail> => invoke<InvocationDetail>("attest_outcome", { attestation }),
+  peerIncidents: (): Promise<PeerIncidentRow[]> => invoke<PeerIncidentRow[]>("peer_incidents"),
   listCredentials: (): Promise<CredentialCard[]> => invoke<CredentialCard[]>("list_credentials"),
   setCredential: (credential: SetCredential): Promise<CredentialCard> => invoke<CredentialCard>("set_credential", { credential }),
   removeCredential: (id: string): Promise<null> => invoke<null>("remove_credential", { id }),

@@ -6,7 +6,17 @@
 //! key = "postern.local/audit/…+1a2b3c4d+AQ…"   # its broker key, as `postern audit key` prints
 //! url = "https://postern.org-b.example:8443"   # where this broker calls it (optional)
 //! exports = ["payments"]                        # this broker's targets it may call (optional)
+//! approval = "none"                             # this broker's approval for calls to it (optional)
+//! timeout_ms = 60000                            # how long one call to it may take (optional)
+//! transient_retries = 5                         # retries after `unavailable` or transport errors
+//! unknown_retries = 3                           # retries after unattested answers
+//! backoff_ms = 500                              # first backoff, doubling...
+//! max_backoff_ms = 30000                        # ...up to this
 //! ```
+//!
+//! `approval` defaults to `none`: the peer's own approver decides for its credential.
+//! The retry settings are seed 002's budgets ([`Attempts`]); they are bound to each
+//! invocation at preflight.
 //!
 //! A peer is pinned by its broker key: every request it sends and every attestation it
 //! returns is checked against that key, never against anything the network says. A peer
@@ -15,7 +25,16 @@
 use serde::Deserialize;
 use url::Url;
 
+use std::time::Duration;
+
+use crate::config::ApprovalMode;
+use crate::federation::Attempts;
 use crate::transparency::note::{KeyAlg, VerifierKey};
+
+/// How long one call to a peer may take unless `timeout_ms` says otherwise, in ms.
+pub const DEFAULT_PEER_TIMEOUT_MS: u64 = 60_000;
+/// The most retries of either kind a `[[peer]]` may allow.
+pub const MAX_PEER_RETRIES: u32 = 20;
 
 /// The `[[peer]]` table as written.
 #[derive(Debug, Deserialize)]
@@ -26,6 +45,12 @@ pub(super) struct RawPeer {
     url: Option<String>,
     #[serde(default)]
     exports: Vec<String>,
+    approval: Option<ApprovalMode>,
+    timeout_ms: Option<u64>,
+    transient_retries: Option<u32>,
+    unknown_retries: Option<u32>,
+    backoff_ms: Option<u64>,
+    max_backoff_ms: Option<u64>,
 }
 
 /// A federated broker, checked.
@@ -39,6 +64,13 @@ pub struct PeerConfig {
     pub url: Option<Url>,
     /// This broker's HTTP targets the peer may call, sorted.
     pub exports: Vec<String>,
+    /// Whether a person here approves calls to the peer (default none: the peer's own
+    /// approver decides for its credential).
+    pub approval: ApprovalMode,
+    /// How long one call to the peer may take.
+    pub timeout: Duration,
+    /// The retry budgets and backoff of a call to it (nothing spent yet).
+    pub attempts: Attempts,
 }
 
 /// Why a `[[peer]]` table is refused: the field and the problem.
@@ -58,6 +90,8 @@ pub(super) enum PeerProblem {
         index: usize,
         name: String,
     },
+    /// A timeout, retry count or backoff out of range.
+    Setting(String),
 }
 
 impl RawPeer {
@@ -109,11 +143,55 @@ impl PeerConfig {
             return Err(("url", PeerProblem::Unused));
         }
         exports.sort();
+        let setting = |field: &'static str, reason: String| (field, PeerProblem::Setting(reason));
+        let timeout_ms = raw.timeout_ms.unwrap_or(DEFAULT_PEER_TIMEOUT_MS);
+        if !(1..=600_000).contains(&timeout_ms) {
+            return Err(setting("timeout_ms", "between 1 and 600000 ms".into()));
+        }
+        let mut attempts = Attempts::new();
+        for (field, value, slot) in [
+            (
+                "transient_retries",
+                raw.transient_retries,
+                &mut attempts.transient_budget,
+            ),
+            (
+                "unknown_retries",
+                raw.unknown_retries,
+                &mut attempts.unknown_budget,
+            ),
+        ] {
+            if let Some(n) = value {
+                if n > MAX_PEER_RETRIES {
+                    return Err(setting(field, format!("at most {MAX_PEER_RETRIES}")));
+                }
+                *slot = n;
+            }
+        }
+        if let Some(ms) = raw.backoff_ms {
+            if !(1..=60_000).contains(&ms) {
+                return Err(setting("backoff_ms", "between 1 and 60000 ms".into()));
+            }
+            attempts.base_backoff_ms = ms;
+            attempts.max_backoff_ms = attempts.max_backoff_ms.max(ms);
+        }
+        if let Some(ms) = raw.max_backoff_ms {
+            if ms < attempts.base_backoff_ms || ms > 600_000 {
+                return Err(setting(
+                    "max_backoff_ms",
+                    "at least backoff_ms and at most 600000 ms".into(),
+                ));
+            }
+            attempts.max_backoff_ms = ms;
+        }
         Ok(PeerConfig {
             name: raw.name,
             key,
             url,
             exports,
+            approval: raw.approval.unwrap_or(ApprovalMode::None),
+            timeout: Duration::from_millis(timeout_ms),
+            attempts,
         })
     }
 }

@@ -264,7 +264,7 @@ impl PeerService {
 
     /// `peer_capabilities`: what this broker exports to the asker, attested as an
     /// outcome about capability `*` whose fingerprint is
-    /// [`wire::capabilities_fingerprint`]; a denial listing nothing for anyone else.
+    /// [`wire::capabilities_digest`]; a denial listing nothing for anyone else.
     pub fn capabilities(&self, args: CapabilitiesArgs) -> Result<CapabilitiesAnswer, NotAnswered> {
         let config = self.broker.config.current();
         let now = self.journal().now_ms();
@@ -273,7 +273,7 @@ impl PeerService {
             Ok(peer) => peer,
             Err(AuthFailure::Denied(reason)) => {
                 self.refused(tool, &args.auth.peer, ALL_CAPABILITIES, &reason);
-                let nothing = wire::capabilities_fingerprint(&[]);
+                let nothing = wire::capabilities_digest(&[]);
                 return Ok(CapabilitiesAnswer {
                     attestation: self.attest(
                         AttestationKind::Denial,
@@ -301,7 +301,7 @@ impl PeerService {
                 approval: t.approval.as_str().to_string(),
             })
             .collect();
-        let fingerprint = wire::capabilities_fingerprint(&capabilities);
+        let fingerprint = wire::capabilities_digest(&capabilities);
         let policy = config.export_policy_version(&peer.name).unwrap_or_default();
         Ok(CapabilitiesAnswer {
             attestation: self.attest(

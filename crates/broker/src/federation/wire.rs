@@ -160,24 +160,28 @@ pub struct Capability {
     pub approval: String,
 }
 
-/// The fingerprint a `peer_capabilities` attestation carries (as `request_fingerprint`
-/// and, for `outcome`, as `outcome_digest`): `blake3:` and the hex BLAKE3 hash of the
-/// list's JSON as serde writes it (fields in declaration order, no whitespace). The
-/// asking broker recomputes it from the list it parsed, so a list changed in transit
-/// fails verification.
-pub fn capabilities_fingerprint(capabilities: &[Capability]) -> String {
-    let json = serde_json::to_vec(capabilities).unwrap_or_default();
-    format!("blake3:{}", blake3::hash(&json).to_hex())
-}
-
 /// `peer_capabilities` answer. The attestation's kind is `outcome` (or `denial` when B
-/// refuses to say), its capability `*`, its fingerprint the digest of `capabilities`
-/// ([`capabilities_fingerprint`]).
+/// refuses to say), its capability [`ALL_CAPABILITIES`], its fingerprint the digest of
+/// `capabilities` ([`capabilities_digest`]); an `outcome` binds that same digest as its
+/// `outcome_digest` (the listing is what it attests).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CapabilitiesAnswer {
     pub attestation: Attestation,
     pub capabilities: Vec<Capability>,
+}
+
+/// The capability a `peer_capabilities` attestation names: all of them.
+pub const ALL_CAPABILITIES: &str = "*";
+
+/// The fingerprint a `peer_capabilities` attestation binds: BLAKE3 (context
+/// `"postern 2026 peer-capabilities v1"`) over the JSON of `capabilities` (serde's
+/// field order, in the order listed).
+pub fn capabilities_digest(capabilities: &[Capability]) -> String {
+    let json = serde_json::to_vec(capabilities).unwrap_or_default();
+    let mut h = blake3::Hasher::new_derive_key("postern 2026 peer-capabilities v1");
+    h.update(&json);
+    format!("blake3:{}", h.finalize().to_hex())
 }
 
 /// The request A asks B to run: relative to the capability's base URL at B.

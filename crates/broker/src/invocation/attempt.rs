@@ -4,8 +4,8 @@
 use super::outcome::Outcome;
 use super::pipeline::{Bound, Channel, Pipeline};
 use super::recorder::{Exchange, Recorder, StepError};
-use crate::action::{ConfigSnapshot, Fingerprint, NormalizedAction};
-use crate::config::ConfigHandle;
+use crate::action::{ConfigSnapshot, NormalizedAction};
+use crate::config::{Config, ConfigHandle};
 use crate::contract::{Code, Phase, Retry, Stage};
 use crate::journal::{ResultToStore, Settle};
 
@@ -66,6 +66,7 @@ impl<'a, T: Channel> Attempt<'a, T> {
             action: self.bound.action.clone(),
             bound: self.bound.snapshot.clone(),
             connection_id,
+            recompute: T::fingerprint_now,
         }
     }
 
@@ -128,6 +129,36 @@ impl<'a, T: Channel> Attempt<'a, T> {
     /// What the record says now.
     pub fn recorded(&self) -> Outcome<T::Result> {
         self.pipeline.outcome_of(self.rec)
+    }
+
+    /// Records one answer from a peer broker (PEER_ANSWER).
+    pub fn peer_answer(
+        &self,
+        answer: crate::federation::record::PeerAnswer,
+    ) -> Result<crate::journal::Appended, crate::journal::JournalError> {
+        self.rec.peer_answer(answer)
+    }
+
+    /// Ends the attempt not_attempted on the peer's verified "did not run"
+    /// (PEER_NOT_RUN); the record refuses it without that attestation.
+    pub fn peer_not_run(
+        &self,
+        code: Code,
+        retry: Retry,
+        message: &str,
+        attestation_digest: &str,
+    ) -> Result<crate::journal::projection::Projection, crate::journal::JournalError> {
+        self.rec
+            .peer_not_run(code, retry, message, attestation_digest)
+            .map(|a| a.projection)
+    }
+
+    /// Records the incident a call through a peer stopped with (PEER_INCIDENT).
+    pub fn peer_incident(
+        &self,
+        incident: crate::federation::record::PeerIncident,
+    ) -> Result<crate::journal::Appended, crate::journal::JournalError> {
+        self.rec.peer_incident(incident)
     }
 
     /// Markers of how far the request got and whether the remote began answering,
@@ -203,6 +234,8 @@ pub struct Gate {
     action: NormalizedAction,
     bound: ConfigSnapshot,
     connection_id: String,
+    /// The channel's [`Channel::fingerprint_now`].
+    recompute: fn(&Config, &str, &NormalizedAction, &ConfigSnapshot) -> String,
 }
 
 /// Why a gate stayed shut; nothing was sent.
@@ -217,17 +250,12 @@ pub enum GateShut {
 impl Gate {
     /// The fingerprint of what is about to be sent, under the live configuration.
     fn fingerprint_now(&self) -> String {
-        match self.config.current().target(&self.target) {
-            Some(t) => {
-                let snapshot = ConfigSnapshot::of(
-                    t,
-                    self.bound.credential_version.clone(),
-                    self.bound.idempotency_key.clone(),
-                );
-                Fingerprint::compute(&self.action, &snapshot).to_string()
-            }
-            None => String::from("target-removed"),
-        }
+        (self.recompute)(
+            &self.config.current(),
+            &self.target,
+            &self.action,
+            &self.bound,
+        )
     }
 
     /// Records DISPATCH_STARTED naming the verified peer, off the async threads.

@@ -9,6 +9,11 @@
 //! [`Attempt::commit`] → one [`Outcome`] → RESULT_DELIVERED once the caller's side
 //! confirms the handoff ([`confirm_delivery`]).
 //!
+//! A channel that holds no credential of its own (a call through a peer broker: the
+//! peer holds it) says so with [`Channel::NEEDS_CREDENTIAL`]: it binds its own
+//! snapshot ([`Channel::bind_bare`]), is armed without a secret ([`Channel::arm_bare`])
+//! and its attempt starts without CREDENTIAL_AUTHORIZED; the keychain is never read.
+//!
 //! A channel writes validation and the attempt and nothing else: every record, every
 //! failure envelope and every retry decision is made here and in the
 //! [`Recorder`]. What a failure proves is classified by the last
@@ -142,6 +147,18 @@ pub trait Channel: Send + Sync + Sized + 'static {
     /// The operation facts bound with the fingerprint: what a retry decision may rely on.
     fn operation(&self, config: &Config, bound: &Bound<Self::Plan>, now_ms: i64) -> OperationFacts;
 
+    /// [`Channel::operation`] for the invocation `invocation_id` (a channel whose facts
+    /// name the invocation: a peer de-duplicates by it).
+    fn operation_for(
+        &self,
+        config: &Config,
+        bound: &Bound<Self::Plan>,
+        now_ms: i64,
+        _invocation_id: &str,
+    ) -> OperationFacts {
+        self.operation(config, bound, now_ms)
+    }
+
     /// The summary and action a person approves (async: the card shows the addresses
     /// the host resolves to).
     fn approval(
@@ -169,6 +186,74 @@ pub trait Channel: Send + Sync + Sized + 'static {
 
     /// A stored result read back (a fetch, a retry that is not allowed to run).
     fn stored_result(stored: &StoredResult) -> Option<Self::Result>;
+
+    /// Whether an attempt reads a credential from the keychain. A channel that has none
+    /// (the peer holds it) binds with [`Channel::bind_bare`], is armed with
+    /// [`Channel::arm_bare`], and never touches the keychain.
+    const NEEDS_CREDENTIAL: bool = true;
+
+    /// For a channel without a credential: the configuration snapshot a validated
+    /// request binds.
+    fn bind_bare(
+        &self,
+        _config: &Config,
+        _validated: &Validated<Self::Plan>,
+    ) -> Result<ConfigSnapshot, Invalid> {
+        Err(Invalid::new(
+            Code::InvalidTarget,
+            Self::TARGET_FIELD,
+            "This channel binds a keychain credential.",
+        ))
+    }
+
+    /// For a channel without a credential: prepares one attempt. Nothing is sent yet,
+    /// so a failure here proves not_attempted.
+    fn arm_bare(
+        &self,
+        _config: &Config,
+        _bound: &Bound<Self::Plan>,
+    ) -> Result<Self::Armed, Failure> {
+        Err(Failure {
+            phase: Phase::CredentialInjection,
+            code: Code::CredentialMissing,
+            retry: Retry::AfterCorrection,
+            message: "This channel needs a keychain credential.".into(),
+        })
+    }
+
+    /// The approval mode for a call to `target`: the configured target's, by default.
+    fn approval_mode(&self, config: &Config, target: &str) -> ApprovalMode {
+        config
+            .target(target)
+            .map_or(ApprovalMode::None, |t| t.approval())
+    }
+
+    /// The invocation fingerprint of `action` under `snapshot`, bound at preflight.
+    fn fingerprint(action: &NormalizedAction, snapshot: &ConfigSnapshot) -> String {
+        Fingerprint::compute(action, snapshot).to_string()
+    }
+
+    /// The fingerprint of what is about to be sent under the live configuration,
+    /// recomputed at the dispatch gate: a reload that changed the target changes it, and
+    /// nothing is sent.
+    fn fingerprint_now(
+        config: &Config,
+        target: &str,
+        action: &NormalizedAction,
+        bound: &ConfigSnapshot,
+    ) -> String {
+        match config.target(target) {
+            Some(t) => {
+                let snapshot = ConfigSnapshot::of(
+                    t,
+                    bound.credential_version.clone(),
+                    bound.idempotency_key.clone(),
+                );
+                Fingerprint::compute(action, &snapshot).to_string()
+            }
+            None => String::from("target-removed"),
+        }
+    }
 }
 
 /// One channel's pipeline over the broker's journal, credentials and configuration.
@@ -305,32 +390,39 @@ impl<T: Channel> Pipeline<T> {
         v: Validated<T::Plan>,
     ) -> Result<Bound<T::Plan>, Box<Outcome<T::Result>>> {
         let config = self.inner.config.current();
-        let Some(target) = config.target(&v.target) else {
-            return Err(Box::new(self.fail(
-                rec,
-                Phase::Validation,
-                Code::InvalidTarget,
-                Retry::AfterCorrection,
-                "The target disappeared from the configuration.",
-                Some(T::TARGET_FIELD),
-            )));
-        };
-        // An indexed read of non-secret metadata: microseconds, fine inline.
-        let meta = match self.inner.vault.meta(target.credential()) {
-            Ok(meta) => meta,
-            Err(e) => {
+        let snapshot = if T::NEEDS_CREDENTIAL {
+            let Some(target) = config.target(&v.target) else {
                 return Err(Box::new(self.fail(
                     rec,
-                    Phase::CredentialInjection,
-                    e.code(),
-                    e.code().spec().retry,
-                    &e.agent_message(),
-                    None,
+                    Phase::Validation,
+                    Code::InvalidTarget,
+                    Retry::AfterCorrection,
+                    "The target disappeared from the configuration.",
+                    Some(T::TARGET_FIELD),
                 )));
+            };
+            // An indexed read of non-secret metadata: microseconds, fine inline.
+            let meta = match self.inner.vault.meta(target.credential()) {
+                Ok(meta) => meta,
+                Err(e) => {
+                    return Err(Box::new(self.fail(
+                        rec,
+                        Phase::CredentialInjection,
+                        e.code(),
+                        e.code().spec().retry,
+                        &e.agent_message(),
+                        None,
+                    )));
+                }
+            };
+            ConfigSnapshot::of(target, meta.version.as_str(), v.idempotency_key.clone())
+        } else {
+            match self.inner.channel.bind_bare(&config, &v) {
+                Ok(snapshot) => snapshot,
+                Err(invalid) => return Err(Box::new(self.reject(rec, &invalid))),
             }
         };
-        let snapshot = ConfigSnapshot::of(target, meta.version.as_str(), v.idempotency_key.clone());
-        let fingerprint = Fingerprint::compute(&v.action, &snapshot).to_string();
+        let fingerprint = T::fingerprint(&v.action, &snapshot);
         let bound = Bound {
             target: v.target,
             action: v.action,
@@ -340,7 +432,10 @@ impl<T: Channel> Pipeline<T> {
             timeout: v.timeout,
             plan: v.plan,
         };
-        let operation = self.inner.channel.operation(&config, &bound, self.now());
+        let operation = self
+            .inner
+            .channel
+            .operation_for(&config, &bound, self.now(), rec.id());
         if let Err(e) = rec.preflight(&bound.fingerprint, bound.snapshot.clone(), operation) {
             return Err(Box::new(self.stopped(rec, e)));
         }
@@ -362,10 +457,8 @@ impl<T: Channel> Pipeline<T> {
     ) -> Result<(), Box<Outcome<T::Result>>> {
         let mode = self
             .inner
-            .config
-            .current()
-            .target(&bound.target)
-            .map_or(ApprovalMode::None, |t| t.approval());
+            .channel
+            .approval_mode(&self.inner.config.current(), &bound.target);
         if mode == ApprovalMode::None {
             return Ok(());
         }
@@ -455,32 +548,50 @@ impl<T: Channel> Pipeline<T> {
         bound: &Bound<T::Plan>,
         ctx: &CallContext,
     ) -> Outcome<T::Result> {
-        // The credential: the only place secret bytes leave the keychain.
-        let (meta, secret) =
-            match read_bound_credential(&self.inner.vault, &bound.snapshot, self.now()).await {
-                Ok(pair) => pair,
-                Err(f) => return self.fail(rec, f.phase, f.code, f.retry, &f.message, None),
-            };
-        let armed = match self
-            .inner
-            .channel
-            .arm(&self.inner.config.current(), bound, secret)
-        {
-            Ok(armed) => armed,
-            Err(f) => return self.fail(rec, f.phase, f.code, f.retry, &f.message, None),
-        };
         // The lease outlives the attempt's own timeout by a margin for recording.
         let ttl = i64::try_from(bound.timeout.as_millis())
             .unwrap_or(i64::MAX)
             .saturating_add(30_000);
-        if let Err(e) = rec.authorize_and_start(
-            &bound.snapshot.credential_id,
-            meta.version.as_str(),
-            &self.inner.holder,
-            ttl,
-        ) {
-            return self.journal_failed(rec, &e);
-        }
+        let armed = if T::NEEDS_CREDENTIAL {
+            // The credential: the only place secret bytes leave the keychain.
+            let (meta, secret) =
+                match read_bound_credential(&self.inner.vault, &bound.snapshot, self.now()).await {
+                    Ok(pair) => pair,
+                    Err(f) => return self.fail(rec, f.phase, f.code, f.retry, &f.message, None),
+                };
+            let armed = match self
+                .inner
+                .channel
+                .arm(&self.inner.config.current(), bound, secret)
+            {
+                Ok(armed) => armed,
+                Err(f) => return self.fail(rec, f.phase, f.code, f.retry, &f.message, None),
+            };
+            if let Err(e) = rec.authorize_and_start(
+                &bound.snapshot.credential_id,
+                meta.version.as_str(),
+                &self.inner.holder,
+                ttl,
+            ) {
+                return self.journal_failed(rec, &e);
+            }
+            armed
+        } else {
+            // No credential of this broker's: nothing is read from the keychain and no
+            // CREDENTIAL_AUTHORIZED is recorded.
+            let armed = match self
+                .inner
+                .channel
+                .arm_bare(&self.inner.config.current(), bound)
+            {
+                Ok(armed) => armed,
+                Err(f) => return self.fail(rec, f.phase, f.code, f.retry, &f.message, None),
+            };
+            if let Err(e) = rec.start_attempt(&self.inner.holder, ttl) {
+                return self.journal_failed(rec, &e);
+            }
+            armed
+        };
         let attempt = Attempt::new(self, rec, bound);
         self.inner.channel.attempt(attempt, armed, ctx).await
     }
@@ -566,11 +677,23 @@ impl<T: Channel> Pipeline<T> {
                 EventBody::PreflightValidated { snapshot, .. } => Some(snapshot),
                 _ => None,
             })?;
-        let snapshot = ConfigSnapshot {
-            target_version: config.target(&v.target)?.version(),
-            ..bound_snapshot
+        let snapshot = if T::NEEDS_CREDENTIAL {
+            ConfigSnapshot {
+                target_version: config.target(&v.target)?.version(),
+                ..bound_snapshot
+            }
+        } else {
+            ConfigSnapshot {
+                target_version: self
+                    .inner
+                    .channel
+                    .bind_bare(&config, &v)
+                    .ok()?
+                    .target_version,
+                ..bound_snapshot
+            }
         };
-        let fingerprint = Fingerprint::compute(&v.action, &snapshot).to_string();
+        let fingerprint = T::fingerprint(&v.action, &snapshot);
         Some(Bound {
             target: v.target,
             action: v.action,

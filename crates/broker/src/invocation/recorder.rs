@@ -83,6 +83,19 @@ impl Exchange {
         }
     }
 
+    /// A peer broker's signed outcome: the whole `peer_call` went out, the peer answered
+    /// with the HTTP status it received (if any) under its invocation `peer_invocation`;
+    /// `digest` is the attestation's.
+    pub fn peer(status: Option<u16>, peer_invocation: String, digest: String) -> Self {
+        Exchange {
+            request_started: true,
+            request_complete: true,
+            status,
+            remote_request_id: Some(peer_invocation),
+            digest,
+        }
+    }
+
     /// SSH: the exec request went out; `stdin_complete` when all of stdin and its EOF
     /// were written. An exec answer has no status line or request id.
     pub fn exec(stdin_complete: bool, digest: String) -> Self {
@@ -648,6 +661,39 @@ impl Recorder {
             manifest,
             next_generation,
         })
+    }
+
+    /// PEER_ANSWER: one answer from a peer broker, with the budget it spent.
+    pub fn peer_answer(
+        &self,
+        answer: crate::federation::record::PeerAnswer,
+    ) -> Result<Appended, JournalError> {
+        self.append(EventBody::PeerAnswer(Box::new(answer)))
+    }
+
+    /// PEER_NOT_RUN: the peer's verified attestation in the answer just recorded says
+    /// it did not run the call; the attempt ends not_attempted.
+    pub fn peer_not_run(
+        &self,
+        code: Code,
+        retry: Retry,
+        message: &str,
+        attestation_digest: &str,
+    ) -> Result<Appended, JournalError> {
+        self.append(EventBody::PeerNotRun {
+            code,
+            retry,
+            message: message.to_string(),
+            attestation_digest: attestation_digest.to_string(),
+        })
+    }
+
+    /// PEER_INCIDENT: the call stopped with an incident for its owner.
+    pub fn peer_incident(
+        &self,
+        incident: crate::federation::record::PeerIncident,
+    ) -> Result<Appended, JournalError> {
+        self.append(EventBody::PeerIncident(Box::new(incident)))
     }
 
     /// Settles one batch member whose outcome was unknown, from a query about it or an

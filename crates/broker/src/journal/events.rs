@@ -21,6 +21,8 @@ use crate::retry::{Decision, SourceQueryPredicate, Verdict};
 pub enum Channel {
     Http,
     Ssh,
+    /// A capability another broker exports (`peer/<name>/<capability>`).
+    Peer,
 }
 
 /// What the configuration says about repeating this operation, bound at preflight so a
@@ -42,6 +44,9 @@ pub struct OperationFacts {
     pub batch: Option<Box<BatchOperation>>,
     /// How many dispatches this invocation may make in total, across restarts.
     pub retry_budget: u32,
+    /// For a call through a peer broker: whom it asks, the policy version and budgets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<Box<crate::federation::record::PeerOperation>>,
 }
 
 /// A batch request's members and how to settle them, bound at preflight.
@@ -399,6 +404,22 @@ pub enum EventBody {
         /// The newest checkpoint before them (0: none).
         last_checkpoint: u64,
     },
+    /// One answer from a peer broker (or the transport failure instead of one), with
+    /// its classification, its signature check and the budget it spent. The budgets
+    /// of a call through a peer are counted from these, so a restart does not reset
+    /// them.
+    PeerAnswer(Box<crate::federation::record::PeerAnswer>),
+    /// The peer attested, in the answer recorded just before (signed and verified),
+    /// that it did not run the call: the attempt ends not_attempted although this
+    /// broker dispatched it. `attestation_digest` names that answer's attestation.
+    PeerNotRun {
+        code: Code,
+        retry: Retry,
+        message: String,
+        attestation_digest: String,
+    },
+    /// A call through a peer stopped with an incident for its owner (seed 002).
+    PeerIncident(Box<crate::federation::record::PeerIncident>),
     /// An agent's bridge connected: who the agent process is, recorded before the
     /// connection may run an invocation. Stored under the session's reserved key
     /// ([`crate::provenance::session_key`]), never under an invocation.
@@ -453,6 +474,9 @@ impl EventBody {
             EventBody::JobStatus { .. } => "JOB_STATUS",
             EventBody::SigningResumed { .. } => crate::audit::SIGNING_RESUMED,
             EventBody::SessionOpened(_) => "SESSION_OPENED",
+            EventBody::PeerAnswer(_) => "PEER_ANSWER",
+            EventBody::PeerNotRun { .. } => "PEER_NOT_RUN",
+            EventBody::PeerIncident(_) => "PEER_INCIDENT",
         }
     }
 
@@ -473,6 +497,9 @@ impl EventBody {
                 | EventBody::JobStatus { .. }
                 | EventBody::SigningResumed { .. }
                 | EventBody::SessionOpened(_)
+                | EventBody::PeerAnswer(_)
+                | EventBody::PeerNotRun { .. }
+                | EventBody::PeerIncident(_)
         )
     }
 }

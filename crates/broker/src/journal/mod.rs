@@ -757,6 +757,42 @@ impl Journal {
         Ok(out)
     }
 
+    /// The newest `limit` incidents of calls through peer brokers (PEER_INCIDENT),
+    /// newest first.
+    pub fn peer_incidents(&self, limit: usize) -> Result<Vec<Event>, JournalError> {
+        let conn = self.inner.reader.lock().map_err(|_| JournalError::Closed)?;
+        let mut stmt = conn.prepare_cached(
+            "SELECT seq, invocation_id, recorded_at_ms, body FROM events
+             WHERE kind = 'PEER_INCIDENT' ORDER BY seq DESC LIMIT ?1",
+        )?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = stmt.query_map([limit], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, String>(3)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (seq, invocation_id, recorded_at_ms, body) = row?;
+            let seq = u64::try_from(seq).unwrap_or(0);
+            let body: EventBody =
+                serde_json::from_str(&body).map_err(|e| JournalError::BadEvent {
+                    seq,
+                    detail: e.to_string(),
+                })?;
+            out.push(Event {
+                seq,
+                invocation_id,
+                recorded_at_ms,
+                body,
+            });
+        }
+        Ok(out)
+    }
+
     /// What was answered for an invocation that was never recorded, if this process
     /// refused it.
     pub fn unrecorded(&self, invocation_id: &str) -> Option<Unrecorded> {
@@ -800,6 +836,31 @@ impl Journal {
         statement: crate::federation::Statement,
     ) -> crate::federation::Attestation {
         statement.sign(&self.inner.manifest_key)
+    }
+
+    /// This broker's name to its peers: the audit log origin of its key, the name the
+    /// peers' `[[peer]] key` entries pin it by.
+    pub fn peer_name(&self) -> String {
+        crate::audit::log_origin(&self.inner.verifying_key)
+    }
+
+    /// Signs one peering tool call (`tool` about `subject`) as this broker, with a
+    /// fresh `nonce`: the signing key never leaves the journal.
+    pub fn sign_peer_auth(
+        &self,
+        tool: &str,
+        subject: &str,
+        issued_at_ms: i64,
+        nonce: [u8; 16],
+    ) -> crate::federation::wire::PeerAuth {
+        crate::federation::wire::PeerAuth::sign(
+            &self.inner.manifest_key,
+            tool,
+            &self.peer_name(),
+            subject,
+            issued_at_ms,
+            nonce,
+        )
     }
 
     pub fn now_ms(&self) -> i64 {
@@ -1401,6 +1462,7 @@ fn accept_in(ctx: &mut WriteCtx<'_>, new: NewInvocation) -> Result<Appended, Jou
     let channel = match new.channel {
         Channel::Http => "http",
         Channel::Ssh => "ssh",
+        Channel::Peer => "peer",
     };
     ctx.conn()
         .prepare_cached(

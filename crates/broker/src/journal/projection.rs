@@ -11,11 +11,31 @@ use crate::contract::{
     AttemptEvidence, Code, ConfidenceSource, Envelope, ErrorBody, Evidence, Outcome, Phase,
     RemoteContract, Retry,
 };
+use crate::federation::Incident;
+use crate::federation::record::{PeerAnswer, PeerEvidence, PeerStage};
 use crate::journal::events::{
     Channel, Event, EventBody, ExpiryReason, JobFacts, JobState, MemberState, OperationFacts,
     ParentLink, Relation, ResultFacts, Settlement,
 };
 use crate::retry::{MemberDisposition, RecordFacts, disposition_for_unknown};
+
+/// A call through a peer broker: its answers so far, folded from PEER_ANSWER.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PeerState {
+    /// Answers across every attempt (and reconciliation): the next is `answers + 1`.
+    pub answers: u32,
+    /// The budgets spent, across attempts and restarts.
+    pub transient_used: u32,
+    pub unknown_used: u32,
+    /// The latest answer.
+    pub last: Option<PeerAnswer>,
+    /// Whether `last` belongs to the current attempt (cleared when one starts).
+    pub last_in_attempt: bool,
+    /// The latest answer with a verified attestation, of any attempt.
+    pub last_verified: Option<PeerAnswer>,
+    /// The incident raised, if any.
+    pub incident: Option<Incident>,
+}
 
 /// Why an event cannot follow the ones before it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -102,6 +122,8 @@ pub struct Projection {
     pub job: Option<JobFacts>,
     /// For a batch: each member's outcome, in request order.
     pub members: Vec<MemberState>,
+    /// For a call through a peer broker: its answers and what they proved.
+    pub peer: Option<PeerState>,
 }
 
 impl Projection {
@@ -143,6 +165,7 @@ impl Projection {
             parent: None,
             job: None,
             members: Vec::new(),
+            peer: None,
         }
     }
 
@@ -288,7 +311,9 @@ impl Projection {
                 self.credential = Some((credential_id.clone(), credential_version.clone()));
             }
             EventBody::AttemptStarted { generation, .. } => {
-                if self.credential.is_none() {
+                // A channel without a credential of its own (a peer: the peer holds
+                // it) starts attempts without one.
+                if self.credential.is_none() && self.channel != Some(Channel::Peer) {
                     return refuse(self, "an attempt needs an authorized credential");
                 }
                 if attempt_open {
@@ -316,6 +341,9 @@ impl Projection {
                 self.recorded_retry = None;
                 self.code = None;
                 self.message = None;
+                if let Some(peer) = self.peer.as_mut() {
+                    peer.last_in_attempt = false;
+                }
             }
             EventBody::ConnectionAttempt {
                 n,
@@ -715,6 +743,84 @@ impl Projection {
                     self.confidence = Some(ConfidenceSource::RemoteQuery);
                 }
             }
+            EventBody::PeerAnswer(answer) => {
+                if self.channel != Some(Channel::Peer) {
+                    return refuse(self, "only a call through a peer has peer answers");
+                }
+                let ok = match answer.stage {
+                    PeerStage::Setup => attempt_open && !self.attempt.dispatched,
+                    PeerStage::Call => attempt_open && self.attempt.dispatched,
+                    PeerStage::Reconcile => !attempt_open && self.ever_dispatched,
+                };
+                if !ok {
+                    return refuse(
+                        self,
+                        "a peer answer belongs to an open attempt (setup before dispatch, the call after) or to a reconciliation after one",
+                    );
+                }
+                let state = self.peer.get_or_insert_with(PeerState::default);
+                if answer.n != state.answers + 1 {
+                    return refuse(self, "peer answers are numbered one after another");
+                }
+                state.answers = answer.n;
+                match answer.spent {
+                    Some(crate::federation::record::Budget::Transient) => state.transient_used += 1,
+                    Some(crate::federation::record::Budget::Unknown) => state.unknown_used += 1,
+                    None => {}
+                }
+                if answer.signature == crate::federation::record::SignatureCheck::Verified {
+                    state.last_verified = Some((**answer).clone());
+                }
+                state.last = Some((**answer).clone());
+                state.last_in_attempt = answer.stage != PeerStage::Reconcile;
+            }
+            EventBody::PeerNotRun {
+                code,
+                retry,
+                message,
+                attestation_digest,
+            } => {
+                if !attempt_open || !self.attempt.dispatched {
+                    return refuse(
+                        self,
+                        "a peer's not-run attestation ends a dispatched attempt",
+                    );
+                }
+                let proved = self.peer.as_ref().is_some_and(|p| {
+                    p.last_in_attempt
+                        && p.last.as_ref().is_some_and(|a| {
+                            a.stage == PeerStage::Call
+                                && a.attests_not_run()
+                                && a.attestation
+                                    .as_ref()
+                                    .is_some_and(|att| att.digest == *attestation_digest)
+                        })
+                });
+                if !proved {
+                    return refuse(
+                        self,
+                        "not_attempted after dispatch needs the peer's verified attestation, recorded just before, that it did not run the call",
+                    );
+                }
+                // The peer runs a call at most once per invocation of this broker, so
+                // its signed "did not run" covers every attempt of this invocation.
+                self.outcome = Outcome::NotAttempted;
+                self.phase = Phase::RemoteExecution;
+                self.code = Some(*code);
+                self.recorded_retry = Some(*retry);
+                self.message = Some(message.clone());
+                self.field = None;
+                self.confidence = Some(ConfidenceSource::RemoteResponse);
+                self.attempt.closed = true;
+                self.authorized_generation = None;
+                self.terminal = true;
+            }
+            EventBody::PeerIncident(incident) => {
+                if self.channel != Some(Channel::Peer) {
+                    return refuse(self, "only a call through a peer raises a peer incident");
+                }
+                self.peer.get_or_insert_with(PeerState::default).incident = Some(incident.incident);
+            }
             // Journal-level: never stored under an invocation's id.
             EventBody::SigningResumed { .. } => {}
             // Handled before the match.
@@ -741,6 +847,14 @@ impl Projection {
     }
 
     fn unknown_disposition(&self, now_ms: i64) -> Retry {
+        // A peer that broke the attestation contract is not trusted to de-duplicate,
+        // and an unknown the peer itself records is settled there: both reconcile.
+        if matches!(
+            self.code,
+            Some(Code::PeerContractViolation | Code::PeerOutcomeUnknown | Code::PeerPolicyChanged)
+        ) {
+            return Retry::Reconcile;
+        }
         match &self.operation {
             Some(op) if self.dispatches >= op.retry_budget => Retry::Reconcile,
             Some(op) => disposition_for_unknown(
@@ -807,7 +921,36 @@ impl Projection {
             parent: self.parent.clone(),
             job: self.job.clone(),
             members: self.members.clone(),
+            peer: self.peer_evidence(),
         }
+    }
+
+    /// What the peer proved, for a call through one.
+    pub fn peer_evidence(&self) -> Option<PeerEvidence> {
+        let op = self.operation.as_ref()?.peer.as_ref()?;
+        let state = self.peer.clone().unwrap_or_default();
+        let last = state.last.as_ref();
+        // The peer's own record comes from the latest verified outcome.
+        let settled = state
+            .last_verified
+            .as_ref()
+            .filter(|a| a.peer_invocation.is_some());
+        Some(PeerEvidence {
+            peer: op.peer.clone(),
+            capability: op.capability.clone(),
+            answers: state.answers,
+            transient_used: state.transient_used,
+            unknown_used: state.unknown_used,
+            transient_budget: op.attempts.transient_budget,
+            unknown_budget: op.attempts.unknown_budget,
+            last_verdict: last.map(|a| a.verdict),
+            signature: last.map(|a| a.signature),
+            attestation: last.and_then(|a| a.attestation.clone()),
+            peer_invocation_id: settled.and_then(|a| a.peer_invocation.clone()),
+            peer_outcome: settled.and_then(|a| a.peer_outcome),
+            peer_error: settled.and_then(|a| a.peer_error.clone()),
+            incident: state.incident,
+        })
     }
 
     /// The public envelope, when the current state carries a code (a failure, an

@@ -173,3 +173,56 @@ fn the_export_policy_version_moves_with_what_is_exported_and_how() {
         None
     );
 }
+
+#[test]
+fn a_called_peer_defaults_to_no_local_approval_and_seed_002_budgets() {
+    let config = parse(&peer("url = \"https://postern.org-a.example\"")).unwrap();
+    let p = config.peer("org-a").unwrap();
+    assert_eq!(
+        p.approval,
+        ApprovalMode::None,
+        "the peer's approver decides"
+    );
+    assert_eq!(p.timeout, std::time::Duration::from_secs(60));
+    assert_eq!(
+        (p.attempts.transient_budget, p.attempts.unknown_budget),
+        (5, 3)
+    );
+    assert_eq!(p.attempts.base_backoff_ms, 500);
+}
+
+#[test]
+fn approval_timeout_and_budgets_can_be_set_and_are_range_checked() {
+    let config = parse(&peer(
+        "url = \"https://postern.org-a.example\"\napproval = \"per_call\"\ntimeout_ms = 2000\ntransient_retries = 9\nunknown_retries = 1\nbackoff_ms = 10\nmax_backoff_ms = 40",
+    ))
+    .unwrap();
+    let p = config.peer("org-a").unwrap();
+    assert_eq!(p.approval, ApprovalMode::PerCall);
+    assert_eq!(p.timeout, std::time::Duration::from_millis(2000));
+    assert_eq!(
+        (p.attempts.transient_budget, p.attempts.unknown_budget),
+        (9, 1)
+    );
+    assert_eq!(
+        (p.attempts.base_backoff_ms, p.attempts.max_backoff_ms),
+        (10, 40)
+    );
+    for (fields, field) in [
+        ("timeout_ms = 0", "timeout_ms"),
+        ("transient_retries = 21", "transient_retries"),
+        ("unknown_retries = 99", "unknown_retries"),
+        ("backoff_ms = 0", "backoff_ms"),
+        ("backoff_ms = 100\nmax_backoff_ms = 50", "max_backoff_ms"),
+    ] {
+        let text = peer(&format!(
+            "url = \"https://postern.org-a.example\"\n{fields}"
+        ));
+        let (got, problem) = problem(&text);
+        assert_eq!(got, field, "{fields}");
+        assert!(
+            matches!(problem, Problem::InvalidPeerSetting { .. }),
+            "{problem:?}"
+        );
+    }
+}

@@ -60,6 +60,7 @@ fn full_envelope() -> Envelope {
             parent: None,
             job: None,
             members: Vec::new(),
+            peer: None,
         },
     }
 }

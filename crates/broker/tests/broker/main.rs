@@ -12,6 +12,7 @@ mod config_proxy;
 mod contract;
 mod evidence;
 mod federation;
+mod federation_record;
 mod journal;
 mod projection;
 mod provenance;

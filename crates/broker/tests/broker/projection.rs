@@ -1044,6 +1044,7 @@ fn arb_operation() -> impl Strategy<Value = OperationFacts> {
                     source_query: None,
                     batch: None,
                     retry_budget,
+                    peer: None,
                 }
             },
         )

@@ -110,6 +110,7 @@ pub fn operation(idempotent: bool, key: Option<&str>) -> OperationFacts {
         source_query: None,
         batch: None,
         retry_budget: 3,
+        peer: None,
     }
 }
 

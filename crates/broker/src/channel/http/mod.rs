@@ -275,6 +275,7 @@ impl Channel for Http {
                 .and_then(|q| source_query(q, bound.idempotency_key.as_deref()))
                 .map(Box::new),
             retry_budget: RETRY_BUDGET,
+            peer: None,
         }
     }
 

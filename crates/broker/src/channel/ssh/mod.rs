@@ -232,6 +232,7 @@ impl Channel for Ssh {
             source_query: None,
             batch: None,
             retry_budget: RETRY_BUDGET,
+            peer: None,
         }
     }
 

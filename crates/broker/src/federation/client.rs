@@ -1,0 +1,144 @@
+//! The asking broker's side of the peering connection: one MCP Streamable HTTP session
+//! with a peer at `{url}/mcp`, the peering tools called through it, and what came back
+//! sorted into an answer at the attestation layer or a [`TransportFault`] below it.
+//!
+//! A session is opened per try ([`Session::open`]: the MCP handshake, which sends
+//! nothing of the call, so a failure there proves the call was not sent), then one
+//! tool is called ([`Session::call`]) and the session closed. An answer is the tool
+//! result's `structuredContent` (or its first text content, parsed as JSON); a tool
+//! result that carries neither, or a JSON-RPC error from the peer, is an answer
+//! without an envelope: unknown, never a denial (seed 002).
+
+use std::time::Duration;
+
+use rmcp::ServiceExt;
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::service::{RoleClient, RunningService, ServiceError};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::{
+    HttpStatusError, StreamableHttpClientTransportConfig, StreamableHttpError,
+};
+use serde_json::Value;
+use url::Url;
+
+use super::TransportFault;
+
+/// The largest answer read from a peer (its JSON): a call's response body travels in it.
+pub const MAX_ANSWER_BYTES: usize = 32 * 1024 * 1024;
+
+/// A failure below the attestation layer, with what was observed (for people).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{fault:?}: {detail}")]
+pub struct Fault {
+    pub fault: TransportFault,
+    pub detail: String,
+}
+
+/// One open MCP session with a peer.
+pub struct Session {
+    service: RunningService<RoleClient, ()>,
+}
+
+/// The MCP endpoint of a peer whose base URL is `url`.
+pub fn endpoint(url: &Url) -> String {
+    format!("{}/mcp", url.as_str().trim_end_matches('/'))
+}
+
+impl Session {
+    /// Opens a session with the peer at `url` (the MCP handshake), within `timeout`.
+    pub async fn open(url: &Url, timeout: Duration) -> Result<Session, Fault> {
+        let mut config = StreamableHttpClientTransportConfig::with_uri(endpoint(url));
+        config.max_json_response_size = MAX_ANSWER_BYTES;
+        let transport = StreamableHttpClientTransport::from_config(config);
+        match tokio::time::timeout(timeout, ().serve(transport)).await {
+            Err(_) => Err(Fault {
+                fault: TransportFault::Timeout,
+                detail: format!("the peer did not complete the MCP handshake within {timeout:?}"),
+            }),
+            Ok(Err(e)) => Err(fault_of(&e)),
+            Ok(Ok(service)) => Ok(Session { service }),
+        }
+    }
+
+    /// Calls `tool` with `args` within `timeout`. `Ok(None)` is an answer that carried
+    /// no JSON (or a JSON-RPC error from the peer): an answer without an envelope.
+    pub async fn call(
+        &self,
+        tool: &str,
+        args: Value,
+        timeout: Duration,
+    ) -> Result<Option<Value>, Fault> {
+        let mut params = CallToolRequestParams::new(tool.to_string());
+        if let Value::Object(map) = args {
+            params = params.with_arguments(map);
+        }
+        match tokio::time::timeout(timeout, self.service.call_tool(params)).await {
+            Err(_) => Err(Fault {
+                fault: TransportFault::Timeout,
+                detail: format!("no answer to {tool} within {timeout:?}"),
+            }),
+            // The peer's MCP layer answered, without a tool result: no envelope.
+            Ok(Err(ServiceError::McpError(_))) => Ok(None),
+            Ok(Err(e)) => Err(fault_of(&e)),
+            Ok(Ok(result)) => Ok(answer_json(&result)),
+        }
+    }
+
+    /// Ends the session (best effort: the answer is already in hand).
+    pub async fn close(self) {
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.service.cancel()).await;
+    }
+}
+
+/// The JSON a tool result carries: its structured content, or its first text content
+/// parsed as JSON.
+pub fn answer_json(result: &CallToolResult) -> Option<Value> {
+    if let Some(value) = &result.structured_content {
+        return Some(value.clone());
+    }
+    result
+        .content
+        .iter()
+        .find_map(|c| c.as_text().map(|t| t.text.clone()))
+        .and_then(|text| serde_json::from_str(&text).ok())
+}
+
+/// Sorts a transport error: HTTP 429 anywhere in its chain is the peer's rate limiter;
+/// a timeout is a timeout; anything else (refused, reset, a 5xx, a closed stream) is a
+/// reset. None of these is a verdict about policy.
+fn fault_of(error: &(dyn std::error::Error + 'static)) -> Fault {
+    let detail = error.to_string();
+    let mut node: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    let mut fault = TransportFault::Reset;
+    while let Some(e) = node {
+        if let Some(status) = e.downcast_ref::<HttpStatusError>() {
+            if status.status == 429 {
+                fault = TransportFault::RateLimited;
+                break;
+            }
+        } else if let Some(StreamableHttpError::HttpStatus(status)) =
+            e.downcast_ref::<StreamableHttpError<reqwest::Error>>()
+        {
+            if status.status == 429 {
+                fault = TransportFault::RateLimited;
+                break;
+            }
+        } else if let Some(r) = e.downcast_ref::<reqwest::Error>() {
+            if r.is_timeout() {
+                fault = TransportFault::Timeout;
+            }
+        } else if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::TimedOut
+        {
+            fault = TransportFault::Timeout;
+        }
+        // Error types that display their source transparently hide it from
+        // `source()`; the status line in the text is the last resort.
+        if e.to_string().contains("HTTP 429") {
+            fault = TransportFault::RateLimited;
+            break;
+        }
+        node = e.source();
+    }
+    Fault { fault, detail }
+}
