@@ -22,6 +22,7 @@ pub mod status;
 pub mod transport;
 mod tunnel;
 mod validate;
+pub(crate) use validate::check_header_syntax;
 
 use serde::{Deserialize, Serialize};
 

@@ -106,20 +106,7 @@ pub(super) fn validate(request: &HttpRequest, config: &Config) -> Result<Validat
         }
         // What the HTTP stack accepts, checked here so that nothing the caller sent
         // can fail later, after the credential was read.
-        if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
-            return Err(Invalid::new(
-                Code::InvalidRequest,
-                format!("headers[{i}].name"),
-                "Not a valid HTTP field name (RFC 9110 §5.1).",
-            ));
-        }
-        if reqwest::header::HeaderValue::from_str(value).is_err() {
-            return Err(Invalid::new(
-                Code::InvalidRequest,
-                format!("headers[{i}].value"),
-                "Not a valid HTTP field value: control characters (CR, LF, NUL, ...) are not allowed (RFC 9110 §5.5).",
-            ));
-        }
+        check_header_syntax(i, name, value)?;
         header_bytes += name.len() + value.len();
     }
     if request.headers.len() > MAX_HEADERS || header_bytes > MAX_HEADER_BYTES {
@@ -378,6 +365,25 @@ fn generated_key() -> String {
         bytes.copy_from_slice(&nanos.to_le_bytes());
     }
     format!("pstn_{}", hex::encode(bytes))
+}
+
+/// Header `i` is a field name and value the HTTP stack accepts (RFC 9110 §5.1, §5.5).
+pub(crate) fn check_header_syntax(i: usize, name: &str, value: &str) -> Result<(), Invalid> {
+    if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+        return Err(Invalid::new(
+            Code::InvalidRequest,
+            format!("headers[{i}].name"),
+            "Not a valid HTTP field name (RFC 9110 §5.1).",
+        ));
+    }
+    if reqwest::header::HeaderValue::from_str(value).is_err() {
+        return Err(Invalid::new(
+            Code::InvalidRequest,
+            format!("headers[{i}].value"),
+            "Not a valid HTTP field value: control characters (CR, LF, NUL, ...) are not allowed (RFC 9110 §5.5).",
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

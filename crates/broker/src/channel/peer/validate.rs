@@ -161,20 +161,7 @@ pub(super) fn validate(
                 format!("The header {lower} is set by the peer broker, not the caller."),
             ));
         }
-        if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
-            return Err(Invalid::new(
-                Code::InvalidRequest,
-                format!("headers[{i}].name"),
-                "Not a valid HTTP field name (RFC 9110 §5.1).",
-            ));
-        }
-        if reqwest::header::HeaderValue::from_str(value).is_err() {
-            return Err(Invalid::new(
-                Code::InvalidRequest,
-                format!("headers[{i}].value"),
-                "Not a valid HTTP field value: control characters are not allowed (RFC 9110 §5.5).",
-            ));
-        }
+        crate::channel::http::check_header_syntax(i, name, value)?;
         header_bytes += name.len() + value.len();
     }
     if request.headers.len() > MAX_HEADERS || header_bytes > MAX_HEADER_BYTES {
