@@ -21,7 +21,7 @@ pub mod job;
 pub mod status;
 pub mod transport;
 mod tunnel;
-mod validate;
+pub(crate) mod validate;
 pub(crate) use validate::check_header_syntax;
 
 use serde::{Deserialize, Serialize};

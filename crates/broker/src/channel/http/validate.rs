@@ -14,7 +14,7 @@ use crate::invocation::{Invalid, Validated};
 /// Headers only the broker may set: credentials, routing and framing (RFC 9112 §6), and
 /// `accept-encoding`: the broker asks for `identity` and decodes whatever still arrives
 /// encoded itself, because a body it cannot decode is a body it cannot scrub.
-const FORBIDDEN_HEADERS: &[&str] = &[
+pub(crate) const FORBIDDEN_HEADERS: &[&str] = &[
     "accept-encoding",
     "authorization",
     "proxy-authorization",
@@ -38,8 +38,8 @@ pub(super) const HOP_BY_HOP: &[&str] = &[
     "trailer",
     "upgrade",
 ];
-const MAX_HEADER_BYTES: usize = 64 * 1024;
-const MAX_HEADERS: usize = 100;
+pub(crate) const MAX_HEADER_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_HEADERS: usize = 100;
 /// The longest request URL the channel sends, query included. RFC 9110 §4.1 recommends
 /// that senders and recipients support URIs of at least 8000 octets; longer ones are
 /// refused by many servers and proxies (414), and past 64 KiB the HTTP stack cannot
@@ -47,10 +47,10 @@ const MAX_HEADERS: usize = 100;
 const MAX_URL_BYTES: usize = 8 * 1024;
 /// Query parameters per request, from the URL and the `query` argument together. The
 /// URL limit bounds their bytes; this bounds the work done before it is applied.
-const MAX_QUERY_PAIRS: usize = 1024;
+pub(crate) const MAX_QUERY_PAIRS: usize = 1024;
 /// The longest idempotency key a caller may choose. It travels as a header value and in
 /// the reconcile query's URL, and is stored with every record of the invocation.
-const MAX_IDEMPOTENCY_KEY_BYTES: usize = 255;
+pub(crate) const MAX_IDEMPOTENCY_KEY_BYTES: usize = 255;
 
 /// Everything that can be checked before a secret is touched or a socket opened, against
 /// the configuration in force.

@@ -15,29 +15,14 @@ use crate::contract::Code;
 use crate::federation::wire::PeerRequest;
 use crate::invocation::{Invalid, Validated};
 
-/// Headers the peer broker owns (credentials, routing, framing): the agent cannot set
-/// them here any more than it can on a local target.
-const FORBIDDEN_HEADERS: &[&str] = &[
-    "accept-encoding",
-    "authorization",
-    "proxy-authorization",
-    "host",
-    "content-length",
-    "transfer-encoding",
-    "connection",
-    "te",
-    "upgrade",
-    "keep-alive",
-    "proxy-connection",
-    "expect",
-];
-const MAX_HEADERS: usize = 100;
-const MAX_HEADER_BYTES: usize = 64 * 1024;
+// The same limits and broker-owned headers as a local target: the peer broker owns
+// credentials, routing and framing, and the agent cannot set them here either.
+use crate::channel::http::validate::{
+    FORBIDDEN_HEADERS, MAX_HEADER_BYTES, MAX_HEADERS, MAX_IDEMPOTENCY_KEY_BYTES, MAX_QUERY_PAIRS,
+};
 const MAX_PATH_BYTES: usize = 8 * 1024;
-const MAX_QUERY_PAIRS: usize = 1024;
 /// The largest body sent to a peer: it travels base64 inside one MCP message.
 pub const MAX_BODY_BYTES: usize = 10 * 1024 * 1024;
-const MAX_IDEMPOTENCY_KEY_BYTES: usize = 255;
 
 fn name_ok(s: &str) -> bool {
     !s.is_empty()
