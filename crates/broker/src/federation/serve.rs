@@ -24,11 +24,12 @@
 //! B's invocation) in one journal transaction, before anything is validated or sent.
 //! Asking again answers from that invocation's record and never runs it again, across
 //! restarts and `kill -9` of B (recovery closes an interrupted invocation as `unknown`
-//! after dispatch). Two exceptions, both provably unsent: an invocation that ended
+//! after dispatch). One exception, provably unsent: an invocation that ended
 //! `not_attempted` because B was transiently unable (VAULT_LOCKED, BROKER_UNAVAILABLE,
-//! BROKER_INTERRUPTED) is replaced by a fresh one; and a repeat that finds the invocation
-//! still running waits up to [`REPEAT_WAIT`] for it, then answers `unavailable` (ask
-//! again later, with the same caller invocation).
+//! BROKER_INTERRUPTED) is replaced by a fresh one. A repeat that finds the invocation
+//! still running waits up to [`REPEAT_WAIT`] for it, then answers a signed outcome of
+//! `unknown` (never `unavailable`, which would attest that it did not run); asking
+//! again later, with the same caller invocation, answers its record.
 //!
 //! # Refusals are logged, not journaled
 //!
@@ -516,7 +517,9 @@ impl PeerService {
                 Ok(_) if tokio::time::Instant::now() < deadline => {
                     tokio::time::sleep(REPEAT_POLL).await;
                 }
-                _ => return Recorded::Answer(Answer::Unavailable),
+                // Accepted and not ended (or unreadable): it may still run, or have run,
+                // so this is never `unavailable`, which attests that it did not.
+                _ => return Recorded::Answer(Answer::in_progress(id)),
             }
         };
         if unsent_for_now(p.outcome, p.code, p.ever_dispatched) {
@@ -638,6 +641,16 @@ enum Answer {
 }
 
 impl Answer {
+    /// A call accepted here whose record has not ended: its outcome is unknown.
+    fn in_progress(id: &str) -> Answer {
+        Answer::Outcome(Box::new(PeerOutcome {
+            invocation_id: id.to_string(),
+            outcome: Outcome::Unknown,
+            error: None,
+            response: None,
+        }))
+    }
+
     /// An outcome, or `unavailable` when B was transiently unable and sent nothing.
     fn of_outcome(outcome: HttpOutcome) -> Answer {
         let code = outcome.error.as_ref().map(|e| e.error.code);
