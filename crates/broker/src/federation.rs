@@ -167,6 +167,14 @@ pub enum Unverified {
     WrongRequest { found: String },
     #[error("an outcome attestation carries no outcome digest")]
     OutcomeWithoutDigest,
+    #[error(
+        "the attestation was issued at {issued_at_ms} ms, outside the call it answers ({sent_at_ms}..{answered_at_ms} ms, give or take {CLOCK_SKEW_MS} ms): a replayed answer, or the peer's clock is off"
+    )]
+    Stale {
+        issued_at_ms: i64,
+        sent_at_ms: i64,
+        answered_at_ms: i64,
+    },
 }
 
 impl Attestation {
@@ -184,7 +192,8 @@ impl Attestation {
     }
 
     /// Checks the digest and the signature with the peer's pinned key, and that the
-    /// attestation is about `request` (peer, capability, fingerprint).
+    /// attestation is about `request` (peer, capability, fingerprint) and, when `request`
+    /// says when it was asked, was issued while it was in flight.
     pub fn verify(&self, pinned: &VerifyingKey, request: &Request) -> Result<(), Unverified> {
         if self.statement().digest() != self.digest {
             return Err(Unverified::DigestMismatch);
@@ -221,6 +230,17 @@ impl Attestation {
         if self.kind == AttestationKind::Outcome && self.outcome_digest.is_none() {
             return Err(Unverified::OutcomeWithoutDigest);
         }
+        if let Some(asked) = request.in_flight
+            && !(asked.sent_at_ms.saturating_sub(CLOCK_SKEW_MS)
+                ..=asked.answered_at_ms.saturating_add(CLOCK_SKEW_MS))
+                .contains(&self.issued_at_ms)
+        {
+            return Err(Unverified::Stale {
+                issued_at_ms: self.issued_at_ms,
+                sent_at_ms: asked.sent_at_ms,
+                answered_at_ms: asked.answered_at_ms,
+            });
+        }
         Ok(())
     }
 }
@@ -234,7 +254,22 @@ pub struct Request {
     pub fingerprint: String,
     /// The peer's policy version the attempt began under, when one was known.
     pub policy_version: Option<String>,
+    /// When this try was sent and when its answer arrived, by this broker's clock. An
+    /// attestation issued outside that interval (widened by [`CLOCK_SKEW_MS`] each way)
+    /// is stale: a replay of an older answer, or a peer whose clock is off.
+    pub in_flight: Option<InFlight>,
 }
+
+/// The interval one try was in flight, Unix ms by the asking broker's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InFlight {
+    pub sent_at_ms: i64,
+    pub answered_at_ms: i64,
+}
+
+/// How far the two brokers' clocks may disagree (the window a peer's signed auth is
+/// accepted in, too).
+pub const CLOCK_SKEW_MS: i64 = wire::AUTH_WINDOW_MS;
 
 /// A failure below the attestation layer: never a verdict about policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

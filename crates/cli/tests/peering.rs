@@ -164,6 +164,7 @@ impl B {
             capability: capability.into(),
             fingerprint: fingerprint.into(),
             policy_version: None,
+            in_flight: None,
         };
         attestation
             .verify(&self.key.key, &request)
@@ -485,6 +486,7 @@ async fn a_capability_not_exported_and_one_that_does_not_exist_get_the_same_sign
             capability: "payments".into(),
             fingerprint: fingerprint.clone(),
             policy_version: Some("blake3:an-older-policy".into()),
+            in_flight: None,
         },
     );
     assert!(

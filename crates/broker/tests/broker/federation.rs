@@ -4,8 +4,8 @@
 
 use ed25519_dalek::SigningKey;
 use postern_broker::federation::{
-    Answer, Attempts, Attestation, AttestationKind, Incident, Next, Owner, Request, Statement,
-    TransportFault, Verdict, classify,
+    Answer, Attempts, Attestation, AttestationKind, CLOCK_SKEW_MS, InFlight, Incident, Next, Owner,
+    Request, Statement, TransportFault, Verdict, classify,
 };
 
 fn peer_key() -> SigningKey {
@@ -18,6 +18,7 @@ fn request() -> Request {
         capability: "payments".into(),
         fingerprint: "blake3:feed".into(),
         policy_version: Some("policy-7".into()),
+        in_flight: None,
     }
 }
 
@@ -228,4 +229,46 @@ fn attestation_digests_match_an_independent_encoding() {
         statement(AttestationKind::Outcome).digest(),
         "blake3:cfe62a6a4c0a155d11e10b3cdf67378ac4df4db5174b4e6538f4af05b03415ee"
     );
+}
+
+/// Seed 002 makes a signed denial terminal, so an old one replayed for the same request
+/// (the port is plain HTTP; anyone on the path may have kept one) must not end a new
+/// call: an attestation issued outside the call it answers is unknown, never a verdict.
+#[test]
+fn a_denial_issued_outside_the_call_it_answers_is_unknown_never_terminal() {
+    let issued = statement(AttestationKind::Denial).issued_at_ms;
+    let asked = |sent_at_ms: i64, answered_at_ms: i64| Request {
+        in_flight: Some(InFlight {
+            sent_at_ms,
+            answered_at_ms,
+        }),
+        ..request()
+    };
+    let answer = attested(signed(AttestationKind::Denial));
+    let key = peer_key().verifying_key();
+
+    // Issued during the call, or within the clock skew either side of it: a denial.
+    for (sent, answered) in [
+        (issued - 10, issued + 10),
+        (issued + CLOCK_SKEW_MS, issued + CLOCK_SKEW_MS + 5),
+        (issued - CLOCK_SKEW_MS - 5, issued - CLOCK_SKEW_MS),
+    ] {
+        assert_eq!(
+            classify(&answer, &key, &asked(sent, answered)),
+            Verdict::Denial,
+            "{sent}..{answered}"
+        );
+    }
+    // A day-old denial replayed, or one from a clock far ahead: unknown.
+    for (sent, answered) in [
+        (issued + 86_400_000, issued + 86_400_050),
+        (issued - CLOCK_SKEW_MS - 100, issued - CLOCK_SKEW_MS - 1),
+    ] {
+        let verdict = classify(&answer, &key, &asked(sent, answered));
+        let Verdict::Unknown { reason } = &verdict else {
+            panic!("a stale denial was taken as {verdict:?}");
+        };
+        assert!(reason.contains("replayed"), "{reason}");
+        assert_eq!(Attempts::new().next(&verdict), Next::RetryAfterMs(500));
+    }
 }

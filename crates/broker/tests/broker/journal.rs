@@ -715,6 +715,7 @@ fn a_peer_call_row_survives_a_restart_and_an_attestation_verifies_with_the_journ
         capability: "payments".into(),
         fingerprint: "blake3:req".into(),
         policy_version: None,
+        in_flight: None,
     };
     assert_eq!(attestation.verify(&key, &request), Ok(()));
 }

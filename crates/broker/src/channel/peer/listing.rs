@@ -177,8 +177,13 @@ impl Listings {
             super::nonce(),
         );
         let args = serde_json::to_value(CapabilitiesArgs { auth }).unwrap_or_default();
+        let sent_at_ms = self.journal.now_ms();
         let answered = session.call(TOOL_CAPABILITIES, args, timeout).await;
         session.close().await;
+        let in_flight = Some(federation::InFlight {
+            sent_at_ms,
+            answered_at_ms: self.journal.now_ms(),
+        });
         let value = match answered {
             Err(f) => return refused(f.to_string()),
             Ok(None) => return refused("the answer carried no attestation envelope".into()),
@@ -198,6 +203,7 @@ impl Listings {
             capability: ALL_CAPABILITIES.to_string(),
             fingerprint: digest,
             policy_version: None,
+            in_flight,
         };
         let policy_version = answer.attestation.policy_version.clone();
         match federation::classify(

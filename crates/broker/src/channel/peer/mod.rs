@@ -48,7 +48,7 @@ use crate::federation::wire::{
     self, CallAnswer, CallArgs, PeerOutcome, PeerRequest, ReconcileArgs, TOOL_CALL, TOOL_RECONCILE,
 };
 use crate::federation::{
-    self, Answer, Attempts, Attestation, Incident, Next, Request as Asked, Verdict,
+    self, Answer, Attempts, Attestation, InFlight, Incident, Next, Request as Asked, Verdict,
 };
 use crate::invocation::outcome::unrecorded;
 use crate::invocation::{
@@ -337,6 +337,8 @@ struct Received {
     /// The peer's record, when the answer carried one.
     outcome: Option<PeerOutcome>,
     stage: PeerStage,
+    /// When the call was sent and its answer arrived (absent when no call left).
+    in_flight: Option<InFlight>,
 }
 
 /// An answer classified and checked: the verdict, and what is recorded of it.
@@ -390,6 +392,7 @@ impl<'a, 'b> Run<'a, 'b> {
             capability: op.capability.clone(),
             fingerprint: attempt.bound().fingerprint.clone(),
             policy_version: op.policy_version.clone(),
+            in_flight: None,
         };
         Ok(Run {
             attempt,
@@ -471,6 +474,7 @@ impl<'a, 'b> Run<'a, 'b> {
                     answer: Answer::Transport(fault.fault),
                     outcome: None,
                     stage,
+                    in_flight: None,
                 });
             }
         };
@@ -503,6 +507,7 @@ impl<'a, 'b> Run<'a, 'b> {
             caller_invocation: id,
             policy_version: self.op.policy_version.clone(),
         };
+        let sent_at_ms = journal.now_ms();
         let answered = session
             .call(
                 TOOL_CALL,
@@ -511,7 +516,12 @@ impl<'a, 'b> Run<'a, 'b> {
             )
             .await;
         session.close().await;
-        Ok(received_call(answered, PeerStage::Call))
+        Ok(received_call(
+            answered,
+            PeerStage::Call,
+            sent_at_ms,
+            journal,
+        ))
     }
 
     /// What DISPATCH_STARTED names as the peer: its name here and the name of the key
@@ -749,34 +759,31 @@ impl<'a, 'b> Run<'a, 'b> {
     }
 }
 
-/// What a `peer_call` (or `peer_reconcile`) came back with.
+/// What a `peer_call` (or `peer_reconcile`) sent at `sent_at_ms` came back with, and
+/// when (both by `journal`'s clock).
 fn received_call(
     answered: Result<Option<serde_json::Value>, crate::federation::client::Fault>,
     stage: PeerStage,
+    sent_at_ms: i64,
+    journal: &Journal,
 ) -> Received {
-    match answered {
-        Err(fault) => Received {
-            answer: Answer::Transport(fault.fault),
-            outcome: None,
-            stage,
-        },
-        Ok(None) => Received {
-            answer: Answer::Attested(None),
-            outcome: None,
-            stage,
-        },
+    let in_flight = Some(InFlight {
+        sent_at_ms,
+        answered_at_ms: journal.now_ms(),
+    });
+    let (answer, outcome) = match answered {
+        Err(fault) => (Answer::Transport(fault.fault), None),
+        Ok(None) => (Answer::Attested(None), None),
         Ok(Some(value)) => match serde_json::from_value::<CallAnswer>(value) {
-            Ok(a) => Received {
-                answer: Answer::Attested(Some(a.attestation)),
-                outcome: a.outcome,
-                stage,
-            },
-            Err(_) => Received {
-                answer: Answer::Attested(None),
-                outcome: None,
-                stage,
-            },
+            Ok(a) => (Answer::Attested(Some(a.attestation)), a.outcome),
+            Err(_) => (Answer::Attested(None), None),
         },
+    };
+    Received {
+        answer,
+        outcome,
+        stage,
+        in_flight,
     }
 }
 
@@ -788,7 +795,11 @@ fn classify_answer(
     pinned: &ed25519_dalek::VerifyingKey,
     asked: &Asked,
 ) -> Classified {
-    let mut verdict = federation::classify(&received.answer, pinned, asked);
+    let asked = Asked {
+        in_flight: received.in_flight,
+        ..asked.clone()
+    };
+    let mut verdict = federation::classify(&received.answer, pinned, &asked);
     let attestation = match &received.answer {
         Answer::Attested(Some(a)) => Some(a.clone()),
         _ => None,
@@ -1035,6 +1046,7 @@ impl Pipeline<Peer> {
             capability: op.capability.clone(),
             fingerprint: p.fingerprint.clone().unwrap_or_default(),
             policy_version: None,
+            in_flight: None,
         };
         let classified = classify_answer(received, &pinned, &asked);
         let mut record = classified.record.clone();
@@ -1141,6 +1153,7 @@ impl Pipeline<Peer> {
             }
         };
         let args = args.map_err(|e| e.to_string())?;
+        let sent_at_ms = journal.now_ms();
         let answered = match Session::open(&url, per_try).await {
             Err(fault) => Err(fault),
             Ok(session) => {
@@ -1149,6 +1162,11 @@ impl Pipeline<Peer> {
                 answered
             }
         };
-        Ok(received_call(answered, PeerStage::Reconcile))
+        Ok(received_call(
+            answered,
+            PeerStage::Reconcile,
+            sent_at_ms,
+            journal,
+        ))
     }
 }
