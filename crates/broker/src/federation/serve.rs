@@ -372,15 +372,13 @@ impl PeerService {
         ))
     }
 
-    /// Why B cannot take a new call now, if it cannot.
+    /// Why B cannot take a new call now, if it cannot. A journal in low-space mode is
+    /// not asked here: it refuses the call's record itself, and only an attempt to
+    /// write lets it see that space came back.
     fn unable(&self) -> Option<String> {
-        if self.stopping.load(Ordering::SeqCst) {
-            return Some("the broker is shutting down".into());
-        }
-        if self.journal().low_space() {
-            return Some("the journal is in low-space mode".into());
-        }
-        None
+        self.stopping
+            .load(Ordering::SeqCst)
+            .then(|| "the broker is shutting down".to_string())
     }
 
     /// Runs `prepared` for (asker, caller invocation) unless its record already answers;
@@ -470,7 +468,15 @@ impl PeerService {
                 accepted_at_ms: journal.now_ms(),
             };
             match journal.accept_peer_call(call, replacing.clone(), new) {
-                Err(_) => return unavailable(),
+                Err(e) => {
+                    self.refused(
+                        wire::TOOL_CALL,
+                        asker,
+                        &prepared.capability,
+                        &format!("the journal cannot record the call: {e}"),
+                    );
+                    return unavailable();
+                }
                 Ok(PeerAccept::Existing(_)) => continue,
                 Ok(PeerAccept::Accepted { .. }) => {}
             }
