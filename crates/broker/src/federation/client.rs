@@ -39,9 +39,15 @@ pub struct Session {
     service: RunningService<RoleClient, ()>,
 }
 
-/// The MCP endpoint of a peer whose base URL is `url`.
+/// The MCP endpoint of a peer at `url`: its base URL, or the endpoint itself as the
+/// peer prints it at start-up (`postern: peering on http://…/mcp`).
 pub fn endpoint(url: &Url) -> String {
-    format!("{}/mcp", url.as_str().trim_end_matches('/'))
+    let base = url.as_str().trim_end_matches('/');
+    if url.query().is_none() && base.ends_with("/mcp") {
+        base.to_string()
+    } else {
+        format!("{base}/mcp")
+    }
 }
 
 impl Session {
@@ -141,4 +147,24 @@ fn fault_of(error: &(dyn std::error::Error + 'static)) -> Fault {
         node = e.source();
     }
     Fault { fault, detail }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_endpoint_is_the_same_from_the_base_or_from_what_the_peer_prints() {
+        for url in [
+            "http://127.0.0.1:8443",
+            "http://127.0.0.1:8443/",
+            "http://127.0.0.1:8443/mcp",
+            "http://127.0.0.1:8443/mcp/",
+        ] {
+            let url = Url::parse(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert_eq!(endpoint(&url), "http://127.0.0.1:8443/mcp", "{url}");
+        }
+        let behind = Url::parse("https://gw.example/postern/").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(endpoint(&behind), "https://gw.example/postern/mcp");
+    }
 }
