@@ -4,8 +4,10 @@
 pub mod adversary;
 pub mod agent;
 pub mod calls;
+pub mod disk;
 pub mod peer;
 pub mod proxy;
+pub mod relay;
 
 use std::path::Path;
 use std::sync::Arc;

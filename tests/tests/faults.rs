@@ -6,9 +6,7 @@
 //! extend or bless a damaged record.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,66 +24,11 @@ use postern_broker::vault::{CredentialKind, KeychainBackend, Secret};
 use postern_console::console::{Console, Paths};
 use postern_mcp::server::Sessions;
 use postern_tests::adversary::{Adversary, Behavior};
+use postern_tests::disk::{Tmpfs, fill};
 use postern_tests::fixture::{Broker, open_broker, test_service};
 use postern_tests::{open_journal, run_lifecycle, test_signing_key};
 
 const CANARY: &str = "pstn-canary-disk-4be1";
-
-/// A tmpfs of a given size, unmounted on drop. `None` where mounting is not permitted
-/// (the test then says so and passes without checking anything: CI runs as root).
-struct Tmpfs {
-    dir: tempfile::TempDir,
-}
-
-impl Tmpfs {
-    fn mount(size: &str) -> Option<Tmpfs> {
-        let dir = tempfile::tempdir().ok()?;
-        let status = Command::new("mount")
-            .args([
-                "-t",
-                "tmpfs",
-                "-o",
-                &format!("size={size},mode=0700"),
-                "tmpfs",
-            ])
-            .arg(dir.path())
-            .status()
-            .ok()?;
-        if !status.success() {
-            eprintln!("skipped: cannot mount a tmpfs here (needs root)");
-            return None;
-        }
-        Some(Tmpfs { dir })
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        // Lazy: a task still holding a file open must not keep the mount behind.
-        let _ = Command::new("umount")
-            .arg("-l")
-            .arg(self.dir.path())
-            .status();
-    }
-}
-
-/// Writes `path` until the filesystem says it is full.
-fn fill(path: &Path) {
-    let mut f = std::fs::File::create(path).unwrap();
-    let block = vec![0xA5u8; 64 * 1024];
-    loop {
-        if let Err(e) = f.write_all(&block) {
-            assert_eq!(e.raw_os_error(), Some(28), "expected ENOSPC, got {e}");
-            break;
-        }
-    }
-    // Whatever is left is smaller than a block: take it byte by byte.
-    while f.write_all(&[0xA5]).is_ok() {}
-}
 
 fn config(fast: &str, slow: &str) -> String {
     format!(
@@ -172,7 +115,7 @@ async fn a_full_disk_refuses_new_requests_as_not_attempted_and_recovers_when_spa
     assert!(slow.wait_for_effects(1, Duration::from_secs(10)).await);
 
     let filler = fs.path().join("filler");
-    fill(&filler);
+    fill(&filler).unwrap();
 
     // Every call now either completes (the WAL may still have room of its own) or is
     // refused as not attempted; none is called unknown, and a refused one sent nothing.
@@ -510,7 +453,7 @@ async fn a_complete_response_too_large_for_a_full_disk_is_recorded_in_result_del
 
     let in_flight = dispatched_post(&broker, &origin).await;
     let filler = fs.path().join("filler");
-    fill(&filler);
+    fill(&filler).unwrap();
 
     // The origin answers completely. The journal gives its reserve back for the commit,
     // but the result is larger than the reserve.
@@ -635,7 +578,7 @@ async fn a_complete_response_whose_failure_cannot_be_recorded_either_stays_unkno
 
     let in_flight = dispatched_post(&broker, &origin).await;
     let filler = fs.path().join("filler");
-    fill(&filler);
+    fill(&filler).unwrap();
     // A new request on the full disk makes the journal give its reserve back (and is
     // refused, sent nowhere); then the disk is filled again, so not one page is left.
     let refused = broker
@@ -653,7 +596,7 @@ async fn a_complete_response_whose_failure_cannot_be_recorded_either_stays_unkno
     assert!(broker.journal.low_space());
     assert!(!reserve.exists(), "the reserve was given back");
     let more = fs.path().join("filler-2");
-    fill(&more);
+    fill(&more).unwrap();
 
     origin.release();
     let outcome = in_flight.await.unwrap();
