@@ -129,6 +129,15 @@ pub fn start_daemon_args(config_text: &str, extra_args: &[&str]) -> Daemon {
     )
 }
 
+/// [`start_daemon_args`] over the data dir `dir` (prepared by the caller).
+pub fn start_daemon_dir_args(
+    dir: tempfile::TempDir,
+    config_text: &str,
+    extra_args: &[&str],
+) -> Daemon {
+    start_daemon_full(dir, config_text, None, &[], extra_args)
+}
+
 fn start_daemon_full(
     dir: tempfile::TempDir,
     config_text: &str,
@@ -250,6 +259,12 @@ impl Daemon {
         );
         self.child = child;
         self.stderr = stderr;
+    }
+
+    /// Replaces the daemon's configuration file with `config_text` and restarts it.
+    pub fn reconfigure(&mut self, config_text: &str) {
+        std::fs::write(self.dir.path().with_extension("toml"), config_text).unwrap();
+        self.restart();
     }
 
     /// What the daemon (since its last start) wrote to stderr so far.
