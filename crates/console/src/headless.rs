@@ -54,7 +54,8 @@ pub enum HeadlessError {
     Peering(#[from] PeeringError),
 }
 
-/// Runs until SIGINT or SIGTERM.
+/// Runs until SIGINT or SIGTERM (on Windows: Ctrl-C, Ctrl-Break, the console closing or
+/// the system shutting down).
 pub async fn run(args: HeadlessArgs) -> Result<(), HeadlessError> {
     let socket = args
         .daemon
@@ -123,8 +124,7 @@ pub async fn run(args: HeadlessArgs) -> Result<(), HeadlessError> {
             None => "this user and root only".to_string(),
         }
     );
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|source| DaemonError::Socket {
+    let terminate = terminated().map_err(|source| DaemonError::Socket {
         path: socket.display().to_string(),
         source,
     })?;
@@ -167,7 +167,7 @@ pub async fn run(args: HeadlessArgs) -> Result<(), HeadlessError> {
     ));
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {},
-        _ = terminate.recv() => {},
+        () = terminate => {},
     }
     let _ = stop_tx.send(true);
     let _ = operator.await;
@@ -185,4 +185,30 @@ pub async fn run(args: HeadlessArgs) -> Result<(), HeadlessError> {
     // Clean shutdown signs a final audit checkpoint.
     broker.journal.clone().close().map_err(DaemonError::from)?;
     Ok(())
+}
+
+/// Completes when the daemon is asked to stop other than by Ctrl-C: SIGTERM on unix.
+#[cfg(unix)]
+fn terminated() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    Ok(async move {
+        term.recv().await;
+    })
+}
+
+/// Completes when the daemon is asked to stop other than by Ctrl-C: Ctrl-Break, the
+/// console window closing, or the system shutting down.
+#[cfg(windows)]
+fn terminated() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::windows;
+    let mut brk = windows::ctrl_break()?;
+    let mut close = windows::ctrl_close()?;
+    let mut shutdown = windows::ctrl_shutdown()?;
+    Ok(async move {
+        tokio::select! {
+            _ = brk.recv() => {},
+            _ = close.recv() => {},
+            _ = shutdown.recv() => {},
+        }
+    })
 }
