@@ -124,10 +124,11 @@ pub async fn run(args: HeadlessArgs) -> Result<(), HeadlessError> {
             None => "this user and root only".to_string(),
         }
     );
-    let terminate = terminated().map_err(|source| DaemonError::Socket {
-        path: socket.display().to_string(),
-        source,
-    })?;
+    let terminate =
+        postern_broker::platform::termination().map_err(|source| DaemonError::Socket {
+            path: socket.display().to_string(),
+            source,
+        })?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
@@ -185,30 +186,4 @@ pub async fn run(args: HeadlessArgs) -> Result<(), HeadlessError> {
     // Clean shutdown signs a final audit checkpoint.
     broker.journal.clone().close().map_err(DaemonError::from)?;
     Ok(())
-}
-
-/// Completes when the daemon is asked to stop other than by Ctrl-C: SIGTERM on unix.
-#[cfg(unix)]
-fn terminated() -> std::io::Result<impl std::future::Future<Output = ()>> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    Ok(async move {
-        term.recv().await;
-    })
-}
-
-/// Completes when the daemon is asked to stop other than by Ctrl-C: Ctrl-Break, the
-/// console window closing, or the system shutting down.
-#[cfg(windows)]
-fn terminated() -> std::io::Result<impl std::future::Future<Output = ()>> {
-    use tokio::signal::windows;
-    let mut brk = windows::ctrl_break()?;
-    let mut close = windows::ctrl_close()?;
-    let mut shutdown = windows::ctrl_shutdown()?;
-    Ok(async move {
-        tokio::select! {
-            _ = brk.recv() => {},
-            _ = close.recv() => {},
-            _ = shutdown.recv() => {},
-        }
-    })
 }

@@ -21,6 +21,7 @@
 //! | [`mode_of`] | the mode bits | the same | `None`: nothing to check (see [`protect_dir`]) |
 //! | [`sync_dir`] | fsync(2) of the directory | the same (F_FULLFSYNC, else fsync) | nothing: NTFS journals its metadata, and std cannot open a directory to flush it |
 //! | [`free_bytes`] | statvfs | statvfs | GetDiskFreeSpaceExW |
+//! | [`termination`] (besides Ctrl-C) | SIGTERM | SIGTERM | Ctrl-Break, console closed, system shutdown |
 //! | [`file_stamp`], [`file_identity`] | device, inode, times | the same | `None` |
 //! | [`default_data_dir`], [`anchor_dir`] | XDG base directories | `~/Library/Application Support` (dirs) | `%LOCALAPPDATA%` and `%APPDATA%` (dirs) |
 //!
@@ -56,11 +57,12 @@ use windows as imp;
 pub use linux::supplementary_groups;
 #[cfg(unix)]
 pub use unix::{
-    AcceptedRead, AcceptedWrite, Listener, connect, own_uid, peer_of, split, user_name,
+    AcceptedRead, AcceptedWrite, Listener, connect, own_uid, peer_of, split, termination, user_name,
 };
 #[cfg(windows)]
 pub use windows::{
-    AcceptedRead, AcceptedWrite, Listener, connect, is_pipe_name, peer_of, split, user_name,
+    AcceptedRead, AcceptedWrite, Listener, connect, is_pipe_name, peer_of, split, termination,
+    user_name,
 };
 
 /// A connection a [`Listener`] accepted: a Unix stream, or the server end of a named pipe.

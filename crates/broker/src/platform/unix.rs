@@ -69,6 +69,19 @@ pub fn peer_of(stream: &Accepted) -> io::Result<PeerCred> {
     })
 }
 
+/// Completes when the process is asked to stop other than by Ctrl-C: SIGTERM. The
+/// handler is registered when this is called, not when it is first polled.
+///
+/// # Errors
+///
+/// The operating system's, when the handler cannot be registered.
+pub fn termination() -> io::Result<impl Future<Output = ()>> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    Ok(async move {
+        term.recv().await;
+    })
+}
+
 /// The effective uid of this process (geteuid: no /proc read, so no way to fail).
 pub fn own_uid() -> Option<u32> {
     Some(rustix::process::geteuid().as_raw())

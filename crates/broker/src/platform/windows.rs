@@ -352,6 +352,27 @@ pub async fn connect(name: &Path) -> io::Result<Connected> {
     Ok(client)
 }
 
+/// Completes when the process is asked to stop other than by Ctrl-C: Ctrl-Break, its
+/// console closing, or the system shutting down. The handlers are registered when this
+/// is called.
+///
+/// # Errors
+///
+/// The operating system's, when a handler cannot be registered.
+pub fn termination() -> io::Result<impl Future<Output = ()>> {
+    use tokio::signal::windows;
+    let mut brk = windows::ctrl_break()?;
+    let mut close = windows::ctrl_close()?;
+    let mut shutdown = windows::ctrl_shutdown()?;
+    Ok(async move {
+        tokio::select! {
+            _ = brk.recv() => {},
+            _ = close.recv() => {},
+            _ = shutdown.recv() => {},
+        }
+    })
+}
+
 /// Splits an accepted connection into halves that can move to separate tasks.
 pub fn split(stream: Accepted) -> (AcceptedRead, AcceptedWrite) {
     tokio::io::split(stream)
