@@ -130,8 +130,8 @@ pub fn current_user() -> std::io::Result<UserId> {
 /// the platform's: clock ticks since boot on Linux (`/proc/PID/stat` field 22),
 /// microseconds since the unix epoch on macOS, 100 ns intervals since 1601 (FILETIME) on
 /// Windows. Only [`start_to_unix_ms`] interprets it. A parent pid of 0 means none is
-/// known (on Windows, also a parent that exited and whose pid now names a younger
-/// process).
+/// known (on Windows, also a parent that has exited: Windows does not re-parent
+/// orphans, and the recorded pid may since name another process).
 pub fn process_start(pid: u32) -> Option<(u32, u64)> {
     imp::process_start(pid)
 }
@@ -271,8 +271,8 @@ pub fn anchor_dir() -> Option<PathBuf> {
 
 /// The endpoint a broker with data dir `data_dir` listens on by default: the socket
 /// `DATA_DIR/run/postern.sock` on unix; on Windows the named pipe
-/// `\\.\pipe\postern-<16 hex digits of blake3 of the data dir's canonical path>`, since a
-/// pipe has no directory to live in.
+/// `\\.\pipe\postern-<16 hex digits of blake3 of the data dir's absolute path, lowercased>`,
+/// since a pipe has no directory to live in.
 pub fn default_endpoint(data_dir: &Path) -> PathBuf {
     imp::default_endpoint(data_dir)
 }

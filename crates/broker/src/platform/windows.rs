@@ -12,7 +12,8 @@
 //! still checks each client's user (GetNamedPipeClientProcessId, then that process's
 //! token), and [`connect`] checks the server's user the same way
 //! (GetNamedPipeServerProcessId), so a bridge never talks to a pipe another user
-//! squatted. A pid names a process only while it runs: a client that exits between
+//! squatted; and a client opens the pipe for identification only (tokio's default
+//! security QoS), so no server can impersonate it. A pid names a process only while it runs: a client that exits between
 //! connecting and the check, its pid taken by another process in that instant, would be
 //! judged by the newcomer's user; a process that is gone fails the check.
 //!
@@ -294,7 +295,14 @@ impl Listener {
     ///
     /// The operating system's.
     pub async fn accept(&mut self) -> io::Result<Accepted> {
-        self.next.connect().await?;
+        if let Err(e) = self.next.connect().await {
+            // This instance cannot take a client any more: a new one takes its place
+            // (created first, so the name is never without an instance of ours).
+            if let Ok(fresh) = server(&self.name, false) {
+                self.next = fresh;
+            }
+            return Err(e);
+        }
         match server(&self.name, false) {
             Ok(fresh) => Ok(std::mem::replace(&mut self.next, fresh)),
             Err(e) => {
@@ -397,9 +405,13 @@ pub fn peer_of(stream: &Accepted) -> io::Result<PeerCred> {
     })
 }
 
+/// The pipe name is derived from the data dir's absolute path as written, lowercased
+/// (Windows paths ignore case), without touching the disk: the daemon derives it before
+/// it creates the data dir, and the bridge after, and both must get the same name.
 pub(super) fn default_endpoint(data_dir: &Path) -> PathBuf {
-    let canonical = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
-    let hash = blake3::hash(canonical.as_os_str().as_encoded_bytes());
+    let absolute = std::path::absolute(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
+    let key = absolute.to_string_lossy().to_lowercase();
+    let hash = blake3::hash(key.as_bytes());
     PathBuf::from(format!("{PIPE_PREFIX}postern-{}", &hash.to_hex()[..16]))
 }
 
@@ -693,6 +705,13 @@ mod tests {
     fn the_operator_pipe_sits_beside_the_agent_pipe() {
         let agent = default_endpoint(Path::new(r"C:\no\such\dir"));
         assert!(is_pipe_name(&agent));
+        // The same name before and after the data dir exists, in any letter case.
+        assert_eq!(agent, default_endpoint(Path::new(r"c:\No\Such\Dir")));
+        let dir = std::env::temp_dir().join(format!("postern-endpoint-{}", std::process::id()));
+        let before = default_endpoint(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        assert_eq!(before, default_endpoint(&dir));
+        std::fs::remove_dir(&dir).unwrap();
         let operator = sibling_endpoint(&agent, "operator.sock");
         assert_eq!(
             operator.as_os_str().to_string_lossy(),
