@@ -34,8 +34,7 @@
 //! on it, [`DaemonError::PipeInUse`] otherwise), remote clients are rejected, and every
 //! client's user is checked as on unix ([`postern_broker::platform`]). The data dir's new
 //! levels get a DACL for this user and SYSTEM instead of 0700. Serving other users'
-//! agents (a mode other than 0600) is refused: that belongs to the privilege-separated
-//! install, which is Linux only.
+//! agents (a mode other than 0600) is refused there.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -453,8 +452,8 @@ pub async fn bind_with_mode(socket: &Path, mode: u32) -> Result<Listener, Daemon
 pub async fn bind_with_mode(socket: &Path, mode: u32) -> Result<Listener, DaemonError> {
     if mode & 0o077 != 0 {
         return Err(DaemonError::Unsupported(
-            "serving other users' agents or an operator group needs the privilege-separated \
-             install, which is Linux only",
+            "on Windows the broker's pipe admits its own user only: serving other users' \
+             agents (--agent-users any) or an operator group is not supported there",
         ));
     }
     check_socket_path(socket)?;
