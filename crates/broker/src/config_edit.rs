@@ -124,10 +124,8 @@ fn replace_validated(file: &Path, text: &str) -> Result<Config, PinError> {
         let _ = std::fs::remove_file(&tmp);
         return Err(edit_error(file, format!("cannot replace it: {e}")));
     }
-    if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty())
-        && let Ok(d) = std::fs::File::open(dir)
-    {
-        let _ = d.sync_all();
+    if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
+        let _ = crate::platform::sync_dir(dir);
     }
     Ok(Config::load(file)?)
 }
@@ -331,18 +329,20 @@ fn temp_path(file: &Path) -> PathBuf {
     file.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
 }
 
+/// The temporary file gets the original's mode (0600 if it has none to copy); on
+/// Windows it inherits its directory's ACL, as the original did.
 fn write_temp(tmp: &Path, bytes: &[u8], original: &Path) -> std::io::Result<()> {
     use std::io::Write;
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let mode = std::fs::metadata(original)
-        .map(|m| m.permissions().mode() & 0o7777)
+        .ok()
+        .and_then(|m| crate::platform::mode_of(&m))
         .unwrap_or(0o600);
     let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(tmp)?;
+        let mut f = crate::platform::create_mode(
+            std::fs::OpenOptions::new().write(true).create_new(true),
+            mode,
+        )
+        .open(tmp)?;
         f.write_all(bytes)?;
         f.sync_all()
     })();

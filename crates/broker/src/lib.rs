@@ -54,6 +54,9 @@
 //!   broker's side ([`federation::serve`]).
 //! - [`display`]: agent-written text made safe to show (escaping, body previews).
 //! - [`clock`]: time passed in, so expiry and leases are deterministic in tests.
+//! - [`platform`]: what differs between Linux, macOS and Windows (the local socket or
+//!   pipe and its peer's identity, process facts, owner-only files, directory fsync,
+//!   default directories), behind one interface the other crates call too.
 
 pub mod action;
 pub mod approvals;
@@ -70,6 +73,7 @@ pub mod evidence;
 pub mod federation;
 pub mod invocation;
 pub mod journal;
+pub mod platform;
 pub mod provenance;
 pub mod retry;
 pub mod sealed_store;

@@ -29,6 +29,7 @@ use crate::approvals::ApprovalRequest;
 use crate::display::{BodyPreview, escape_text};
 use crate::journal::events::{Event, EventBody};
 use crate::journal::{Journal, JournalError, load_events};
+use crate::platform;
 
 /// The prefix of the journal key session records are stored under.
 pub const SESSION_KEY_PREFIX: &str = "session:";
@@ -52,8 +53,9 @@ pub fn is_session_key(key: &str) -> bool {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ExecutableDigest {
-    /// Lowercase hex of blake3 over the whole file, read through `/proc/<pid>/exe` (the
-    /// inode the process runs, even if the path was replaced or deleted since).
+    /// Lowercase hex of blake3 over the whole file, read through `/proc/<pid>/exe` on
+    /// Linux (the inode the process runs, even if the path was replaced or deleted
+    /// since); elsewhere through the executable's path ([`crate::platform::process_image`]).
     Blake3 { hex: String },
     /// The bytes could not be read; the reason is the operating system's.
     Unreadable { reason: String },
@@ -69,19 +71,25 @@ impl ExecutableDigest {
     }
 }
 
-/// The agent process, as read from /proc when its bridge connected.
+/// The agent process, as the platform described it when its bridge connected (/proc on
+/// Linux; [`crate::platform`] says what each platform gives).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProcessIdentity {
     pub pid: u32,
-    /// Effective uid (`/proc/<pid>/status`).
+    /// Effective uid (`/proc/<pid>/status`); `None` on Windows, which names users by SID.
     pub uid: Option<u32>,
-    /// Start time in clock ticks since boot (`/proc/<pid>/stat` field 22): with the pid,
+    /// The user SID, on Windows only (absent from the record elsewhere, so Linux and
+    /// macOS records keep their bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sid: Option<String>,
+    /// Start time: clock ticks since boot on Linux (`/proc/<pid>/stat` field 22); see
+    /// [`crate::platform::process_start`] for the other platforms' units. With the pid,
     /// what makes this process distinct from a later one reusing the pid.
     pub start_ticks: u64,
-    /// The same start time as unix milliseconds (boot time plus ticks), for people.
+    /// The same start time as unix milliseconds, for people.
     pub started_at_ms: Option<i64>,
-    /// The path `/proc/<pid>/exe` points to.
+    /// The executable's path (what `/proc/<pid>/exe` points to on Linux).
     pub executable: Option<String>,
     pub executable_digest: ExecutableDigest,
     pub cwd: Option<String>,
@@ -99,7 +107,8 @@ pub struct Ancestor {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Transport {
-    /// `unix_socket`: the broker's local socket, peer uid checked with SO_PEERCRED.
+    /// `unix_socket`: the broker's local socket, peer uid checked with SO_PEERCRED (or
+    /// getpeereid on macOS); `named_pipe` on Windows, the peer's user SID checked.
     pub kind: String,
     /// The connecting process (the `postern mcp` bridge the agent launched).
     pub bridge_pid: u32,
@@ -121,7 +130,14 @@ pub struct SessionOpened {
 /// Why a session could not be recorded.
 #[derive(Debug, thiserror::Error)]
 pub enum ProvenanceError {
-    #[error("the agent process {pid} is gone or its /proc entry is unreadable")]
+    #[cfg_attr(
+        target_os = "linux",
+        error("the agent process {pid} is gone or its /proc entry is unreadable")
+    )]
+    #[cfg_attr(
+        not(target_os = "linux"),
+        error("the agent process {pid} is gone or cannot be read")
+    )]
     ProcessGone { pid: u32 },
     #[error("the session record could not be written: {0}")]
     Journal(#[from] JournalError),
@@ -134,51 +150,40 @@ pub enum ProvenanceError {
 /// and its modification and change times are what they were. The change time cannot be
 /// set by a user, so a file rewritten in place is hashed again.
 pub fn digest_file(path: &Path) -> ExecutableDigest {
-    #[cfg(unix)]
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    static SEEN: Mutex<Option<HashMap<platform::FileStamp, String>>> = Mutex::new(None);
+    const MAX_SEEN: usize = 256;
+    // Where the platform gives no stamp (Windows), every digest is computed afresh.
+    let Some(before) = std::fs::metadata(path)
+        .ok()
+        .and_then(|m| platform::file_stamp(&m))
+    else {
+        return hash_file(path);
+    };
+    if let Some(hex) = SEEN
+        .lock()
+        .ok()
+        .and_then(|seen| seen.as_ref()?.get(&before).cloned())
     {
-        use std::collections::HashMap;
-        use std::os::unix::fs::MetadataExt;
-        use std::sync::Mutex;
-        type Key = (u64, u64, u64, i64, i64, i64, i64);
-        static SEEN: Mutex<Option<HashMap<Key, String>>> = Mutex::new(None);
-        const MAX_SEEN: usize = 256;
-        let key = |m: &std::fs::Metadata| -> Key {
-            (
-                m.dev(),
-                m.ino(),
-                m.size(),
-                m.mtime(),
-                m.mtime_nsec(),
-                m.ctime(),
-                m.ctime_nsec(),
-            )
-        };
-        let Ok(before) = std::fs::metadata(path) else {
-            return hash_file(path);
-        };
-        if let Some(hex) = SEEN
-            .lock()
-            .ok()
-            .and_then(|seen| seen.as_ref()?.get(&key(&before)).cloned())
-        {
-            return ExecutableDigest::Blake3 { hex };
-        }
-        let digest = hash_file(path);
-        // Kept only if the file did not change while it was read.
-        if let ExecutableDigest::Blake3 { hex } = &digest
-            && std::fs::metadata(path).is_ok_and(|after| key(&after) == key(&before))
-            && let Ok(mut seen) = SEEN.lock()
-        {
-            let seen = seen.get_or_insert_with(HashMap::new);
-            if seen.len() >= MAX_SEEN {
-                seen.clear();
-            }
-            seen.insert(key(&before), hex.clone());
-        }
-        digest
+        return ExecutableDigest::Blake3 { hex };
     }
-    #[cfg(not(unix))]
-    hash_file(path)
+    let digest = hash_file(path);
+    // Kept only if the file did not change while it was read.
+    if let ExecutableDigest::Blake3 { hex } = &digest
+        && std::fs::metadata(path)
+            .ok()
+            .and_then(|after| platform::file_stamp(&after))
+            .is_some_and(|after| after == before)
+        && let Ok(mut seen) = SEEN.lock()
+    {
+        let seen = seen.get_or_insert_with(HashMap::new);
+        if seen.len() >= MAX_SEEN {
+            seen.clear();
+        }
+        seen.insert(before, hex.clone());
+    }
+    digest
 }
 
 fn hash_file(path: &Path) -> ExecutableDigest {
@@ -204,76 +209,32 @@ fn hash_file(path: &Path) -> ExecutableDigest {
     }
 }
 
-fn link(path: &Path) -> Option<String> {
-    std::fs::read_link(path)
-        .ok()
-        .map(|p| p.display().to_string())
-}
-
-/// `(ppid, start ticks)` from `/proc/<pid>/stat`.
-fn stat_fields(proc: &Path) -> Option<(u32, u64)> {
-    let stat = std::fs::read_to_string(proc.join("stat")).ok()?;
-    // The command name is in parentheses and may contain spaces or ')'.
-    let after = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    Some((fields.get(1)?.parse().ok()?, fields.get(19)?.parse().ok()?))
-}
-
-fn effective_uid(proc: &Path) -> Option<u32> {
-    std::fs::read_to_string(proc.join("status"))
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|rest| rest.split_whitespace().nth(1))
-        .and_then(|uid| uid.parse().ok())
-}
-
-/// Boot time (unix seconds) from `/proc/stat`.
-fn boot_time_s() -> Option<i64> {
-    std::fs::read_to_string("/proc/stat")
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("btime "))
-        .and_then(|s| s.trim().parse().ok())
-}
-
-fn wall_clock_ms(start_ticks: u64) -> Option<i64> {
-    let hz = clock_ticks_per_second()?;
-    let since_boot_ms = i64::try_from(start_ticks.checked_mul(1000)? / hz).ok()?;
-    boot_time_s()?.checked_mul(1000)?.checked_add(since_boot_ms)
-}
-
-#[cfg(unix)]
-fn clock_ticks_per_second() -> Option<u64> {
-    Some(rustix::param::clock_ticks_per_second()).filter(|hz| *hz > 0)
-}
-
-#[cfg(not(unix))]
-fn clock_ticks_per_second() -> Option<u64> {
-    None
-}
-
-/// Reads process `pid` from /proc and hashes its executable. `None` when the process
-/// is gone, or when it is no longer the process that started at `expected_start_ticks`
-/// (a recycled pid).
+/// Reads process `pid` (from /proc on Linux; see [`crate::platform`] elsewhere) and
+/// hashes its executable. `None` when the process is gone, or when it is no longer the
+/// process that started at `expected_start_ticks` (a recycled pid).
 pub fn observe_process(pid: u32, expected_start_ticks: Option<u64>) -> Option<ProcessIdentity> {
-    let proc = Path::new("/proc").join(pid.to_string());
-    let (_, start_ticks) = stat_fields(&proc)?;
+    let (_, start_ticks) = platform::process_start(pid)?;
     if expected_start_ticks.is_some_and(|t| t != start_ticks) {
         return None;
     }
-    let executable_digest = digest_file(&proc.join("exe"));
+    let executable_digest = match platform::process_image(pid) {
+        Some(image) => digest_file(&image),
+        None => ExecutableDigest::Unreadable {
+            reason: "the platform did not name the executable".to_string(),
+        },
+    };
     let identity = ProcessIdentity {
         pid,
-        uid: effective_uid(&proc),
+        uid: platform::process_uid(pid),
+        sid: platform::process_sid(pid),
         start_ticks,
-        started_at_ms: wall_clock_ms(start_ticks),
-        executable: link(&proc.join("exe")),
+        started_at_ms: platform::start_to_unix_ms(start_ticks),
+        executable: platform::process_executable(pid),
         executable_digest,
-        cwd: link(&proc.join("cwd")),
+        cwd: platform::process_cwd(pid),
     };
     // Read again: the pid must still be the same process after the (slow) hash.
-    match stat_fields(&proc) {
+    match platform::process_start(pid) {
         Some((_, again)) if again == start_ticks => Some(identity),
         _ => None,
     }
@@ -283,12 +244,12 @@ pub fn observe_process(pid: u32, expected_start_ticks: Option<u64>) -> Option<Pr
 pub fn observe_ancestor(pid: u32) -> Ancestor {
     Ancestor {
         pid,
-        executable: link(&Path::new("/proc").join(pid.to_string()).join("exe")),
+        executable: platform::process_executable(pid),
     }
 }
 
 impl SessionOpened {
-    /// Reads the agent behind a bridge connection from /proc. `agent_start_ticks` is the
+    /// Reads the agent behind a bridge connection ([`observe_process`]). `agent_start_ticks` is the
     /// start time the session id was derived from; `ancestors` are the agent's parents,
     /// nearest first, as already walked by the caller.
     pub fn observe(
@@ -303,11 +264,9 @@ impl SessionOpened {
         Ok(SessionOpened {
             session: session.to_string(),
             transport: Transport {
-                kind: "unix_socket".into(),
+                kind: platform::TRANSPORT_KIND.into(),
                 bridge_pid,
-                bridge_executable: link(
-                    &Path::new("/proc").join(bridge_pid.to_string()).join("exe"),
-                ),
+                bridge_executable: platform::process_executable(bridge_pid),
             },
             agent,
             parent_chain: ancestors
@@ -659,7 +618,9 @@ mod tests {
         assert!(observe_process(std::process::id(), Some(me.start_ticks + 1)).is_none());
     }
 
+    // The reason is the operating system's own words, which differ on Windows.
     #[test]
+    #[cfg(unix)]
     fn an_unreadable_executable_records_why() {
         let digest = digest_file(Path::new("/nonexistent/postern-test-binary"));
         match digest {

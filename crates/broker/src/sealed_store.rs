@@ -15,13 +15,13 @@
 //! in a zeroizing buffer; the cipher state is wiped on drop too.
 
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use aes_gcm::aead::{Aead, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Key, Nonce};
 use zeroize::Zeroizing;
 
+use crate::platform;
 use crate::vault::Secret;
 
 /// The file name of the key in systemd's credential directory.
@@ -68,6 +68,12 @@ pub enum KeyError {
          refusing to use it. chmod 0400 it (owned by the broker's user)"
     )]
     TooOpen { path: String, mode: u32 },
+    #[error(
+        "the vault key {path} cannot be checked for who may read it on this platform \
+         (Windows has no mode bits); the file keychain is for Linux and macOS: use \
+         --keychain windows-credential-manager"
+    )]
+    Unverifiable { path: String },
     #[error("the vault key {path} is not a regular file")]
     NotAFile { path: String },
     #[error(
@@ -80,7 +86,8 @@ pub enum KeyError {
 /// Loads the key: `explicit` (`--vault-key-file`) when given, else
 /// `$CREDENTIALS_DIRECTORY/postern-vault-key`. A key file others could read is refused
 /// (systemd's credential directory is private to the service, so its files are not
-/// checked for mode).
+/// checked for mode). Where no mode can be read (Windows) a key file is refused, never
+/// used unchecked.
 pub fn load_key(explicit: Option<&Path>) -> Result<VaultKey, KeyError> {
     let (path, check_mode) = match explicit {
         Some(path) => (path.to_path_buf(), true),
@@ -98,9 +105,14 @@ pub fn load_key(explicit: Option<&Path>) -> Result<VaultKey, KeyError> {
     if !meta.is_file() {
         return Err(KeyError::NotAFile { path: shown });
     }
-    let mode = meta.mode() & 0o7777;
-    if check_mode && mode & 0o077 != 0 {
-        return Err(KeyError::TooOpen { path: shown, mode });
+    if check_mode {
+        match platform::mode_of(&meta) {
+            Some(mode) if mode & 0o077 != 0 => {
+                return Err(KeyError::TooOpen { path: shown, mode });
+            }
+            Some(_) => {}
+            None => return Err(KeyError::Unverifiable { path: shown }),
+        }
     }
     let bytes = Zeroizing::new(std::fs::read(&path).map_err(unreadable)?);
     VaultKey::from_bytes(&bytes)
@@ -136,12 +148,12 @@ fn io(what: &str, path: &Path, e: std::io::Error) -> StoreError {
 }
 
 impl SealedStore {
-    /// The store in `data_dir/vault`, created 0700 if missing.
+    /// The store in `data_dir/vault`, created owner-only if missing (0700; on Windows
+    /// a DACL for this user and SYSTEM, see [`platform::protect_dir`]).
     pub fn open(data_dir: &Path, key: &VaultKey) -> Result<Self, StoreError> {
         let dir = data_dir.join(STORE_DIR);
-        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-            Ok(()) => std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
-                .map_err(|e| io("cannot protect", &dir, e))?,
+        match platform::owner_only_dir(&mut std::fs::DirBuilder::new()).create(&dir) {
+            Ok(()) => platform::protect_dir(&dir).map_err(|e| io("cannot protect", &dir, e))?,
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(io("cannot create", &dir, e)),
         }
@@ -191,15 +203,15 @@ impl SealedStore {
         ));
         let _ = std::fs::remove_file(&tmp);
         let written = (|| {
-            let mut file = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&tmp)?;
+            let mut file = platform::create_mode(
+                std::fs::OpenOptions::new().write(true).create_new(true),
+                0o600,
+            )
+            .open(&tmp)?;
             file.write_all(&record)?;
             file.sync_all()?;
             std::fs::rename(&tmp, &path)?;
-            std::fs::File::open(&self.dir)?.sync_all()
+            platform::sync_dir(&self.dir)
         })();
         written.map_err(|e| {
             let _ = std::fs::remove_file(&tmp);
@@ -245,10 +257,13 @@ impl SealedStore {
     }
 }
 
+// They check mode bits, which only unix has.
 #[cfg(test)]
+#[cfg(unix)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     fn key(byte: u8) -> VaultKey {
         VaultKey::from_bytes(&[byte; 32]).unwrap()

@@ -1,7 +1,8 @@
 //! The vault, Postern's one credential store: secret bytes in the OS keychain (a
-//! [`Keychain`]: Secret Service or kernel keyutils), non-secret metadata in the journal
-//! database. [`Vault`] is what the broker holds; [`read_bound_credential`] is the
-//! injection step's read of the version an invocation bound.
+//! [`Keychain`]: Secret Service or kernel keyutils on Linux, the login keychain on macOS,
+//! the Credential Manager on Windows), non-secret metadata in the journal database.
+//! [`Vault`] is what the broker holds; [`read_bound_credential`] is the injection step's
+//! read of the version an invocation bound.
 //!
 //! The broker must never let a secret reach logs, the journal, errors, panics, `Debug`
 //! output or JSON. This module enforces that by construction:
@@ -502,6 +503,11 @@ pub enum KeychainBackend {
     /// Sealed files in the data dir under a key from outside it
     /// ([`crate::sealed_store`]): for a broker running as its own system user.
     File,
+    /// The macOS login keychain (generic passwords, through the Security framework).
+    MacosKeychain,
+    /// The Windows Credential Manager (generic credentials of this user, persisted on
+    /// this machine only: never roamed to a domain profile).
+    WindowsCredentialManager,
 }
 
 impl KeychainBackend {
@@ -511,6 +517,20 @@ impl KeychainBackend {
             KeychainBackend::SecretService => "secret_service",
             KeychainBackend::Keyutils => "keyutils",
             KeychainBackend::File => "file",
+            KeychainBackend::MacosKeychain => "macos_keychain",
+            KeychainBackend::WindowsCredentialManager => "windows_credential_manager",
+        }
+    }
+
+    /// The OS keychain a person's broker uses on this platform by default: the Secret
+    /// Service on Linux, the login keychain on macOS, the Credential Manager on Windows.
+    pub fn platform_default() -> KeychainBackend {
+        if cfg!(target_os = "macos") {
+            KeychainBackend::MacosKeychain
+        } else if cfg!(windows) {
+            KeychainBackend::WindowsCredentialManager
+        } else {
+            KeychainBackend::SecretService
         }
     }
 }
@@ -695,9 +715,15 @@ impl Keychain {
                     let modifiers = HashMap::from([("label", label.as_str())]);
                     store.build(&self.service, &user, Some(&modifiers))?
                 }
-                KeychainBackend::Keyutils | KeychainBackend::File => {
-                    store.build(&self.service, &user, None)?
+                // Local: the Credential Manager would otherwise roam the secret with an
+                // enterprise profile to every machine the user signs in to.
+                KeychainBackend::WindowsCredentialManager => {
+                    let modifiers = HashMap::from([("persistence", "Local")]);
+                    store.build(&self.service, &user, Some(&modifiers))?
                 }
+                KeychainBackend::Keyutils
+                | KeychainBackend::File
+                | KeychainBackend::MacosKeychain => store.build(&self.service, &user, None)?,
             };
             op(&entry)
         });
@@ -762,6 +788,13 @@ impl Keychain {
                 credential,
                 reason: format!("{} keychain entries match one version", entries.len()),
             },
+            // The Windows Credential Manager holds at most 2560 bytes a credential; its
+            // store names the secret ("secret", "password encoded as UTF-16").
+            K::TooLong(what, _) if what == "secret" || what.starts_with("password") => {
+                VaultError::InvalidSecret {
+                    reason: "it is larger than this keychain can hold",
+                }
+            }
             // Only the id, version and service name reach the backend, and the first two
             // are validated; a backend limit on them is reported against the id.
             K::TooLong(..) | K::Invalid(..) => VaultError::InvalidId {
@@ -806,10 +839,38 @@ fn open_keyutils() -> keyring_core::Result<Arc<CredentialStore>> {
     ))
 }
 
+#[cfg(target_os = "macos")]
+fn open_macos_keychain() -> keyring_core::Result<Arc<CredentialStore>> {
+    let store: Arc<CredentialStore> = apple_native_keyring_store::keychain::Store::new()?;
+    Ok(store)
+}
+
+#[cfg(not(target_os = "macos"))]
+fn open_macos_keychain() -> keyring_core::Result<Arc<CredentialStore>> {
+    Err(keyring_core::Error::NotSupportedByStore(
+        "the macOS keychain is only available on macOS".to_owned(),
+    ))
+}
+
+#[cfg(windows)]
+fn open_windows_credential_manager() -> keyring_core::Result<Arc<CredentialStore>> {
+    let store: Arc<CredentialStore> = windows_native_keyring_store::Store::new()?;
+    Ok(store)
+}
+
+#[cfg(not(windows))]
+fn open_windows_credential_manager() -> keyring_core::Result<Arc<CredentialStore>> {
+    Err(keyring_core::Error::NotSupportedByStore(
+        "the Windows Credential Manager is only available on Windows".to_owned(),
+    ))
+}
+
 fn open_store(backend: KeychainBackend) -> keyring_core::Result<Arc<CredentialStore>> {
     match backend {
         KeychainBackend::SecretService => open_secret_service(),
         KeychainBackend::Keyutils => open_keyutils(),
+        KeychainBackend::MacosKeychain => open_macos_keychain(),
+        KeychainBackend::WindowsCredentialManager => open_windows_credential_manager(),
         // Never reached: the file backend's entries go through `with_sealed`.
         KeychainBackend::File => Err(keyring_core::Error::NotSupportedByStore(
             "the file keychain has no OS store".to_owned(),

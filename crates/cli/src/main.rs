@@ -177,6 +177,12 @@ enum KeychainArg {
     /// Sealed files in the data dir, under a key from --vault-key-file or systemd's
     /// credential directory (for a broker running as its own system user).
     File,
+    /// The macOS login keychain.
+    #[cfg(target_os = "macos")]
+    MacosKeychain,
+    /// The Windows Credential Manager (this user's credentials, kept on this machine).
+    #[cfg(windows)]
+    WindowsCredentialManager,
 }
 
 impl KeychainArg {
@@ -185,7 +191,21 @@ impl KeychainArg {
             KeychainArg::SecretService => KeychainBackend::SecretService,
             KeychainArg::Keyutils => KeychainBackend::Keyutils,
             KeychainArg::File => KeychainBackend::File,
+            #[cfg(target_os = "macos")]
+            KeychainArg::MacosKeychain => KeychainBackend::MacosKeychain,
+            #[cfg(windows)]
+            KeychainArg::WindowsCredentialManager => KeychainBackend::WindowsCredentialManager,
         }
+    }
+
+    /// The person's OS keychain on this platform.
+    fn platform_default() -> KeychainArg {
+        #[cfg(target_os = "macos")]
+        return KeychainArg::MacosKeychain;
+        #[cfg(windows)]
+        return KeychainArg::WindowsCredentialManager;
+        #[cfg(not(any(target_os = "macos", windows)))]
+        KeychainArg::SecretService
     }
 
     fn choice(self) -> postern_mcp::KeychainChoice {
@@ -193,6 +213,12 @@ impl KeychainArg {
             KeychainArg::SecretService => postern_mcp::KeychainChoice::SecretService,
             KeychainArg::Keyutils => postern_mcp::KeychainChoice::Keyutils,
             KeychainArg::File => postern_mcp::KeychainChoice::File,
+            #[cfg(target_os = "macos")]
+            KeychainArg::MacosKeychain => postern_mcp::KeychainChoice::MacosKeychain,
+            #[cfg(windows)]
+            KeychainArg::WindowsCredentialManager => {
+                postern_mcp::KeychainChoice::WindowsCredentialManager
+            }
         }
     }
 }
@@ -200,7 +226,7 @@ impl KeychainArg {
 #[derive(Args)]
 struct KeychainArgs {
     /// Which OS keychain holds the secrets.
-    #[arg(long, value_enum, default_value_t = KeychainArg::SecretService)]
+    #[arg(long, value_enum, default_value_t = KeychainArg::platform_default())]
     keychain: KeychainArg,
     /// The keychain service name entries live under.
     #[arg(long, value_name = "NAME", default_value = DEFAULT_SERVICE)]

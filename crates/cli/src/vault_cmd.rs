@@ -65,14 +65,10 @@ pub fn read_secret(id: &str, source: &Source) -> Result<Secret, Failure> {
 
 /// Creates the data directory (owner-only) if it does not exist yet.
 fn ensure_data_dir(dir: &Path) -> Result<(), Failure> {
-    use std::os::unix::fs::DirBuilderExt;
     if dir.is_dir() {
         return Ok(());
     }
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
+    postern_broker::platform::create_owner_only_dir_all(dir)
         .map_err(|e| Failure::unavailable(format!("cannot create {}: {e}", dir.display())))
 }
 

@@ -131,23 +131,15 @@ pub fn serve(data_dir: &Path, listen: SocketAddr) -> Outcome {
 }
 
 async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
+    match postern_broker::platform::termination() {
+        Ok(terminate) => {
+            tokio::select! {
+                () = terminate => {}
+                _ = tokio::signal::ctrl_c() => {}
             }
         }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }

@@ -54,7 +54,8 @@ pub enum HeadlessError {
     Peering(#[from] PeeringError),
 }
 
-/// Runs until SIGINT or SIGTERM.
+/// Runs until SIGINT or SIGTERM (on Windows: Ctrl-C, Ctrl-Break, the console closing or
+/// the system shutting down).
 pub async fn run(args: HeadlessArgs) -> Result<(), HeadlessError> {
     let socket = args
         .daemon
@@ -123,11 +124,11 @@ pub async fn run(args: HeadlessArgs) -> Result<(), HeadlessError> {
             None => "this user and root only".to_string(),
         }
     );
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|source| DaemonError::Socket {
-        path: socket.display().to_string(),
-        source,
-    })?;
+    let terminate =
+        postern_broker::platform::termination().map_err(|source| DaemonError::Socket {
+            path: socket.display().to_string(),
+            source,
+        })?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
@@ -167,7 +168,7 @@ pub async fn run(args: HeadlessArgs) -> Result<(), HeadlessError> {
     ));
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {},
-        _ = terminate.recv() => {},
+        () = terminate => {},
     }
     let _ = stop_tx.send(true);
     let _ = operator.await;

@@ -23,6 +23,11 @@
 //! root, or a process whose primary or supplementary groups include the operator group.
 //! Anyone else gets one OPERATOR_REFUSED line and the connection is closed; the refusal
 //! is logged and counted (the count is in the overview).
+//!
+//! The operator group is the privilege-separated install's, and Linux only: elsewhere
+//! [`lookup_group`] says so. On macOS the peer is read with getpeereid (the broker's own
+//! uid or root); on Windows the socket is a named pipe beside the agent's and the peer
+//! must run as the broker's own user (its token's SID).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -31,12 +36,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{UnixListener, UnixStream};
 use zeroize::Zeroizing;
 
+#[cfg(target_os = "linux")]
+use postern_broker::platform::supplementary_groups;
+use postern_broker::platform::{self, Accepted, Listener, PeerCred, UserId};
 use postern_mcp::bridge::{Line, LineReader, MAX_DEPTH, nesting_exceeds};
 use postern_mcp::daemon::{DaemonError, bind_with_mode};
-use postern_mcp::peer::own_uid;
 
 use crate::console::Console;
 use crate::dispatch::{Caller, dispatch_as};
@@ -46,12 +52,10 @@ use crate::dto::{CommandError, ErrorCode};
 /// times over).
 pub const MAX_REQUEST: usize = 1024 * 1024;
 
-/// The operator socket's default path: beside the agent socket.
+/// The operator socket's default path: beside the agent socket (on Windows, the pipe
+/// `<agent pipe>-operator`).
 pub fn default_operator_socket(agent_socket: &Path) -> PathBuf {
-    agent_socket
-        .parent()
-        .unwrap_or(Path::new("."))
-        .join("operator.sock")
+    platform::sibling_endpoint(agent_socket, "operator.sock")
 }
 
 /// One request line.
@@ -103,9 +107,15 @@ pub enum OperatorError {
     },
     #[error("cannot tell which user this process runs as")]
     NoUid,
+    #[error(
+        "operator groups (`{0}`) belong to the privilege-separated install, which is Linux \
+         only; on this platform only the broker's own user may operate it"
+    )]
+    GroupsUnsupported(String),
 }
 
 /// Finds `name` in /etc/group (a plain number is taken as the gid itself).
+#[cfg(target_os = "linux")]
 pub fn lookup_group(name: &str) -> Result<OperatorGroup, OperatorError> {
     let text = std::fs::read_to_string("/etc/group").map_err(OperatorError::GroupFile)?;
     let found = text.lines().find_map(|line| {
@@ -123,34 +133,21 @@ pub fn lookup_group(name: &str) -> Result<OperatorGroup, OperatorError> {
     }
 }
 
-/// The user name of `uid` from /etc/passwd, if it has one.
-fn user_name(uid: u32) -> Option<String> {
-    let text = std::fs::read_to_string("/etc/passwd").ok()?;
-    text.lines().find_map(|line| {
-        let mut fields = line.split(':');
-        let name = fields.next()?;
-        let id: u32 = fields.nth(1)?.parse().ok()?;
-        (id == uid).then(|| name.to_string())
-    })
+/// Operator groups are Linux only (see the module docs).
+#[cfg(not(target_os = "linux"))]
+pub fn lookup_group(name: &str) -> Result<OperatorGroup, OperatorError> {
+    Err(OperatorError::GroupsUnsupported(name.to_string()))
 }
 
-/// The supplementary groups of process `pid` (/proc/PID/status `Groups:`).
-fn supplementary_groups(pid: u32) -> Vec<u32> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|status| {
-            status.lines().find_map(|l| {
-                l.strip_prefix("Groups:").map(|rest| {
-                    rest.split_whitespace()
-                        .filter_map(|g| g.parse().ok())
-                        .collect()
-                })
-            })
-        })
-        .unwrap_or_default()
+/// The supplementary groups of process `pid`: none are read where operator groups do
+/// not exist.
+#[cfg(all(unix, not(target_os = "linux")))]
+fn supplementary_groups(_pid: u32) -> Vec<u32> {
+    Vec::new()
 }
 
 /// The kernel's word on who connected.
+#[cfg(unix)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Peer {
     pub uid: u32,
@@ -159,12 +156,99 @@ pub struct Peer {
 }
 
 /// Who may operate this broker.
+#[cfg(unix)]
 #[derive(Debug, Clone)]
 pub struct OperatorAccess {
     pub own_uid: u32,
     pub group: Option<OperatorGroup>,
 }
 
+/// Who may operate this broker: on Windows, its own user only.
+#[cfg(windows)]
+#[derive(Debug, Clone)]
+pub struct OperatorAccess {
+    pub own_user: UserId,
+}
+
+#[cfg(windows)]
+impl OperatorAccess {
+    fn new(group: Option<OperatorGroup>) -> Result<Self, OperatorError> {
+        if let Some(group) = group {
+            return Err(OperatorError::GroupsUnsupported(group.name));
+        }
+        let own_user = platform::current_user().map_err(|_| OperatorError::NoUid)?;
+        Ok(OperatorAccess { own_user })
+    }
+
+    /// Whether a peer running as `user` may operate the broker.
+    pub fn allows_user(&self, user: &UserId) -> bool {
+        *user == self.own_user
+    }
+
+    /// The admission decision for `cred`, and how to name the peer in a refusal.
+    fn admit(&self, cred: &PeerCred) -> (bool, String) {
+        let who = format!(
+            "{} pid {}",
+            cred.user,
+            cred.pid.map_or("?".to_string(), |p| p.to_string())
+        );
+        (self.allows_user(&cred.user), who)
+    }
+
+    fn refusal(&self, cred: &PeerCred) -> String {
+        format!(
+            "This broker's operator socket refuses {}: only the broker's own user may operate it.",
+            cred.user
+        )
+    }
+}
+
+#[cfg(unix)]
+impl OperatorAccess {
+    fn new(group: Option<OperatorGroup>) -> Result<Self, OperatorError> {
+        let own_uid = platform::own_uid().ok_or(OperatorError::NoUid)?;
+        Ok(OperatorAccess { own_uid, group })
+    }
+
+    fn peer(cred: &PeerCred) -> Option<Peer> {
+        let UserId::Uid(uid) = cred.user else {
+            return None;
+        };
+        Some(Peer {
+            uid,
+            gid: cred.gid?,
+            pid: cred.pid,
+        })
+    }
+
+    /// The admission decision for `cred`, and how to name the peer in a refusal.
+    fn admit(&self, cred: &PeerCred) -> (bool, String) {
+        let Some(peer) = Self::peer(cred) else {
+            return (false, cred.user.to_string());
+        };
+        let groups = peer.pid.map(supplementary_groups).unwrap_or_default();
+        let who = format!(
+            "uid {} gid {} pid {}",
+            peer.uid,
+            peer.gid,
+            peer.pid.map_or("?".to_string(), |p| p.to_string()),
+        );
+        (self.allows(&peer, &groups), who)
+    }
+
+    fn refusal(&self, cred: &PeerCred) -> String {
+        format!(
+            "This broker's operator socket refuses {}: only the broker's own user, \
+             root{} may operate it.",
+            cred.user,
+            self.group
+                .as_ref()
+                .map_or(String::new(), |g| format!(" or members of {}", g.name))
+        )
+    }
+}
+
+#[cfg(unix)]
 impl OperatorAccess {
     /// Whether `peer` may operate the broker; `groups` are its supplementary groups.
     pub fn allows(&self, peer: &Peer, groups: &[u32]) -> bool {
@@ -189,11 +273,11 @@ pub struct OperatorServer {
 
 impl OperatorServer {
     pub fn new(console: Arc<Console>, group: Option<OperatorGroup>) -> Result<Self, OperatorError> {
-        let own_uid = own_uid().ok_or(OperatorError::NoUid)?;
+        let access = OperatorAccess::new(group)?;
         let export_dir = console.paths.data_dir.join("exports");
         Ok(OperatorServer {
             console,
-            access: OperatorAccess { own_uid, group },
+            access,
             export_dir,
         })
     }
@@ -205,13 +289,19 @@ impl OperatorServer {
 
 /// Binds the operator socket: the same path checks as the agent socket (a safe
 /// directory, only a stale socket of our own replaced), then mode 0660 and the operator
-/// group, or 0600 without one.
+/// group, or 0600 without one. (On Windows, a pipe for this user; no group.)
 pub async fn bind_operator(
     path: &Path,
     group: Option<&OperatorGroup>,
-) -> Result<UnixListener, OperatorError> {
-    let mode = if group.is_some() { 0o660 } else { 0o600 };
+) -> Result<Listener, OperatorError> {
     let listener = bind_with_mode(path, 0o600).await?;
+    give_to_group(path, group)?;
+    Ok(listener)
+}
+
+#[cfg(unix)]
+fn give_to_group(path: &Path, group: Option<&OperatorGroup>) -> Result<(), OperatorError> {
+    let mode = if group.is_some() { 0o660 } else { 0o600 };
     if let Some(group) = group {
         std::os::unix::fs::chown(path, None, Some(group.gid)).map_err(|source| {
             OperatorError::Chown {
@@ -229,20 +319,28 @@ pub async fn bind_operator(
             },
         )?;
     }
-    Ok(listener)
+    Ok(())
+}
+
+#[cfg(windows)]
+fn give_to_group(_path: &Path, group: Option<&OperatorGroup>) -> Result<(), OperatorError> {
+    match group {
+        Some(group) => Err(OperatorError::GroupsUnsupported(group.name.clone())),
+        None => Ok(()),
+    }
 }
 
 /// Accepts operator connections until `stop` completes.
 pub async fn serve_operator(
     server: Arc<OperatorServer>,
-    listener: UnixListener,
+    mut listener: Listener,
     stop: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(stop);
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                if let Ok((stream, _)) = accepted {
+                if let Ok(stream) = accepted {
                     tokio::spawn(serve_operator_connection(server.clone(), stream));
                 }
             }
@@ -269,54 +367,33 @@ fn failure(id: Value, error: CommandError) -> Response {
 }
 
 /// Serves one operator connection: checks the peer, then answers request lines in order.
-pub async fn serve_operator_connection(server: Arc<OperatorServer>, stream: UnixStream) {
-    let Ok(cred) = stream.peer_cred() else { return };
-    let peer = Peer {
-        uid: cred.uid(),
-        gid: cred.gid(),
-        pid: cred.pid().and_then(|p| u32::try_from(p).ok()),
+pub async fn serve_operator_connection(server: Arc<OperatorServer>, stream: Accepted) {
+    let Ok(cred) = platform::peer_of(&stream) else {
+        return;
     };
-    let groups = peer.pid.map(supplementary_groups).unwrap_or_default();
-    let (read, mut write) = stream.into_split();
-    if !server.access.allows(&peer, &groups) {
+    let (admitted, who) = server.access.admit(&cred);
+    let (read, mut write) = platform::split(stream);
+    if !admitted {
         let n = server.refusals().fetch_add(1, Ordering::Relaxed) + 1;
-        let group = server
-            .access
-            .group
-            .as_ref()
-            .map_or("no operator group is set".to_string(), |g| {
-                format!("not in the operator group {}", g.name)
-            });
         eprintln!(
-            "postern: operator socket: refused uid {} gid {} pid {} ({group}); {n} refused so far",
-            peer.uid,
-            peer.gid,
-            peer.pid.map_or("?".to_string(), |p| p.to_string()),
+            "postern: operator socket: refused {who} ({}); {n} refused so far",
+            operator_group_note(&server.access),
         );
         let refused = failure(
             Value::Null,
-            CommandError::new(
-                ErrorCode::OperatorRefused,
-                format!(
-                    "This broker's operator socket refuses uid {}: only the broker's own user, \
-                     root{} may operate it.",
-                    peer.uid,
-                    server
-                        .access
-                        .group
-                        .as_ref()
-                        .map_or(String::new(), |g| format!(" or members of {}", g.name))
-                ),
-            ),
+            CommandError::new(ErrorCode::OperatorRefused, server.access.refusal(&cred)),
         );
         let _ = write.write_all(&line_of(&refused)).await;
         let _ = write.shutdown().await;
         return;
     }
     let caller = Caller {
-        operator: match user_name(peer.uid) {
+        operator: match platform::user_name(&cred.user) {
             Some(name) => format!("operator:{name}"),
-            None => format!("operator:uid{}", peer.uid),
+            None => match &cred.user {
+                UserId::Uid(uid) => format!("operator:uid{uid}"),
+                UserId::Sid(sid) => format!("operator:{sid}"),
+            },
         },
         export_dir: server.export_dir.clone(),
     };
@@ -342,6 +419,23 @@ pub async fn serve_operator_connection(server: Arc<OperatorServer>, stream: Unix
             return;
         }
     }
+}
+
+/// Why a refused peer is not an operator, for the log.
+#[cfg(unix)]
+fn operator_group_note(access: &OperatorAccess) -> String {
+    access
+        .group
+        .as_ref()
+        .map_or("no operator group is set".to_string(), |g| {
+            format!("not in the operator group {}", g.name)
+        })
+}
+
+/// Why a refused peer is not an operator, for the log.
+#[cfg(windows)]
+fn operator_group_note(_access: &OperatorAccess) -> String {
+    "not the broker's own user".to_string()
 }
 
 async fn answer(console: &Arc<Console>, caller: &Caller, bytes: &[u8]) -> Response {
@@ -411,8 +505,9 @@ impl OperatorClient {
 
     /// Sends one command and waits for its answer.
     pub async fn call(&self, command: &str, args: Value) -> Result<Value, CommandError> {
-        let stream = UnixStream::connect(&self.socket).await.map_err(|e| {
-            let hint = if e.kind() == std::io::ErrorKind::PermissionDenied {
+        let stream = platform::connect(&self.socket).await.map_err(|e| {
+            // On Windows a refusal names the pipe's user itself (platform::connect).
+            let hint = if cfg!(unix) && e.kind() == std::io::ErrorKind::PermissionDenied {
                 " (is this user in the broker's operator group? a new group membership \
                  needs a new login)"
             } else {
@@ -420,7 +515,7 @@ impl OperatorClient {
             };
             self.unreachable(format!("{e}{hint}"))
         })?;
-        let (read, mut write) = stream.into_split();
+        let (read, mut write) = tokio::io::split(stream);
         let mut line = serde_json::to_vec(&Request {
             id: Value::from(1),
             command: command.to_string(),
@@ -458,6 +553,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg(unix)]
     fn the_broker_user_root_and_the_operator_group_are_allowed_and_no_one_else() {
         let access = OperatorAccess {
             own_uid: 990,
@@ -484,6 +580,28 @@ mod tests {
     }
 
     #[test]
+    #[cfg(windows)]
+    fn only_the_brokers_own_user_may_operate_it_on_windows() {
+        let access = OperatorAccess::new(None).unwrap();
+        assert!(access.allows_user(&platform::current_user().unwrap()));
+        // The anonymous logon SID: never this user.
+        assert!(!access.allows_user(&UserId::Sid("S-1-5-7".into())));
+        let group = OperatorGroup {
+            name: "postern-operators".into(),
+            gid: 980,
+        };
+        assert!(matches!(
+            OperatorAccess::new(Some(group)),
+            Err(OperatorError::GroupsUnsupported(_))
+        ));
+        assert!(matches!(
+            lookup_group("postern-operators"),
+            Err(OperatorError::GroupsUnsupported(_))
+        ));
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
     fn groups_are_found_by_name_or_number() {
         assert_eq!(lookup_group("root").unwrap().gid, 0);
         assert_eq!(lookup_group("4242").unwrap().gid, 4242);
@@ -494,6 +612,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(target_os = "linux")]
     fn this_process_supplementary_groups_are_read() {
         // Whatever they are, reading them must not fail for a live process.
         let status = std::fs::read_to_string("/proc/self/status").unwrap();

@@ -43,7 +43,6 @@ use rmcp::model::{
 use rmcp::service::{RequestContext, RoleServer};
 use serde_json::{Map, Value, json};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
-use tokio::net::UnixStream;
 use tokio::sync::{Notify, mpsc};
 
 use crate::server::DELIVERED;
@@ -89,7 +88,7 @@ pub enum BridgeError {
 
 /// Connects to the broker and relays, or serves the unavailable answer.
 pub async fn run(socket: &Path) -> Result<(), BridgeError> {
-    match UnixStream::connect(socket).await {
+    match postern_broker::platform::connect(socket).await {
         Ok(stream) => match relay(stream, tokio::io::stdin(), tokio::io::stdout(), true).await {
             End::BrokerClosed => Err(BridgeError::BrokerClosed(socket.display().to_string())),
             End::AgentDone | End::AgentGone => Ok(()),
@@ -1004,6 +1003,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(unix)]
     fn permission_denied_is_not_reported_as_no_broker_running() {
         let socket = Path::new("/srv/postern/run/postern.sock");
         let denied = unreachable_message(socket, &std::io::Error::from_raw_os_error(libc::EACCES));
@@ -1018,6 +1018,21 @@ mod tests {
                 "{absent}"
             );
         }
+    }
+
+    #[test]
+    #[cfg(windows)]
+    fn a_refused_pipe_is_not_reported_as_no_broker_running() {
+        let pipe = Path::new(r"\\.\pipe\postern-0123456789abcdef");
+        // ERROR_ACCESS_DENIED: another user's pipe.
+        let denied = unreachable_message(pipe, &std::io::Error::from_raw_os_error(5));
+        assert!(denied.contains("Permission denied") && denied.contains("another user"));
+        // ERROR_FILE_NOT_FOUND: nobody serves the name.
+        let absent = unreachable_message(pipe, &std::io::Error::from_raw_os_error(2));
+        assert!(
+            absent.starts_with("No Postern broker is running"),
+            "{absent}"
+        );
     }
 
     /// A fake broker on one end of a pipe: answers each request line with a result for

@@ -26,8 +26,16 @@
 //! The journal lives in the data dir, so the data dir must take new files and an existing
 //! journal must be writable; that is checked before anything else is created (no keychain
 //! entry, no journal file, no socket directory), and said as what it is.
+//!
+//! # On Windows
+//! The endpoint is a named pipe (`\\.\pipe\NAME`), which has no directory, owner or
+//! mode to check: the pipe is created as the first instance of its name (a name someone
+//! else holds is refused: [`DaemonError::AlreadyRunning`] when this user's broker answers
+//! on it, [`DaemonError::PipeInUse`] otherwise), remote clients are rejected, and every
+//! client's user is checked as on unix ([`postern_broker::platform`]). The data dir's new
+//! levels get a DACL for this user and SYSTEM instead of 0700. Serving other users'
+//! agents (a mode other than 0600) is refused there.
 
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -37,16 +45,18 @@ use rmcp::ErrorData as McpError;
 use rmcp::model::{ClientNotification, ClientRequest, ServerConfig, ServerResult};
 use rmcp::service::{NotificationContext, RequestContext, RoleServer, Service, ServiceExt};
 use tokio::io::{AsyncWriteExt, BufReader};
-use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Notify;
 
 use postern_broker::approvals::Approver;
 use postern_broker::broker::{Broker, BrokerOptions, OpenError};
+use postern_broker::platform::{self, Accepted, AcceptedRead, Listener};
 use postern_broker::sealed_store::load_key;
 use postern_broker::vault::KeychainBackend;
 
 use crate::bridge::{Line, LineReader, MAX_DEPTH, MAX_LINE, nesting_exceeds};
-use crate::peer::{identify_agent, own_uid, peer_allowed};
+#[cfg(unix)]
+use crate::peer::own_uid;
+use crate::peer::{identify_agent, peer_allowed};
 use crate::server::{DELIVERED, Session, Sessions};
 use crate::{DaemonArgs, KeychainChoice};
 
@@ -70,7 +80,15 @@ impl Found {
             Found::RegularFile
         } else if file_type.is_dir() {
             Found::Directory
-        } else if file_type.is_socket() {
+        } else {
+            Found::special(file_type)
+        }
+    }
+
+    #[cfg(unix)]
+    fn special(file_type: &std::fs::FileType) -> Found {
+        use std::os::unix::fs::FileTypeExt;
+        if file_type.is_socket() {
             Found::Socket
         } else if file_type.is_fifo() {
             Found::Fifo
@@ -79,6 +97,11 @@ impl Found {
         } else {
             Found::Other
         }
+    }
+
+    #[cfg(windows)]
+    fn special(_file_type: &std::fs::FileType) -> Found {
+        Found::Other
     }
 }
 
@@ -155,8 +178,20 @@ pub enum DaemonError {
     },
     #[error("the data directory {path} is {found}, not a directory")]
     DataDirNotDirectory { path: String, found: Found },
-    #[error("cannot tell which user this process runs as (/proc/self/status is unreadable)")]
+    #[error("cannot tell which user this process runs as")]
     NoUid,
+    #[error(
+        "{path} is not a named pipe name: on Windows the broker listens on \\\\.\\pipe\\NAME \
+         (the default is derived from the data dir)"
+    )]
+    NotAPipeName { path: String },
+    #[error(
+        "the pipe name {path} is already taken by another program or user; refusing to \
+         share it. Choose another --socket"
+    )]
+    PipeInUse { path: String },
+    #[error("{0}")]
+    Unsupported(&'static str),
 }
 
 impl From<OpenError> for DaemonError {
@@ -181,7 +216,10 @@ pub fn open_broker(
     prepare_data_dir(&args.data_dir)?;
     let vault_key = match args.keychain {
         KeychainChoice::File => Some(load_key(args.vault_key_file.as_deref())?),
-        KeychainChoice::SecretService | KeychainChoice::Keyutils => None,
+        KeychainChoice::SecretService
+        | KeychainChoice::Keyutils
+        | KeychainChoice::MacosKeychain
+        | KeychainChoice::WindowsCredentialManager => None,
     };
     let opened = Broker::open(BrokerOptions {
         data_dir: args.data_dir.clone(),
@@ -190,6 +228,8 @@ pub fn open_broker(
             KeychainChoice::SecretService => KeychainBackend::SecretService,
             KeychainChoice::Keyutils => KeychainBackend::Keyutils,
             KeychainChoice::File => KeychainBackend::File,
+            KeychainChoice::MacosKeychain => KeychainBackend::MacosKeychain,
+            KeychainChoice::WindowsCredentialManager => KeychainBackend::WindowsCredentialManager,
         },
         service: args.service.clone(),
         approver,
@@ -232,25 +272,27 @@ fn missing_levels(path: &Path) -> std::io::Result<(Vec<PathBuf>, PathBuf)> {
     Ok((missing, level))
 }
 
-/// Creates each of `levels` (outermost first) with mode 0700. Only these, which this
-/// process made, get their mode set.
+/// Creates each of `levels` (outermost first) with mode 0700 (on Windows, a DACL for
+/// this user and SYSTEM). Only these, which this process made, get their mode set.
 fn create_private_levels(levels: &[PathBuf]) -> std::io::Result<()> {
     for level in levels {
-        std::fs::DirBuilder::new().mode(0o700).create(level)?;
+        platform::owner_only_dir(&mut std::fs::DirBuilder::new()).create(level)?;
         // The umask may have taken bits away; the directory is ours to set.
-        std::fs::set_permissions(level, std::fs::Permissions::from_mode(0o700))?;
+        platform::protect_dir(level)?;
     }
     Ok(())
 }
 
 /// Refuses a directory others could write into (see the module docs for why).
 /// `group_may_write`: accept a group-writable directory (see the module docs for when).
+#[cfg(unix)]
 fn check_dir_safe(
     dir: &Path,
     meta: &std::fs::Metadata,
     me: u32,
     group_may_write: bool,
 ) -> Result<(), DaemonError> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let mode = meta.permissions().mode();
     let writable = if group_may_write { 0o002 } else { 0o022 };
     let problem = if meta.uid() != me && meta.uid() != 0 {
@@ -281,6 +323,7 @@ fn check_dir_safe(
 }
 
 /// Where the socket will go, checked without changing anything.
+#[cfg(unix)]
 struct SocketPlan {
     /// Directories to create, outermost first.
     create: Vec<PathBuf>,
@@ -288,7 +331,9 @@ struct SocketPlan {
     own_socket: bool,
 }
 
+#[cfg(unix)]
 fn inspect_socket_path(socket: &Path, me: u32) -> Result<SocketPlan, DaemonError> {
+    use std::os::unix::fs::MetadataExt;
     let dir = socket
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -345,21 +390,36 @@ fn inspect_socket_path(socket: &Path, me: u32) -> Result<SocketPlan, DaemonError
 
 /// Checks the socket path as [`bind`] will use it, changing nothing: the daemon calls it
 /// before it creates anything else.
+#[cfg(unix)]
 pub fn check_socket_path(socket: &Path) -> Result<(), DaemonError> {
     let me = own_uid().ok_or(DaemonError::NoUid)?;
     inspect_socket_path(socket, me).map(|_| ())
 }
 
+/// Checks the pipe name as [`bind`] will use it, changing nothing.
+#[cfg(windows)]
+pub fn check_socket_path(socket: &Path) -> Result<(), DaemonError> {
+    if platform::is_pipe_name(socket) {
+        Ok(())
+    } else {
+        Err(DaemonError::NotAPipeName {
+            path: socket.display().to_string(),
+        })
+    }
+}
+
 /// Binds the socket, mode 0600, creating missing directories 0700 and replacing only a
 /// stale socket of our own (see the module docs).
-pub async fn bind(socket: &Path) -> Result<UnixListener, DaemonError> {
+pub async fn bind(socket: &Path) -> Result<Listener, DaemonError> {
     bind_with_mode(socket, 0o600).await
 }
 
 /// [`bind`] with the socket file given `mode` instead of 0600: 0666 for an agent socket
 /// other local users reach (a broker running as its own system user, [`AgentAccess::
 /// AnyLocalUser`]), 0660 for a group's socket.
-pub async fn bind_with_mode(socket: &Path, mode: u32) -> Result<UnixListener, DaemonError> {
+#[cfg(unix)]
+pub async fn bind_with_mode(socket: &Path, mode: u32) -> Result<Listener, DaemonError> {
+    use std::os::unix::fs::PermissionsExt;
     let me = own_uid().ok_or(DaemonError::NoUid)?;
     let plan = inspect_socket_path(socket, me)?;
     let err = |source| DaemonError::Socket {
@@ -376,14 +436,38 @@ pub async fn bind_with_mode(socket: &Path, mode: u32) -> Result<UnixListener, Da
     })?;
     if plan.own_socket {
         // A live broker answers; a stale socket from a crash does not.
-        if UnixStream::connect(socket).await.is_ok() {
+        if platform::connect(socket).await.is_ok() {
             return Err(DaemonError::AlreadyRunning(socket.display().to_string()));
         }
         std::fs::remove_file(socket).map_err(err)?;
     }
-    let listener = UnixListener::bind(socket).map_err(err)?;
+    let listener = Listener::bind(socket).map_err(err)?;
     std::fs::set_permissions(socket, std::fs::Permissions::from_mode(mode & 0o777)).map_err(err)?;
     Ok(listener)
+}
+
+/// [`bind`] on Windows: the first instance of the pipe `socket`. Only `mode` 0600 (this
+/// user) is served: see the module docs.
+#[cfg(windows)]
+pub async fn bind_with_mode(socket: &Path, mode: u32) -> Result<Listener, DaemonError> {
+    if mode & 0o077 != 0 {
+        return Err(DaemonError::Unsupported(
+            "on Windows the broker's pipe admits its own user only: serving other users' \
+             agents (--agent-users any) or an operator group is not supported there",
+        ));
+    }
+    check_socket_path(socket)?;
+    let path = socket.display().to_string();
+    match Listener::bind(socket) {
+        Ok(listener) => Ok(listener),
+        // ERROR_ACCESS_DENIED: the name exists. This user's broker answers on it, or
+        // someone else holds it.
+        Err(e) if e.raw_os_error() == Some(5) => match platform::connect(socket).await {
+            Ok(_) => Err(DaemonError::AlreadyRunning(path)),
+            Err(_) => Err(DaemonError::PipeInUse { path }),
+        },
+        Err(source) => Err(DaemonError::Socket { path, source }),
+    }
 }
 
 /// Makes sure the data dir exists (missing levels created 0700, an existing one left as
@@ -529,11 +613,7 @@ fn is_ack(line: &[u8]) -> bool {
 /// the MCP layer would drop them too (its own line limit; serde_json's recursion limit),
 /// this only keeps them from being parsed at all. The bridge never sends either kind;
 /// clients that talk to the socket directly might.
-async fn guard_input(
-    read: tokio::net::unix::OwnedReadHalf,
-    mut feed: tokio::io::DuplexStream,
-    acks: Arc<Acks>,
-) {
+async fn guard_input(read: AcceptedRead, mut feed: tokio::io::DuplexStream, acks: Arc<Acks>) {
     let mut lines = LineReader::new(BufReader::new(read), MAX_LINE);
     while let Ok(Some(line)) = lines.next().await {
         let Line::Complete(mut bytes) = line else {
@@ -567,7 +647,7 @@ pub enum AgentAccess {
 
 /// Serves one connection: checks the peer's uid, identifies the agent behind the bridge,
 /// records it in `sessions`, and runs an MCP session until the bridge goes away.
-pub async fn serve_connection(broker: Arc<Broker>, sessions: Arc<Sessions>, stream: UnixStream) {
+pub async fn serve_connection(broker: Arc<Broker>, sessions: Arc<Sessions>, stream: Accepted) {
     serve_connection_with(broker, sessions, stream, AgentAccess::OwnUser).await;
 }
 
@@ -575,25 +655,27 @@ pub async fn serve_connection(broker: Arc<Broker>, sessions: Arc<Sessions>, stre
 pub async fn serve_connection_with(
     broker: Arc<Broker>,
     sessions: Arc<Sessions>,
-    stream: UnixStream,
+    stream: Accepted,
     access: AgentAccess,
 ) {
-    let Ok(cred) = stream.peer_cred() else { return };
-    let Some(me) = own_uid() else { return };
-    if access == AgentAccess::OwnUser && !peer_allowed(cred.uid(), me) {
+    let Ok(cred) = platform::peer_of(&stream) else {
+        return;
+    };
+    let Ok(me) = platform::current_user() else {
+        return;
+    };
+    if access == AgentAccess::OwnUser && !peer_allowed(&cred.user, &me) {
         // Another user: refuse without a word.
         return;
     }
-    let identity = cred
-        .pid()
-        .and_then(|pid| u32::try_from(pid).ok())
-        .and_then(identify_agent);
-    let Some(identity) = identity else { return };
+    let Some(identity) = cred.pid.and_then(identify_agent) else {
+        return;
+    };
     sessions.connected(&identity, broker.journal.now_ms());
     let session = Session::new(broker.clone(), identity.clone());
     let undelivered = session.clone();
     let acks = Arc::new(Acks::default());
-    let (read, write) = stream.into_split();
+    let (read, write) = platform::split(stream);
     let (session_side, feed) = tokio::io::duplex(64 * 1024);
     let guard = tokio::spawn(guard_input(read, feed, acks.clone()));
     let counted = Counted {
@@ -617,7 +699,7 @@ pub async fn serve_connection_with(
 pub async fn serve(
     broker: Arc<Broker>,
     sessions: Arc<Sessions>,
-    listener: UnixListener,
+    listener: Listener,
     stop: impl std::future::Future<Output = ()>,
 ) {
     serve_with(broker, sessions, listener, stop, AgentAccess::OwnUser).await;
@@ -627,7 +709,7 @@ pub async fn serve(
 pub async fn serve_with(
     broker: Arc<Broker>,
     sessions: Arc<Sessions>,
-    listener: UnixListener,
+    mut listener: Listener,
     stop: impl std::future::Future<Output = ()>,
     access: AgentAccess,
 ) {
@@ -636,7 +718,7 @@ pub async fn serve_with(
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                if let Ok((stream, _)) = accepted {
+                if let Ok(stream) = accepted {
                     tokio::spawn(serve_connection_with(
                         broker.clone(),
                         sessions.clone(),
@@ -651,16 +733,20 @@ pub async fn serve_with(
     }
 }
 
-/// The file identity (device, inode) at `path`, without following a symlink.
+/// The file identity (device, inode) at `path`, without following a symlink; `None` on
+/// Windows, whose pipes leave no file behind.
 pub fn file_identity(path: &Path) -> Option<(u64, u64)> {
     std::fs::symlink_metadata(path)
         .ok()
-        .map(|m| (m.dev(), m.ino()))
+        .and_then(|m| platform::file_identity(&m))
 }
 
+// Unix socket paths: directories, modes, owners.
 #[cfg(test)]
+#[cfg(unix)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 
     fn mode(path: &Path) -> u32 {
         std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
@@ -859,5 +945,44 @@ mod tests {
             br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#
         ));
         assert!(!is_ack(b"not json"));
+    }
+}
+
+// Named pipes: what replaces the socket path checks on Windows.
+#[cfg(test)]
+#[cfg(windows)]
+mod windows_tests {
+    use super::*;
+
+    fn pipe(tag: &str) -> PathBuf {
+        PathBuf::from(format!(
+            r"\\.\pipe\postern-test-{tag}-{}",
+            std::process::id()
+        ))
+    }
+
+    #[tokio::test]
+    async fn a_second_broker_on_the_same_pipe_is_told_one_already_runs() {
+        let name = pipe("twice");
+        let _first = bind(&name).await.unwrap();
+        let second = bind(&name).await;
+        assert!(
+            matches!(second, Err(DaemonError::AlreadyRunning(_))),
+            "{second:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_path_or_a_mode_for_other_users_is_refused() {
+        let path = bind(Path::new(r"C:\postern\run\postern.sock")).await;
+        assert!(
+            matches!(path, Err(DaemonError::NotAPipeName { .. })),
+            "{path:?}"
+        );
+        let shared = bind_with_mode(&pipe("shared"), 0o666).await;
+        assert!(
+            matches!(shared, Err(DaemonError::Unsupported(_))),
+            "{shared:?}"
+        );
     }
 }

@@ -7,7 +7,8 @@
 //!   ([`postern_broker::broker::Broker`]); delivery acknowledgements; the registry of
 //!   agent sessions, held beside the broker by whoever serves the socket.
 //! - [`daemon`]: the headless broker: socket (0600, in a directory others cannot write;
-//!   only its own stale socket replaced), peer uid checked, input lines guarded.
+//!   only its own stale socket replaced; a named pipe on Windows), peer user checked,
+//!   input lines guarded.
 //! - [`bridge`]: stdio ↔ socket relay that answers malformed input itself and delivers
 //!   what it owes before exiting; BROKER_UNAVAILABLE when no broker runs or may be reached.
 //! - [`peer`]: peer credentials and the agent process behind a bridge.
@@ -32,6 +33,10 @@ pub enum KeychainChoice {
     /// Sealed files in the data dir; the key from `--vault-key-file` or systemd's
     /// credential directory.
     File,
+    /// The macOS login keychain.
+    MacosKeychain,
+    /// The Windows Credential Manager.
+    WindowsCredentialManager,
 }
 
 impl KeychainChoice {
@@ -41,6 +46,20 @@ impl KeychainChoice {
             KeychainChoice::SecretService => "secret-service",
             KeychainChoice::Keyutils => "keyutils",
             KeychainChoice::File => "file",
+            KeychainChoice::MacosKeychain => "macos-keychain",
+            KeychainChoice::WindowsCredentialManager => "windows-credential-manager",
+        }
+    }
+
+    /// The person's OS keychain on this platform: the Secret Service on Linux, the login
+    /// keychain on macOS, the Credential Manager on Windows.
+    pub fn platform_default() -> KeychainChoice {
+        match postern_broker::vault::KeychainBackend::platform_default() {
+            postern_broker::vault::KeychainBackend::MacosKeychain => KeychainChoice::MacosKeychain,
+            postern_broker::vault::KeychainBackend::WindowsCredentialManager => {
+                KeychainChoice::WindowsCredentialManager
+            }
+            _ => KeychainChoice::SecretService,
         }
     }
 }
@@ -67,27 +86,16 @@ pub struct BridgeArgs {
 }
 
 /// The data directory when none is given: `$XDG_DATA_HOME/postern`, else
-/// `~/.local/share/postern` (the platform's application data location on Linux).
+/// `~/.local/share/postern` (the platform's application data location on Linux; see
+/// [`postern_broker::platform::default_data_dir`] for macOS and Windows).
 pub fn default_data_dir() -> PathBuf {
-    let absolute = |var: &str| {
-        std::env::var_os(var)
-            .map(PathBuf::from)
-            .filter(|p| p.is_absolute())
-    };
-    if let Some(xdg) = absolute("XDG_DATA_HOME") {
-        return xdg.join("postern");
-    }
-    match absolute("HOME") {
-        Some(home) => home.join(".local").join("share").join("postern"),
-        // No home directory at all: a relative directory is the only honest answer,
-        // and every message names the path it used.
-        None => PathBuf::from(".postern"),
-    }
+    postern_broker::platform::default_data_dir()
 }
 
-/// The socket a daemon listens on by default: inside a private directory of the data dir.
+/// The socket a daemon listens on by default: inside a private directory of the data dir
+/// (on Windows a named pipe derived from it, [`postern_broker::platform::default_endpoint`]).
 pub fn default_socket(data_dir: &Path) -> PathBuf {
-    data_dir.join("run").join("postern.sock")
+    postern_broker::platform::default_endpoint(data_dir)
 }
 
 /// Runs the stdio bridge an agent's MCP client launches.

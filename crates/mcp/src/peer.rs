@@ -1,24 +1,27 @@
 //! Who is on the other end of the socket: the peer's credentials from the kernel
-//! (SO_PEERCRED, through tokio's safe `peer_cred`), and the agent process behind the
-//! bridge read from /proc.
+//! ([`postern_broker::platform::peer_of`]: SO_PEERCRED on Linux, getpeereid on macOS,
+//! the pipe client's token on Windows), and the agent process behind the bridge
+//! (/proc on Linux; see [`postern_broker::platform`] for the others).
 //!
 //! The bridge (`postern mcp`) is launched by the agent's MCP client, so the agent is the
 //! bridge's parent. A session is keyed by that process's pid and start time, so a
 //! recycled pid never inherits another process's session.
 
-use std::path::Path;
-
 use serde::Serialize;
 
-/// Facts about one process, read from /proc.
+use postern_broker::platform;
+
+/// Facts about one process, as the platform gives them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ProcessInfo {
     pub pid: u32,
-    /// Start time in clock ticks since boot (/proc/PID/stat field 22).
+    /// Start time in clock ticks since boot (/proc/PID/stat field 22) on Linux; the
+    /// platform's own start stamp elsewhere ([`platform::process_start`]).
     pub start_time: u64,
     pub ppid: u32,
     pub executable: Option<String>,
-    /// The command line, arguments joined by spaces, cut to 200 characters.
+    /// The command line, arguments joined by spaces, cut to 200 characters (empty where
+    /// the platform does not give it).
     pub command: String,
     pub cwd: Option<String>,
 }
@@ -36,38 +39,14 @@ pub struct AgentIdentity {
 
 /// Reads one process's facts; `None` if it is gone or unreadable.
 pub fn process_info(pid: u32) -> Option<ProcessInfo> {
-    let proc = Path::new("/proc").join(pid.to_string());
-    let stat = std::fs::read_to_string(proc.join("stat")).ok()?;
-    // The command name is in parentheses and may itself contain spaces or ')': the
-    // fields after the last ')' are positional.
-    let after = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    // After ')': state is field 3, ppid field 4, starttime field 22 (1-based overall).
-    let ppid = fields.get(1)?.parse().ok()?;
-    let start_time = fields.get(19)?.parse().ok()?;
-    let executable = std::fs::read_link(proc.join("exe"))
-        .ok()
-        .map(|p| p.display().to_string());
-    let cwd = std::fs::read_link(proc.join("cwd"))
-        .ok()
-        .map(|p| p.display().to_string());
-    let raw = std::fs::read(proc.join("cmdline")).unwrap_or_default();
-    let command: String = raw
-        .split(|b| *b == 0)
-        .filter(|part| !part.is_empty())
-        .map(|part| String::from_utf8_lossy(part).into_owned())
-        .collect::<Vec<_>>()
-        .join(" ")
-        .chars()
-        .take(200)
-        .collect();
+    let (ppid, start_time) = platform::process_start(pid)?;
     Some(ProcessInfo {
         pid,
         start_time,
         ppid,
-        executable,
-        command,
-        cwd,
+        executable: platform::process_executable(pid),
+        command: platform::process_command(pid),
+        cwd: platform::process_cwd(pid),
     })
 }
 
@@ -96,19 +75,16 @@ pub fn session_alive(identity: &AgentIdentity) -> bool {
 }
 
 /// Only the broker's own user may talk to it. The socket's directory (0700) and mode
-/// (0600) already keep others out; this is the second lock.
-pub fn peer_allowed(peer_uid: u32, own_uid: u32) -> bool {
+/// (0600) already keep others out; this is the second lock. (On Windows the users are
+/// SIDs, [`platform::UserId`].)
+pub fn peer_allowed<U: PartialEq>(peer_uid: U, own_uid: U) -> bool {
     peer_uid == own_uid
 }
 
-/// The effective uid of this process, read from /proc (no unsafe FFI needed).
+/// The effective uid of this process (geteuid: no /proc read, on Linux or macOS).
+#[cfg(unix)]
 pub fn own_uid() -> Option<u32> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|rest| rest.split_whitespace().nth(1))
-        .and_then(|euid| euid.parse().ok())
+    platform::own_uid()
 }
 
 #[cfg(test)]
@@ -125,8 +101,15 @@ mod tests {
 
     #[test]
     fn a_session_ends_when_its_agent_process_exits() {
+        #[cfg(unix)]
         let mut child = std::process::Command::new("sleep")
             .arg("30")
+            .spawn()
+            .unwrap();
+        #[cfg(windows)]
+        let mut child = std::process::Command::new("ping")
+            .args(["-n", "30", "127.0.0.1"])
+            .stdout(std::process::Stdio::null())
             .spawn()
             .unwrap();
         let agent = process_info(child.id()).unwrap();

@@ -232,25 +232,15 @@ pub fn log_origin(key: &VerifyingKey) -> String {
 }
 
 /// Where the broker keeps the anchor of the journal in `data_dir` unless told otherwise:
-/// `$XDG_STATE_HOME/postern/anchors/` (or `~/.local/state/...`), one file per data dir,
-/// named by a hash of its canonical path. Outside the data dir, so deleting or replacing
-/// that directory does not take the anchor with it.
+/// `$XDG_STATE_HOME/postern/anchors/` (or `~/.local/state/...`; the macOS and Windows
+/// places are [`crate::platform::anchor_dir`]'s), one file per data dir, named by a hash
+/// of its canonical path. Outside the data dir, so deleting or replacing that directory
+/// does not take the anchor with it.
 pub fn default_anchor(data_dir: &Path) -> Option<PathBuf> {
-    let state = std::env::var_os("XDG_STATE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .filter(|v| !v.is_empty())
-                .map(|h| PathBuf::from(h).join(".local/state"))
-        })?;
+    let anchors = crate::platform::anchor_dir()?;
     let canonical = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
     let name = blake3::hash(canonical.as_os_str().as_encoded_bytes());
-    Some(
-        state
-            .join("postern/anchors")
-            .join(format!("{}.checkpoint", &name.to_hex()[..16])),
-    )
+    Some(anchors.join(format!("{}.checkpoint", &name.to_hex()[..16])))
 }
 
 /// What went wrong, at the first sequence number where the record stops verifying.
@@ -558,11 +548,7 @@ pub fn write_checkpoint_file(path: &Path, cp: &Checkpoint) -> std::io::Result<()
         && !dir.as_os_str().is_empty()
         && !dir.exists()
     {
-        let mut builder = std::fs::DirBuilder::new();
-        builder.recursive(true);
-        #[cfg(unix)]
-        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
-        builder.create(dir)?;
+        crate::platform::create_owner_only_dir_all(dir)?;
     }
     let text = serde_json::to_vec(cp).map_err(std::io::Error::other)?;
     let mut tmp = path.as_os_str().to_os_string();

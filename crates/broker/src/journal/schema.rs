@@ -144,6 +144,8 @@ fn read_header(path: &Path) -> Option<(u64, [u8; 100])> {
     (len >= 100 && file.read_exact_at(&mut header, 0).is_ok()).then_some((len, header))
 }
 
+/// Windows: SQLite locks with LockFileEx, whose locks belong to the handle that took
+/// them, so a handle opened and closed here releases nothing of SQLite's.
 #[cfg(not(unix))]
 fn read_header(path: &Path) -> Option<(u64, [u8; 100])> {
     use std::io::Read;

@@ -32,21 +32,7 @@ pub const WAL_CHECKPOINT_AT: u64 = 16 * 1024 * 1024;
 /// Bytes available to this user on the filesystem holding `path`, when the platform
 /// can tell.
 pub fn free_bytes(path: &Path) -> Option<u64> {
-    #[cfg(unix)]
-    {
-        let dir = if path.is_dir() {
-            path
-        } else {
-            path.parent().filter(|p| !p.as_os_str().is_empty())?
-        };
-        let st = rustix::fs::statvfs(dir).ok()?;
-        Some(st.f_bavail.saturating_mul(st.f_frsize))
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = path;
-        None
-    }
+    crate::platform::free_bytes(path)
 }
 
 /// The reserve file beside the journal at `db` (`journal.db.reserve`).

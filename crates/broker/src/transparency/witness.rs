@@ -250,27 +250,20 @@ pub fn init_with_seed(
 }
 
 fn create_private_dir(dir: &Path) -> Result<(), SetupError> {
-    let mut builder = std::fs::DirBuilder::new();
-    builder.recursive(true);
-    #[cfg(unix)]
-    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
-    builder.create(dir).map_err(io_err(dir))
+    crate::platform::create_owner_only_dir_all(dir).map_err(io_err(dir))
 }
 
 fn write_key_file(path: &Path, seed: &[u8; 32]) -> Result<(), SetupError> {
     let mut options = std::fs::OpenOptions::new();
     // create_new: never truncate a key that appeared since the check above.
     options.write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    crate::platform::create_mode(&mut options, 0o600);
     let mut file = options.open(path).map_err(io_err(path))?;
     file.write_all(seed).map_err(io_err(path))?;
     file.sync_all().map_err(io_err(path))?;
     // The directory entry too, so the key is not lost with the db that names it.
-    if let Some(parent) = path.parent()
-        && let Ok(dir) = std::fs::File::open(parent)
-    {
-        let _ = dir.sync_all();
+    if let Some(parent) = path.parent() {
+        let _ = crate::platform::sync_dir(parent);
     }
     Ok(())
 }
@@ -285,20 +278,17 @@ fn load_key(path: &Path) -> Result<SigningKey, SetupError> {
         }
         Err(e) => return Err(io_err(path)(e)),
     };
-    #[cfg(unix)]
+    // Windows has no mode to check: the key's directory was created with a DACL for
+    // this user and SYSTEM only (`platform::protect_dir`), and the README says the file's
+    // own ACL is not checked.
+    if let Some(mode) = crate::platform::mode_of(&meta).map(|m| m & 0o777)
+        && mode & 0o077 != 0
     {
-        use std::os::unix::fs::PermissionsExt;
-        let mode = meta.permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
-            return Err(SetupError::KeyPermissions {
-                path: path.to_path_buf(),
-                mode,
-            });
-        }
+        return Err(SetupError::KeyPermissions {
+            path: path.to_path_buf(),
+            mode,
+        });
     }
-    // Elsewhere the file's ACL is the platform's business.
-    #[cfg(not(unix))]
-    let _ = meta;
     let bytes = Zeroizing::new(std::fs::read(path).map_err(io_err(path))?);
     let seed: &[u8; 32] = bytes
         .as_slice()
@@ -928,6 +918,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(unix)]
     fn a_key_file_readable_by_others_is_refused() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();

@@ -12,12 +12,16 @@ use postern_broker::channel::http::{HttpChannel, HttpRequest};
 use postern_broker::clock::SystemClock;
 use postern_broker::config::{Config, ConfigHandle};
 use postern_broker::contract::{Code, Outcome};
-use postern_broker::invocation::{CallContext, Recorder};
+use postern_broker::invocation::CallContext;
+#[cfg(target_os = "linux")]
+use postern_broker::invocation::Recorder;
 use postern_broker::journal::JournalError;
 use postern_broker::journal::events::{Event, EventBody};
 use postern_broker::journal::query::{self, Filter};
+#[cfg(target_os = "linux")]
+use postern_broker::provenance::ExecutableDigest;
 use postern_broker::provenance::{
-    self, ApprovalRecord, ExecutableDigest, SessionOpened, observe_process, session_key,
+    self, ApprovalRecord, SessionOpened, observe_process, session_key,
 };
 use postern_broker::vault::{CredentialKind, Keychain, KeychainBackend, Secret, Vault};
 
@@ -29,10 +33,11 @@ const SESSION: &str = "session-1";
 fn this_process_opened(session: &str) -> SessionOpened {
     let me = std::process::id();
     let start = observe_process(me, None).unwrap().start_ticks;
-    let parent = std::os::unix::process::parent_id();
+    let (parent, _) = postern_broker::platform::process_start(me).unwrap();
     SessionOpened::observe(session, me, start, &[parent], me).unwrap()
 }
 
+#[cfg(target_os = "linux")]
 fn own_uid() -> u32 {
     std::fs::read_to_string("/proc/self/status")
         .unwrap()
@@ -49,7 +54,10 @@ fn read_conn(f: &Fixture) -> rusqlite::Connection {
         .unwrap()
 }
 
+// Checked against /proc read independently; the macOS and Windows readings are checked
+// against std's facts in `platform`'s own tests.
 #[test]
+#[cfg(target_os = "linux")]
 fn a_session_record_precedes_the_sessions_first_acceptance_and_names_the_agent() {
     let f = Fixture::new();
     let opened_seq = provenance::record_session(&f.journal, this_process_opened(SESSION)).unwrap();

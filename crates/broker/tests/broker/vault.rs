@@ -571,3 +571,85 @@ fn keyutils_round_trip_rotation_and_remove() {
     let err = f.vault.read_for_injection(&cred, 5).unwrap_err();
     assert_eq!(err.code(), Code::CredentialMissing);
 }
+
+fn native_keychain_enabled() -> bool {
+    if cfg!(target_os = "linux") {
+        eprintln!("skipped: the macOS keychain and the Windows Credential Manager are not here");
+        return false;
+    }
+    if std::env::var_os("POSTERN_TEST_NATIVE_KEYCHAIN").is_some_and(|v| v == "1") {
+        return true;
+    }
+    eprintln!("skipped: set POSTERN_TEST_NATIVE_KEYCHAIN=1 to let it use this keychain");
+    false
+}
+
+/// The macOS login keychain or the Windows Credential Manager, whichever this is.
+#[test]
+fn the_platform_keychain_round_trips_rotates_and_removes() {
+    if !native_keychain_enabled() {
+        return;
+    }
+    let f = Fixture::new(KeychainBackend::platform_default());
+    let cred = id("native-held");
+
+    let first = f
+        .vault
+        .set(&cred, CredentialKind::Token, &secret(CANARY), 1)
+        .unwrap();
+    let (_, read) = f.vault.read_for_injection(&cred, 2).unwrap();
+    assert_eq!(read.expose(), CANARY.as_bytes());
+
+    let second = f
+        .vault
+        .set(&cred, CredentialKind::Token, &secret(CANARY_2), 3)
+        .unwrap();
+    assert_ne!(first.version, second.version);
+    assert_eq!(
+        f.keychain().get(&cred, &first.version).unwrap_err().code(),
+        Code::CredentialMissing
+    );
+    let (_, read) = f.vault.read_for_injection(&cred, 4).unwrap();
+    assert_eq!(read.expose(), CANARY_2.as_bytes());
+
+    f.vault.remove(&cred).unwrap();
+    assert_eq!(
+        f.keychain().get(&cred, &second.version).unwrap_err().code(),
+        Code::CredentialMissing
+    );
+    let err = f.vault.read_for_injection(&cred, 5).unwrap_err();
+    assert_eq!(err.code(), Code::CredentialMissing);
+}
+
+/// A keychain another platform has is a typed, clean VAULT_LOCKED, never a panic.
+#[test]
+fn another_platforms_keychain_is_locked_and_says_so() {
+    let elsewhere: &[KeychainBackend] = if cfg!(target_os = "macos") {
+        &[
+            KeychainBackend::WindowsCredentialManager,
+            KeychainBackend::Keyutils,
+        ]
+    } else if cfg!(windows) {
+        &[KeychainBackend::MacosKeychain, KeychainBackend::Keyutils]
+    } else {
+        &[
+            KeychainBackend::MacosKeychain,
+            KeychainBackend::WindowsCredentialManager,
+        ]
+    };
+    for backend in elsewhere {
+        let f = Fixture::new(*backend);
+        let cred = id("elsewhere");
+        let err = f
+            .vault
+            .set(&cred, CredentialKind::Token, &secret(CANARY), 1)
+            .unwrap_err();
+        assert!(
+            matches!(&err, VaultError::Locked { backend: b, reason } if b == backend && reason.contains("only available on")),
+            "{err:?}"
+        );
+        assert_eq!(err.code(), Code::VaultLocked);
+        assert_error_is_clean(&err);
+        assert!(f.vault.list().unwrap().is_empty());
+    }
+}
