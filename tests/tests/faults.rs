@@ -256,6 +256,76 @@ fn a_journal_with_its_last_page_cut_off_is_refused_and_left_as_it_is() {
     );
 }
 
+// Regression: a broker killed while a checkpoint copied the WAL into the journal (page
+// 1, with the new size, written first; the pages that extend the file not yet) was
+// refused at restart as "cut off", although the WAL still held every missing page.
+#[test]
+fn a_checkpoint_killed_after_its_first_page_is_completed_from_the_wal_not_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live");
+    std::fs::create_dir(&live).unwrap();
+    let db = live.join("journal.db");
+    let journal = open_journal(&db).unwrap();
+    run_lifecycle(&journal, |_| {}).unwrap();
+    for _ in 0..40 {
+        journal
+            .store_request(
+                "inv_crash",
+                serde_json::json!({"pad": "x".repeat(2000)}),
+                vec![7; 4000],
+            )
+            .unwrap();
+        journal.flush().unwrap();
+    }
+    // The files as a SIGKILL would leave them, before any checkpoint of these commits;
+    // and the same files checkpointed, for the page 1 a checkpoint writes first.
+    let snapshot = |name: &str| {
+        let to = dir.path().join(name);
+        std::fs::create_dir(&to).unwrap();
+        for file in ["journal.db", "journal.db-wal"] {
+            std::fs::copy(live.join(file), to.join(file)).unwrap();
+        }
+        to.join("journal.db")
+    };
+    let crashed = snapshot("crashed");
+    let checkpointed = snapshot("checkpointed");
+    journal.close().unwrap();
+    let conn = rusqlite::Connection::open(&checkpointed).unwrap();
+    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+        .unwrap();
+    drop(conn);
+    let full = std::fs::read(&checkpointed).unwrap();
+    let page = usize::try_from(page_size(&checkpointed)).unwrap();
+    {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&crashed)
+            .unwrap();
+        file.write_all_at(&full[..page], 0).unwrap();
+    }
+    let short = std::fs::metadata(&crashed).unwrap().len();
+    assert!(
+        short < full.len() as u64,
+        "the case needs a file shorter than its header ({short} of {})",
+        full.len()
+    );
+    // Without the WAL, the same file is cut: refused.
+    let cut = dir.path().join("cut");
+    std::fs::create_dir(&cut).unwrap();
+    std::fs::copy(&crashed, cut.join("journal.db")).unwrap();
+    let err = open_journal(&cut.join("journal.db"))
+        .err()
+        .expect("refused");
+    assert!(matches!(err, JournalError::Damaged { .. }), "{err}");
+
+    let reopened = open_journal(&crashed).unwrap();
+    let (_, body) = reopened.load_request("inv_crash").unwrap().expect("kept");
+    assert_eq!(body, vec![7; 4000]);
+    reopened.close().unwrap();
+    verify_file(&crashed, &test_signing_key().verifying_key()).unwrap();
+}
+
 // Regression: issue 10. A zeroed page outside `events` passed `audit verify`.
 #[test]
 fn a_zeroed_page_outside_the_events_fails_verification() {

@@ -106,7 +106,7 @@ fn check_length_once(path: &Path) -> Result<(), JournalError> {
         return Ok(());
     }
     let expected = pages.saturating_mul(page_size);
-    if len < expected {
+    if len < expected && !wal_holds(path, page_size, len / page_size + 1..=pages) {
         return Err(JournalError::Damaged {
             path: path.to_path_buf(),
             detail: format!(
@@ -116,6 +116,84 @@ fn check_length_once(path: &Path) -> Result<(), JournalError> {
         });
     }
     Ok(())
+}
+
+/// Whether the WAL beside the journal at `path` holds a committed frame for every page
+/// in `missing`. A checkpoint writes page 1 (with the new size) before the pages that
+/// extend the file; killed in between, it leaves the file short, and the WAL, which a
+/// checkpoint only resets once it has finished, still holds those pages: SQLite reads
+/// them from there and the next checkpoint copies them again. Frames count only as
+/// SQLite's recovery counts them: from the WAL's current generation (salts), their
+/// checksum chain intact, up to the last commit frame.
+fn wal_holds(path: &Path, page_size: u64, missing: std::ops::RangeInclusive<u64>) -> bool {
+    let mut wal = path.as_os_str().to_os_string();
+    wal.push("-wal");
+    let Ok(bytes) = std::fs::read(&wal) else {
+        return false;
+    };
+    let held = wal_pages(&bytes, page_size);
+    missing
+        .into_iter()
+        .all(|page| u32::try_from(page).is_ok_and(|p| held.binary_search(&p).is_ok()))
+}
+
+/// The pages a WAL's committed frames hold, sorted (SQLite file format §4.1-4.3).
+fn wal_pages(wal: &[u8], page_size: u64) -> Vec<u32> {
+    const HEADER: usize = 32;
+    const FRAME_HEADER: usize = 24;
+    let be32 = |b: &[u8], at: usize| u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+    if wal.len() < HEADER {
+        return Vec::new();
+    }
+    let magic = be32(wal, 0);
+    if magic & !1 != 0x377f_0682 || u64::from(be32(wal, 8)) != page_size {
+        return Vec::new();
+    }
+    // The checksum reads 32-bit words big-endian when the magic's low bit is set.
+    let big_endian = magic & 1 == 1;
+    let checksum = |data: &[u8], (mut s0, mut s1): (u32, u32)| {
+        for pair in data.chunks_exact(8) {
+            let word = |w: &[u8]| {
+                let w = [w[0], w[1], w[2], w[3]];
+                if big_endian {
+                    u32::from_be_bytes(w)
+                } else {
+                    u32::from_le_bytes(w)
+                }
+            };
+            s0 = s0.wrapping_add(word(&pair[..4])).wrapping_add(s1);
+            s1 = s1.wrapping_add(word(&pair[4..])).wrapping_add(s0);
+        }
+        (s0, s1)
+    };
+    let mut sum = checksum(&wal[..24], (0, 0));
+    if sum != (be32(wal, 24), be32(wal, 28)) {
+        return Vec::new();
+    }
+    let salts = &wal[16..24];
+    let Ok(page) = usize::try_from(page_size) else {
+        return Vec::new();
+    };
+    let (mut pending, mut committed) = (Vec::new(), Vec::new());
+    let mut at = HEADER;
+    while let Some(frame) = wal.get(at..at + FRAME_HEADER + page) {
+        if &frame[8..16] != salts {
+            break;
+        }
+        sum = checksum(&frame[FRAME_HEADER..], checksum(&frame[..8], sum));
+        if sum != (be32(frame, 16), be32(frame, 20)) {
+            break;
+        }
+        pending.push(be32(frame, 0));
+        if be32(frame, 4) != 0 {
+            // A commit frame: everything up to here is in the database.
+            committed.append(&mut pending);
+        }
+        at += FRAME_HEADER + page;
+    }
+    committed.sort_unstable();
+    committed.dedup();
+    committed
 }
 
 /// The file's length and its first 100 bytes.
