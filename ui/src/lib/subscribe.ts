@@ -4,8 +4,12 @@ import type { UnlistenFn } from "@tauri-apps/api/event";
  * Starts listening to a backend event and returns a synchronous stop function,
  * suitable as an `$effect` / `onMount` cleanup. Stopping before the listener is
  * registered unregisters it as soon as it is.
+ *
+ * Registration is asynchronous: an event emitted after a screen's first load but
+ * before its listener exists is lost. `registered` (the screen's load, say) runs once
+ * the listener is in place, so nothing that happened in between is missed.
  */
-export function subscribe(listening: Promise<UnlistenFn>): () => void {
+export function subscribe(listening: Promise<UnlistenFn>, registered?: () => void): () => void {
   let stopped = false;
   let unlisten: UnlistenFn | null = null;
   const stop = (fn: UnlistenFn) => {
@@ -17,8 +21,12 @@ export function subscribe(listening: Promise<UnlistenFn>): () => void {
   };
   listening
     .then((fn) => {
-      if (stopped) stop(fn);
-      else unlisten = fn;
+      if (stopped) {
+        stop(fn);
+      } else {
+        unlisten = fn;
+        registered?.();
+      }
     })
     .catch(() => {
       // No event bridge (e.g. in a plain browser): the screen still works by polling on demand.

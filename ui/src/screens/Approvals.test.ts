@@ -194,6 +194,17 @@ describe("Approvals", () => {
     expect(screen.getByTestId("empty-state").textContent).toContain("No requests are waiting.");
   });
 
+  test("a card that arrives while the screen starts listening is shown", async () => {
+    // The first load is answered before the card exists; its approvals-changed was
+    // emitted before the screen listened. The load after listening finds it.
+    let loads = 0;
+    mockBackend({ list_approvals: () => (loads++ === 0 ? [] : [approvalCard()]) });
+    render(Approvals);
+    await settle();
+    expect(loads).toBe(2);
+    expect(screen.getAllByTestId("approval-card")).toHaveLength(1);
+  });
+
   test("an expired request says so and cannot be approved", async () => {
     await renderWith([approvalCard({ expires_at_ms: Date.now() - 1000 })]);
     expect(screen.getByTestId("countdown").textContent?.trim()).toBe("expired");
