@@ -1,6 +1,6 @@
 //! The vault, Postern's one credential store: secret bytes in the OS keychain (a
 //! [`Keychain`]: Secret Service or kernel keyutils), non-secret metadata in the journal
-//! database. [`Vault`] is what the broker holds; [`read_bound_credential`] is the
+//! database. [`Vault`] is what the broker holds; [`CredentialRead`] is the
 //! injection step's read of the version an invocation bound.
 //!
 //! The broker must never let a secret reach logs, the journal, errors, panics, `Debug`

@@ -570,15 +570,6 @@ impl Journal {
     /// Opens (creating or migrating) the journal at `path` and starts its writer.
     pub fn open(path: &Path, options: JournalOptions) -> Result<Journal, JournalError> {
         let conn = schema::open_and_migrate(path)?;
-        // The writer's automatic checkpoints come every 16 MiB of WAL (the size
-        // `trim_wal` cuts back at) rather than every 4 MiB: each copies a hot page once
-        // however often the WAL holds it, and each is an fsync of the database file
-        // inside a commit.
-        conn.execute_batch("PRAGMA wal_autocheckpoint = 4096;")
-            .map_err(|e| JournalError::Open {
-                path: path.to_path_buf(),
-                detail: e.to_string(),
-            })?;
         let (last_seq, head) = chain_tail(&conn).map_err(|e| JournalError::Damaged {
             path: path.to_path_buf(),
             detail: format!("reading the end of the audit chain failed: {e}"),
@@ -1138,21 +1129,6 @@ impl Journal {
             }
             start(ctx).map(Some)
         })
-        .await
-    }
-
-    /// [`Journal::start_attempt_after`], awaited without blocking a runtime thread.
-    pub async fn start_attempt_after_async(
-        &self,
-        invocation_id: &str,
-        preceding: Vec<EventBody>,
-        holder: &str,
-        ttl_ms: i64,
-    ) -> Result<Appended, JournalError> {
-        self.write_async(
-            false,
-            start_attempt_job(invocation_id, preceding, holder, ttl_ms),
-        )
         .await
     }
 
