@@ -1,8 +1,8 @@
 //! The vault, Postern's one credential store: secret bytes in the OS keychain (a
 //! [`Keychain`]: Secret Service or kernel keyutils on Linux, the login keychain on macOS,
 //! the Credential Manager on Windows), non-secret metadata in the journal database.
-//! [`Vault`] is what the broker holds; [`read_bound_credential`] is the injection step's
-//! read of the version an invocation bound.
+//! [`Vault`] is what the broker holds; [`CredentialRead`] is the injection step's read of
+//! the version an invocation bound.
 //!
 //! The broker must never let a secret reach logs, the journal, errors, panics, `Debug`
 //! output or JSON. This module enforces that by construction:
@@ -556,6 +556,13 @@ pub struct Keychain {
     store: Mutex<Option<Arc<CredentialStore>>>,
     /// The `file` backend's store (`None` for the OS keychains).
     sealed: Option<SealedStore>,
+    /// The Secret Service reads of injections: one connection and session, and where
+    /// each entry is (its object path, never its secret), so a read is one round trip.
+    #[cfg(all(
+        unix,
+        not(any(target_os = "macos", target_os = "ios", target_os = "android"))
+    ))]
+    reads: reads::Reads,
 }
 
 impl fmt::Debug for Keychain {
@@ -585,6 +592,11 @@ impl Keychain {
             service,
             store: Mutex::new(None),
             sealed: None,
+            #[cfg(all(
+                unix,
+                not(any(target_os = "macos", target_os = "ios", target_os = "android"))
+            ))]
+            reads: reads::Reads::default(),
         })
     }
 
@@ -681,6 +693,18 @@ impl Keychain {
         if let Some(done) = self.with_sealed(id, version, |s, svc, user| s.get(svc, user)) {
             return done;
         }
+        #[cfg(all(
+            unix,
+            not(any(target_os = "macos", target_os = "ios", target_os = "android"))
+        ))]
+        if self.backend == KeychainBackend::SecretService
+            && let Some(secret) = self.reads.get(&self.service, &format!("{id}@{version}"))
+        {
+            return Ok(secret);
+        }
+        // Everything the fast path does not answer (an entry missing, locked or not
+        // unique; a bus error) goes the keyring store's way, which unlocks and says what
+        // went wrong.
         self.with_entry(id, version, |entry| entry.get_secret().map(Secret::new))
     }
 
@@ -878,6 +902,87 @@ fn open_store(backend: KeychainBackend) -> keyring_core::Result<Arc<CredentialSt
     }
 }
 
+/// Secret Service reads in one round trip.
+///
+/// The keyring store finds an entry by its attributes (SearchItems) and then reads it
+/// (GetSecret): two calls through the bus per read, over a connection it locks for both.
+/// Here the entry's object path, once found, is remembered (a path says where a secret
+/// is; it is not the secret), so a read is GetSecret alone, over one connection and one
+/// encrypted (DH) session kept open. The secret itself is read from the keychain on
+/// every call and never kept.
+///
+/// Anything unusual is left to the keyring store: an entry not found or not unique, a
+/// locked item, any bus or session error (the connection is then dropped, and opened
+/// again on a later read).
+#[cfg(all(
+    unix,
+    not(any(target_os = "macos", target_os = "ios", target_os = "android"))
+))]
+mod reads {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    use secret_service::EncryptionType;
+    use secret_service::blocking::SecretService;
+    use zbus::zvariant::OwnedObjectPath;
+
+    use super::Secret;
+
+    #[derive(Default)]
+    pub(super) struct Reads(Mutex<Option<Open>>);
+
+    struct Open {
+        service: SecretService<'static>,
+        /// `user` → the item's object path (one map per keychain service).
+        paths: HashMap<String, OwnedObjectPath>,
+    }
+
+    impl Reads {
+        /// The secret of the entry (`service`, `user`), or `None` when the keyring store
+        /// should answer instead.
+        pub(super) fn get(&self, service: &str, user: &str) -> Option<Secret> {
+            let mut slot = self.0.lock().ok()?;
+            if slot.is_none() {
+                *slot = Some(Open {
+                    service: SecretService::connect(EncryptionType::Dh).ok()?,
+                    paths: HashMap::new(),
+                });
+            }
+            let open = slot.as_mut()?;
+            let path = match open.paths.get(user) {
+                Some(path) => path.clone(),
+                None => {
+                    let attributes = HashMap::from([("service", service), ("username", user)]);
+                    let found = open.service.search_items(attributes).ok()?;
+                    let [item] = found.unlocked.as_slice() else {
+                        return None;
+                    };
+                    if !found.locked.is_empty() {
+                        return None;
+                    }
+                    let path = item.item_path.clone();
+                    open.paths.insert(user.to_string(), path.clone());
+                    path
+                }
+            };
+            let read = open
+                .service
+                .get_item_by_path(path)
+                .and_then(|item| item.get_secret());
+            match read {
+                Ok(bytes) => Some(Secret::new(bytes)),
+                Err(_) => {
+                    // The item may be gone (removed, rotated away) or locked, or the bus
+                    // or session broken: start over next time; the keyring store decides
+                    // this read.
+                    *slot = None;
+                    None
+                }
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Metadata queries
 // ---------------------------------------------------------------------------------------
@@ -920,11 +1025,12 @@ pub mod meta {
 
     /// The credential named `id`, if any.
     pub fn get(conn: &Connection, id: &CredentialId) -> rusqlite::Result<Option<CredentialMeta>> {
-        conn.query_row(
-            &format!("SELECT {COLUMNS} FROM credentials WHERE id = ?1"),
-            [id],
-            from_row,
-        )
+        // Read on every invocation (binding and injection): a cached statement.
+        conn.prepare_cached(
+            "SELECT id, kind, version, created_at_ms, rotated_at_ms, last_used_at_ms \
+             FROM credentials WHERE id = ?1",
+        )?
+        .query_row([id], from_row)
         .optional()
     }
 
@@ -967,6 +1073,18 @@ pub mod meta {
              SET last_used_at_ms = max(coalesce(last_used_at_ms, ?2), ?2) WHERE id = ?1",
             params![id, now_ms],
         )?;
+        Ok(changed == 1)
+    }
+
+    /// [`touch_last_used`] by the id's text, for a caller inside the journal's own
+    /// transaction.
+    pub fn touch_last_used_raw(conn: &Connection, id: &str, now_ms: i64) -> rusqlite::Result<bool> {
+        let changed = conn
+            .prepare_cached(
+                "UPDATE credentials \
+                 SET last_used_at_ms = max(coalesce(last_used_at_ms, ?2), ?2) WHERE id = ?1",
+            )?
+            .execute(params![id, now_ms])?;
         Ok(changed == 1)
     }
 
@@ -1172,6 +1290,26 @@ impl Vault {
         self.with_conn(|conn| self.read_in(conn, &id, now_ms))
     }
 
+    /// The metadata and secret of credential `id` for one injection, without recording
+    /// the use: the caller records it in the transaction that authorizes the attempt
+    /// ([`crate::journal::Journal::authorize_and_start`]), which refuses a credential
+    /// removed in between. The metadata connection is not held while the keychain
+    /// answers, so concurrent injections read the keychain side by side.
+    ///
+    /// # Errors
+    ///
+    /// [`VaultError::Missing`], [`VaultError::Locked`], [`VaultError::Storage`].
+    pub fn read_secret(&self, id: impl AsRef<str>) -> Result<(CredentialMeta, Secret), VaultError> {
+        let id = CredentialId::new(id.as_ref())?;
+        let meta = self.with_conn(|conn| {
+            meta::get(conn, &id)?.ok_or_else(|| VaultError::Missing {
+                credential: id.to_string(),
+            })
+        })?;
+        let secret = self.keychain.get(&id, &meta.version)?;
+        Ok((meta, secret))
+    }
+
     fn read_in(
         &self,
         conn: &Connection,
@@ -1237,46 +1375,73 @@ impl Vault {
 // The injection step's read
 // ---------------------------------------------------------------------------------------
 
+/// A keychain read in flight ([`CredentialRead::start`]), for the version an invocation
+/// bound; [`CredentialRead::finish`] waits for it.
+pub struct CredentialRead {
+    read: tokio::task::JoinHandle<Result<(CredentialMeta, Secret), VaultError>>,
+    version: String,
+}
+
+impl CredentialRead {
+    /// Starts reading the credential `snapshot` bound, on the blocking pool: the
+    /// caller goes on (recording the binding) while the keychain answers. Dropping it
+    /// drops the secret unused once the read ends.
+    pub fn start(vault: &Arc<Vault>, snapshot: &crate::action::ConfigSnapshot) -> Self {
+        let vault = vault.clone();
+        let credential_id = snapshot.credential_id.clone();
+        CredentialRead {
+            read: tokio::task::spawn_blocking(move || vault.read_secret(&credential_id)),
+            version: snapshot.credential_version.clone(),
+        }
+    }
+
+    /// The credential's metadata and secret. A credential rotated since binding is
+    /// refused: it is a changed bound value, so a new invocation.
+    pub async fn finish(self) -> Result<(CredentialMeta, Secret), crate::invocation::Failure> {
+        let (meta, secret) = match self.read.await {
+            Ok(Ok(pair)) => pair,
+            Ok(Err(e)) => {
+                return Err(crate::invocation::Failure {
+                    phase: crate::contract::Phase::CredentialInjection,
+                    code: e.code(),
+                    retry: e.code().spec().retry,
+                    message: e.agent_message(),
+                });
+            }
+            Err(_) => {
+                return Err(crate::invocation::Failure {
+                    phase: crate::contract::Phase::CredentialInjection,
+                    code: crate::contract::Code::VaultLocked,
+                    retry: crate::contract::Retry::AfterCorrection,
+                    message: "The keychain read did not finish.".into(),
+                });
+            }
+        };
+        if meta.version.as_str() != self.version {
+            return Err(crate::invocation::Failure {
+                phase: crate::contract::Phase::Validation,
+                code: crate::contract::Code::FingerprintMismatch,
+                retry: crate::contract::Retry::AfterCorrection,
+                message:
+                    "The credential was rotated after this request was bound; nothing was sent."
+                        .into(),
+            });
+        }
+        Ok((meta, secret))
+    }
+}
+
 /// Reads the credential an invocation bound, off the async threads. A credential
 /// rotated since binding is refused: it is a changed bound value, so a new invocation.
+/// The use is recorded by the authorization that follows
+/// ([`crate::journal::Journal::authorize_and_start`]), not here; `_now_ms` is kept for
+/// callers.
 pub async fn read_bound_credential(
     vault: &Arc<Vault>,
     snapshot: &crate::action::ConfigSnapshot,
-    now_ms: i64,
+    _now_ms: i64,
 ) -> Result<(CredentialMeta, Secret), crate::invocation::Failure> {
-    let vault = vault.clone();
-    let credential_id = snapshot.credential_id.clone();
-    let read =
-        tokio::task::spawn_blocking(move || vault.read_for_injection(&credential_id, now_ms)).await;
-    let (meta, secret) = match read {
-        Ok(Ok(pair)) => pair,
-        Ok(Err(e)) => {
-            return Err(crate::invocation::Failure {
-                phase: crate::contract::Phase::CredentialInjection,
-                code: e.code(),
-                retry: e.code().spec().retry,
-                message: e.agent_message(),
-            });
-        }
-        Err(_) => {
-            return Err(crate::invocation::Failure {
-                phase: crate::contract::Phase::CredentialInjection,
-                code: crate::contract::Code::VaultLocked,
-                retry: crate::contract::Retry::AfterCorrection,
-                message: "The keychain read did not finish.".into(),
-            });
-        }
-    };
-    if meta.version.as_str() != snapshot.credential_version {
-        return Err(crate::invocation::Failure {
-            phase: crate::contract::Phase::Validation,
-            code: crate::contract::Code::FingerprintMismatch,
-            retry: crate::contract::Retry::AfterCorrection,
-            message: "The credential was rotated after this request was bound; nothing was sent."
-                .into(),
-        });
-    }
-    Ok((meta, secret))
+    CredentialRead::start(vault, snapshot).finish().await
 }
 
 #[cfg(test)]

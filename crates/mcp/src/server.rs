@@ -44,6 +44,17 @@ use postern_broker::provenance::{self, SessionOpened};
 use crate::peer::AgentIdentity;
 use crate::tools::{self, FetchResultArgs, HttpRequestArgs, InvocationArgs, NoArgs, SshExecArgs};
 
+/// The progress notifications of one call, if it asked for them; stopped by `abort`.
+struct Ticker(Option<tokio::task::JoinHandle<()>>);
+
+impl Ticker {
+    fn abort(self) {
+        if let Some(task) = self.0 {
+            task.abort();
+        }
+    }
+}
+
 /// The custom notification a bridge sends after writing a response to the agent.
 pub const DELIVERED: &str = "notifications/postern/delivered";
 
@@ -370,11 +381,13 @@ impl Session {
 
     /// Progress notifications while the call waits (approval, remote), if the client
     /// asked for progress.
-    fn progress_ticker(&self, context: &RequestContext<RoleServer>) -> tokio::task::JoinHandle<()> {
-        let token = context.meta.get_progress_token();
+    /// (No task is started for a call that did not ask: most do not.)
+    fn progress_ticker(&self, context: &RequestContext<RoleServer>) -> Ticker {
+        let Some(token) = context.meta.get_progress_token() else {
+            return Ticker(None);
+        };
         let peer = context.peer.clone();
-        tokio::spawn(async move {
-            let Some(token) = token else { return };
+        Ticker(Some(tokio::spawn(async move {
             let mut n = 0u32;
             loop {
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
@@ -385,7 +398,7 @@ impl Session {
                     return;
                 }
             }
-        })
+        })))
     }
 
     async fn ssh_exec(
@@ -906,7 +919,7 @@ impl ServerHandler for Session {
                 if let Ok(mut partial) = self.partial.lock() {
                     partial.remove(&invocation_id);
                 }
-                let _ = invocation::confirm_delivery(&self.broker.journal, &invocation_id);
+                let _ = invocation::confirm_delivery_queued(&self.broker.journal, &invocation_id);
             }
             Some((invocation_id, false)) => {
                 if let Ok(mut partial) = self.partial.lock() {

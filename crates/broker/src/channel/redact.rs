@@ -61,6 +61,10 @@ const MAX_TOKEN: usize = 12;
 /// overlap as long as the longest escaped match), so its position map stays bounded.
 const PIECE: usize = 1 << 20;
 
+/// Inputs shorter than this are searched pattern by pattern; longer ones build (once)
+/// and use the automaton.
+const AUTOMATON_AT: usize = 2048;
+
 /// A matched range of the input, `[start, end)`.
 type Span = (usize, usize);
 
@@ -68,10 +72,12 @@ type Span = (usize, usize);
 pub struct Redactor {
     /// ASCII-lowercased, deduplicated patterns (also the fallback search).
     patterns: Vec<Vec<u8>>,
-    /// All patterns, ASCII case-insensitive, overlapping matches reported. `None` when
-    /// there is nothing to scrub, or if it could not be built (then `patterns` are
-    /// searched one by one).
-    automaton: Option<AhoCorasick>,
+    /// All patterns, ASCII case-insensitive, overlapping matches reported; built on the
+    /// first input of at least [`AUTOMATON_AT`] bytes (most answers are a few short
+    /// headers and a small body, searched pattern by pattern for less than building it
+    /// costs). `None` when there is nothing to scrub, or if it could not be built (then
+    /// `patterns` are searched one by one).
+    automaton: std::sync::OnceLock<Option<AhoCorasick>>,
     /// How far an escaped occurrence may reach from one of its escape bytes.
     reach: usize,
 }
@@ -105,23 +111,30 @@ impl Redactor {
         patterns.sort();
         patterns.dedup();
         let longest = patterns.iter().map(Vec::len).max().unwrap_or(0);
-        let automaton = if patterns.is_empty() {
-            None
-        } else {
-            AhoCorasick::builder()
-                .ascii_case_insensitive(true)
-                .match_kind(MatchKind::Standard)
-                // A redactor is built per request: the contiguous NFA builds about
-                // three times faster than a DFA and scans only slightly slower.
-                .kind(Some(aho_corasick::AhoCorasickKind::ContiguousNFA))
-                .build(&patterns)
-                .ok()
-        };
         Redactor {
             patterns,
-            automaton,
+            automaton: std::sync::OnceLock::new(),
             reach: longest.saturating_mul(MAX_TOKEN),
         }
+    }
+
+    /// The automaton over every pattern, built once, on first need.
+    fn automaton(&self) -> Option<&AhoCorasick> {
+        self.automaton
+            .get_or_init(|| {
+                if self.patterns.is_empty() {
+                    return None;
+                }
+                AhoCorasick::builder()
+                    .ascii_case_insensitive(true)
+                    .match_kind(MatchKind::Standard)
+                    // A redactor is built per request: the contiguous NFA builds about
+                    // three times faster than a DFA and scans only slightly slower.
+                    .kind(Some(aho_corasick::AhoCorasickKind::ContiguousNFA))
+                    .build(&self.patterns)
+                    .ok()
+            })
+            .as_ref()
     }
 
     /// Replaces every occurrence in `data`; returns the new bytes and how many were
@@ -144,8 +157,13 @@ impl Redactor {
 
     /// Calls `found(start, end)` for every occurrence of every pattern in `hay`,
     /// overlapping ones included.
+    ///
+    /// Every occurrence of every pattern is reported, overlapping ones included, by the
+    /// automaton or pattern by pattern alike, so the union of the spans (what
+    /// [`replace`] removes) is the same either way.
     fn each_match(&self, hay: &[u8], mut found: impl FnMut(usize, usize)) {
-        if let Some(ac) = &self.automaton
+        if hay.len() >= AUTOMATON_AT
+            && let Some(ac) = self.automaton()
             && let Ok(iter) = ac.try_find_overlapping_iter(hay)
         {
             for m in iter {
@@ -155,8 +173,11 @@ impl Redactor {
         }
         let lower = hay.to_ascii_lowercase();
         for p in &self.patterns {
-            for at in memchr::memmem::find_iter(&lower, p) {
-                found(at, at + p.len());
+            let finder = memchr::memmem::Finder::new(p);
+            let mut from = 0;
+            while let Some(at) = lower.get(from..).and_then(|rest| finder.find(rest)) {
+                found(from + at, from + at + p.len());
+                from += at + 1;
             }
         }
     }

@@ -172,7 +172,7 @@ impl<'a, T: Channel> Attempt<'a, T> {
     /// RESULT_COMMITTED with the stored result, fsynced, in one transaction with the
     /// exchange's markers, before anything is returned. `result` is what the caller
     /// gets back when the commit lands.
-    pub fn commit(
+    pub async fn commit(
         &self,
         exchange: Exchange,
         stored: ResultToStore,
@@ -180,7 +180,11 @@ impl<'a, T: Channel> Attempt<'a, T> {
         result: Option<T::Result>,
     ) -> Outcome<T::Result> {
         let (outcome, retry) = (settle.outcome, settle.retry);
-        match self.rec.commit_exchange(exchange.clone(), stored, settle) {
+        match self
+            .rec
+            .commit_exchange_async(exchange.clone(), stored, settle)
+            .await
+        {
             Ok(appended) => Outcome {
                 result,
                 ..Outcome::of_projection(&appended.projection, self.now_ms())
@@ -258,19 +262,23 @@ impl Gate {
         )
     }
 
-    /// Records DISPATCH_STARTED naming the verified peer, off the async threads.
+    /// Records DISPATCH_STARTED naming the verified peer. The wait for its fsync parks
+    /// no runtime thread ([`crate::journal::Journal::write_async`]).
+    ///
+    /// A caller that drops this future before it resolves has not opened the gate: it
+    /// must not send. The record may still land (the job is not withdrawn), which only
+    /// makes the invocation's outcome `unknown` rather than `not_attempted`, the safe
+    /// side.
     pub async fn open(&self, peer: Option<String>) -> Result<(), GateShut> {
         let fingerprint_now = self.fingerprint_now();
-        let rec = self.rec.clone();
         let connection_id = self.connection_id.clone();
-        let recorded = tokio::task::spawn_blocking(move || {
-            rec.dispatch_started(&fingerprint_now, Some(connection_id), peer)
-        })
-        .await;
-        match recorded {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(GateShut::Refused(e)),
-            Err(_) => Err(GateShut::Interrupted),
+        match self
+            .rec
+            .dispatch_started_async(&fingerprint_now, Some(connection_id), peer)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) => Err(GateShut::Refused(e)),
         }
     }
 }

@@ -18,6 +18,6 @@ pub use attempt::{Attempt, Gate, GateShut, Response};
 pub use outcome::Outcome;
 pub use pipeline::{
     Accepted, Bound, CallContext, Channel, Failure, Invalid, Pipeline, Validated, confirm_delivery,
-    delivery_failed,
+    confirm_delivery_queued, delivery_failed,
 };
 pub use recorder::{Exchange, Recorder, RetryPlan, StepError, new_invocation_id};

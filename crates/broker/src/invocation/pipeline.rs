@@ -37,7 +37,7 @@ use crate::journal::events::{Channel as ChannelKind, EventBody, OperationFacts, 
 use crate::journal::projection::Projection;
 use crate::journal::{Journal, JournalError, NewInvocation, StoredResult};
 use crate::retry::{Decision, RetryRequest};
-use crate::vault::{Secret, Vault, read_bound_credential};
+use crate::vault::{CredentialRead, Secret, Vault};
 
 /// Who is calling and how to stop.
 #[derive(Clone, Default)]
@@ -332,15 +332,26 @@ impl<T: Channel> Pipeline<T> {
             Ok(v) => v,
             Err(invalid) => return self.reject(&rec, &invalid),
         };
-        let bound = match self.bind(&rec, validated) {
+        // A target that asks nobody gets its secret read while the binding is recorded
+        // (the two wait on different things: the keychain, the journal's commit). One
+        // that asks a person is read only after the grant.
+        let early = self
+            .inner
+            .channel
+            .approval_mode(&self.inner.config.current(), &validated.target)
+            == ApprovalMode::None;
+        let (bound, read) = match self.bind_reading(&rec, validated, early).await {
             Ok(b) => b,
             Err(outcome) => return *outcome,
         };
-        if let Err(outcome) = self.approve(&rec, &bound, ctx).await {
-            return *outcome;
-        }
+        let asked = match self.approve(&rec, &bound, ctx).await {
+            Ok(asked) => asked,
+            Err(outcome) => return *outcome,
+        };
+        // Approval turned out to be needed after all (a reload): read after the grant.
+        let read = if asked { None } else { read };
         let mut rec = rec;
-        self.attempt(&mut rec, &bound, ctx).await
+        self.attempt_with(&mut rec, &bound, ctx, read).await
     }
 
     /// ACTION_ACCEPTED under a fresh invocation id. Pipelined: the preflight that follows
@@ -384,11 +395,25 @@ impl<T: Channel> Pipeline<T> {
 
     /// Binds the configuration snapshot and fingerprint (PREFLIGHT_VALIDATED) and keeps
     /// the request for a retry.
-    pub fn bind(
+    pub async fn bind(
         &self,
         rec: &Recorder,
         v: Validated<T::Plan>,
     ) -> Result<Bound<T::Plan>, Box<Outcome<T::Result>>> {
+        self.bind_reading(rec, v, false)
+            .await
+            .map(|(bound, _)| bound)
+    }
+
+    /// [`Pipeline::bind`]; with `read_early`, the bound credential's keychain read starts
+    /// before the binding is recorded and comes back in flight, for
+    /// [`Pipeline::attempt_with`]. If the binding fails, the read is dropped unused.
+    async fn bind_reading(
+        &self,
+        rec: &Recorder,
+        v: Validated<T::Plan>,
+        read_early: bool,
+    ) -> Result<(Bound<T::Plan>, Option<CredentialRead>), Box<Outcome<T::Result>>> {
         let config = self.inner.config.current();
         let snapshot = if T::NEEDS_CREDENTIAL {
             let Some(target) = config.target(&v.target) else {
@@ -436,31 +461,40 @@ impl<T: Channel> Pipeline<T> {
             .inner
             .channel
             .operation_for(&config, &bound, self.now(), rec.id());
-        if let Err(e) = rec.preflight(&bound.fingerprint, bound.snapshot.clone(), operation) {
+        let read = (read_early && T::NEEDS_CREDENTIAL)
+            .then(|| CredentialRead::start(&self.inner.vault, &bound.snapshot));
+        // The request is kept for a retry in the binding's own transaction.
+        if let Err(e) = rec
+            .preflight_async(
+                &bound.fingerprint,
+                bound.snapshot.clone(),
+                operation,
+                Some(v.stored),
+            )
+            .await
+        {
             return Err(Box::new(self.stopped(rec, e)));
         }
-        let (meta, body) = v.stored;
-        if let Err(e) = self.inner.journal.store_request(rec.id(), meta, body) {
-            return Err(Box::new(self.journal_failed(rec, &e)));
-        }
-        Ok(bound)
+        Ok((bound, read))
     }
 
     /// Asks a person when the target's approval mode says so: no console attached fails
     /// fast (NO_APPROVER), the card carries the bound fingerprint, and only a grant of
     /// exactly that fingerprint lets the invocation go on.
+    ///
+    /// Returns whether a person was asked (and granted it).
     pub async fn approve(
         &self,
         rec: &Recorder,
         bound: &Bound<T::Plan>,
         ctx: &CallContext,
-    ) -> Result<(), Box<Outcome<T::Result>>> {
+    ) -> Result<bool, Box<Outcome<T::Result>>> {
         let mode = self
             .inner
             .channel
             .approval_mode(&self.inner.config.current(), &bound.target);
         if mode == ApprovalMode::None {
-            return Ok(());
+            return Ok(false);
         }
         let refused = |code: Code, message: &str| {
             Box::new(self.fail(
@@ -525,7 +559,7 @@ impl<T: Channel> Pipeline<T> {
                 card_digest,
             } => rec
                 .approval_granted(&fingerprint, &by, card_digest)
-                .map(|_| ())
+                .map(|_| true)
                 .map_err(|e| Box::new(self.stopped(rec, e))),
             ApprovalAnswer::Denied { by, card_digest } => Err(Box::new(
                 match rec.approval_denied(&bound.fingerprint, &by, card_digest) {
@@ -548,17 +582,30 @@ impl<T: Channel> Pipeline<T> {
         bound: &Bound<T::Plan>,
         ctx: &CallContext,
     ) -> Outcome<T::Result> {
+        self.attempt_with(rec, bound, ctx, None).await
+    }
+
+    /// [`Pipeline::attempt`] with the credential's keychain read already in flight
+    /// (`read`, from binding), or started here.
+    async fn attempt_with(
+        &self,
+        rec: &mut Recorder,
+        bound: &Bound<T::Plan>,
+        ctx: &CallContext,
+        read: Option<CredentialRead>,
+    ) -> Outcome<T::Result> {
         // The lease outlives the attempt's own timeout by a margin for recording.
         let ttl = i64::try_from(bound.timeout.as_millis())
             .unwrap_or(i64::MAX)
             .saturating_add(30_000);
         let armed = if T::NEEDS_CREDENTIAL {
             // The credential: the only place secret bytes leave the keychain.
-            let (meta, secret) =
-                match read_bound_credential(&self.inner.vault, &bound.snapshot, self.now()).await {
-                    Ok(pair) => pair,
-                    Err(f) => return self.fail(rec, f.phase, f.code, f.retry, &f.message, None),
-                };
+            let read =
+                read.unwrap_or_else(|| CredentialRead::start(&self.inner.vault, &bound.snapshot));
+            let (meta, secret) = match read.finish().await {
+                Ok(pair) => pair,
+                Err(f) => return self.fail(rec, f.phase, f.code, f.retry, &f.message, None),
+            };
             let armed = match self
                 .inner
                 .channel
@@ -567,13 +614,31 @@ impl<T: Channel> Pipeline<T> {
                 Ok(armed) => armed,
                 Err(f) => return self.fail(rec, f.phase, f.code, f.retry, &f.message, None),
             };
-            if let Err(e) = rec.authorize_and_start(
-                &bound.snapshot.credential_id,
-                meta.version.as_str(),
-                &self.inner.holder,
-                ttl,
-            ) {
-                return self.journal_failed(rec, &e);
+            match rec
+                .authorize_and_start_async(
+                    &bound.snapshot.credential_id,
+                    meta.version.as_str(),
+                    &self.inner.holder,
+                    ttl,
+                )
+                .await
+            {
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    // Removed since it was read: the secret is dropped unused.
+                    let e = crate::vault::VaultError::Missing {
+                        credential: bound.snapshot.credential_id.clone(),
+                    };
+                    return self.fail(
+                        rec,
+                        Phase::CredentialInjection,
+                        e.code(),
+                        e.code().spec().retry,
+                        &e.agent_message(),
+                        None,
+                    );
+                }
+                Err(e) => return self.journal_failed(rec, &e),
             }
             armed
         } else {
@@ -775,12 +840,14 @@ impl<T: Channel> Pipeline<T> {
 /// RESULT_DELIVERED: the caller-facing protocol confirmed that `invocation_id`'s answer
 /// reached the caller. Recorded once, and only for an invocation that has ended.
 pub fn confirm_delivery(journal: &Journal, invocation_id: &str) -> Result<(), JournalError> {
-    let rec = Recorder::resume(journal, invocation_id)?;
-    let p = rec.projection()?;
-    if p.terminal && !p.delivered {
-        rec.delivered()?;
-    }
-    Ok(())
+    journal.delivered(invocation_id)
+}
+
+/// [`confirm_delivery`] without waiting for the commit: for the caller-facing protocol's
+/// acknowledgement handler, which has nothing to wait for (the handoff it records has
+/// already happened).
+pub fn confirm_delivery_queued(journal: &Journal, invocation_id: &str) -> Result<(), JournalError> {
+    journal.delivered_pipelined(invocation_id)
 }
 
 /// The handoff of a stored result failed (the caller's connection closed first):

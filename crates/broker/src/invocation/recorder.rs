@@ -224,6 +224,49 @@ impl Recorder {
         snapshot: ConfigSnapshot,
         operation: OperationFacts,
     ) -> Result<Appended, StepError> {
+        let appended = self.journal.write(
+            false,
+            self.preflight_job(fingerprint, snapshot, operation, None),
+        )?;
+        appended.map_err(|failed| self.stopped(&failed))
+    }
+
+    /// [`Recorder::preflight`], awaited without blocking a runtime thread, keeping the
+    /// request for a retry (`stored`: its metadata and body) in the same transaction.
+    pub async fn preflight_async(
+        &self,
+        fingerprint: &str,
+        snapshot: ConfigSnapshot,
+        operation: OperationFacts,
+        stored: Option<(serde_json::Value, Vec<u8>)>,
+    ) -> Result<Appended, StepError> {
+        let stored = match stored {
+            Some((meta, body)) => Some((crate::journal::encode_request(&meta)?, body)),
+            None => None,
+        };
+        let appended = self
+            .journal
+            .write_async(
+                false,
+                self.preflight_job(fingerprint, snapshot, operation, stored),
+            )
+            .await?;
+        appended.map_err(|failed| self.stopped(&failed))
+    }
+
+    /// The transaction of [`Recorder::preflight`]: the binding, or the
+    /// IDEMPOTENCY_MISMATCH failure it recorded instead.
+    fn preflight_job(
+        &self,
+        fingerprint: &str,
+        snapshot: ConfigSnapshot,
+        operation: OperationFacts,
+        stored: Option<(String, Vec<u8>)>,
+    ) -> impl FnOnce(
+        &mut crate::journal::WriteCtx<'_>,
+    ) -> Result<Result<Appended, Appended>, JournalError>
+    + Send
+    + 'static {
         let id = self.id.clone();
         let key = operation.idempotency.as_ref().map(|i| i.key.clone());
         let body = EventBody::PreflightValidated {
@@ -234,7 +277,7 @@ impl Recorder {
         let fingerprint = fingerprint.to_string();
         // The key check and the binding are one transaction, so two concurrent
         // invocations cannot both bind one key to different requests.
-        let appended = self.journal.write(false, move |ctx| {
+        move |ctx| {
             if let Some(key) = key {
                 let reused = ctx.other_fingerprints_for_key(&id, &key)?;
                 if reused.iter().any(|bound| *bound != fingerprint) {
@@ -250,9 +293,12 @@ impl Recorder {
                     return Ok(Err(failed));
                 }
             }
-            Ok(Ok(ctx.append_checked(&id, &body)?))
-        })?;
-        appended.map_err(|failed| self.stopped(&failed))
+            let appended = ctx.append_checked(&id, &body)?;
+            if let Some((meta, body)) = stored {
+                crate::journal::insert_request(ctx, &id, &meta, &body)?;
+            }
+            Ok(Ok(appended))
+        }
     }
 
     /// Records that a person is asked, with the card they are shown and its digest.
@@ -363,6 +409,27 @@ impl Recorder {
         Ok(appended)
     }
 
+    /// [`Recorder::authorize_and_start`], awaited without blocking a runtime thread, that
+    /// also records the credential's use in the same transaction; `None` (nothing
+    /// recorded) when the credential was removed since it was read
+    /// ([`Journal::authorize_and_start`]).
+    pub async fn authorize_and_start_async(
+        &mut self,
+        credential_id: &str,
+        version: &str,
+        holder: &str,
+        ttl_ms: i64,
+    ) -> Result<Option<Appended>, JournalError> {
+        let appended = self
+            .journal
+            .authorize_and_start(&self.id, credential_id, version, holder, ttl_ms)
+            .await?;
+        if let Some(appended) = &appended {
+            self.generation = appended.projection.attempt.generation;
+        }
+        Ok(appended)
+    }
+
     /// A connection-setup stage failed; it proves not_attempted for this attempt.
     pub fn connection_attempt(
         &self,
@@ -405,13 +472,44 @@ impl Recorder {
         // with not_attempted.
         self.may_have_dispatched
             .store(true, std::sync::atomic::Ordering::SeqCst);
-        match self.journal.dispatch_started(
+        let recorded = self.journal.dispatch_started(
             &self.id,
             self.generation,
             fingerprint_now,
             connection_id,
             peer_identity,
-        ) {
+        );
+        self.dispatch_recorded(recorded)
+    }
+
+    /// [`Recorder::dispatch_started`], awaited without blocking a runtime thread.
+    pub async fn dispatch_started_async(
+        &self,
+        fingerprint_now: &str,
+        connection_id: Option<String>,
+        peer_identity: Option<String>,
+    ) -> Result<Appended, StepError> {
+        // Set before the append, as above.
+        self.may_have_dispatched
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let recorded = self
+            .journal
+            .dispatch_started_async(
+                &self.id,
+                self.generation,
+                fingerprint_now,
+                connection_id,
+                peer_identity,
+            )
+            .await;
+        self.dispatch_recorded(recorded)
+    }
+
+    fn dispatch_recorded(
+        &self,
+        recorded: Result<Appended, JournalError>,
+    ) -> Result<Appended, StepError> {
+        match recorded {
             Ok(a) => Ok(a),
             Err(JournalError::FingerprintChanged(failed)) => Err(self.stopped(&failed)),
             Err(JournalError::LeaseLost { .. }) => {
@@ -508,6 +606,19 @@ impl Recorder {
         let preceding = completion_events(exchange);
         self.journal
             .commit_result(&self.id, preceding, result, settle)
+    }
+
+    /// [`Recorder::commit_exchange`], awaited without blocking a runtime thread.
+    pub async fn commit_exchange_async(
+        &self,
+        exchange: Exchange,
+        result: ResultToStore,
+        settle: Settle,
+    ) -> Result<Appended, JournalError> {
+        let preceding = completion_events(exchange);
+        self.journal
+            .commit_result_async(&self.id, preceding, result, settle)
+            .await
     }
 
     /// The exchange completed but its result could not be stored (`error`): records the

@@ -231,6 +231,30 @@ pub struct NewInvocation {
 }
 
 type Finish = Box<dyn FnOnce(Result<(), JournalError>) + Send>;
+
+/// A waited job: `f` runs in the writer's transaction, and `reply` gets its result once
+/// the batch committed (and was fsynced, for a durable batch), or the commit's error.
+fn job<T, F, R>(f: F, reply: R) -> JobFn
+where
+    T: Send + 'static,
+    F: FnOnce(&mut WriteCtx<'_>) -> Result<T, JournalError> + Send + 'static,
+    R: FnOnce(Result<T, JournalError>) + Send + 'static,
+{
+    Box::new(move |ctx| {
+        let result = match ctx {
+            Some(ctx) => f(ctx),
+            None => Err(JournalError::Storage(
+                "the write transaction could not begin".into(),
+            )),
+        };
+        JobOutcome {
+            ok: result.is_ok(),
+            disk_full: result.as_ref().is_err_and(JournalError::is_disk_full),
+            // The caller may have gone away; the commit stands either way.
+            finish: Box::new(move |commit: Result<(), JournalError>| reply(commit.and(result))),
+        }
+    })
+}
 struct JobOutcome {
     ok: bool,
     /// The job failed because the disk is full.
@@ -269,6 +293,9 @@ pub struct WriteCtx<'a> {
     now_ms: i64,
     /// The disk is full: new invocations are refused, those in flight go on.
     low_space: bool,
+    /// Rows for the text search index this job adds (accepted sequence, text), written
+    /// once per batch if the job is kept ([`WriterState::run_batch`]).
+    search: Vec<(u64, String)>,
 }
 
 impl WriteCtx<'_> {
@@ -389,22 +416,30 @@ impl WriteCtx<'_> {
         body: &EventBody,
     ) -> Result<Appended, JournalError> {
         let mut projection = self.projection(invocation_id)?;
-        if !projection.exists() && !matches!(body, EventBody::ActionAccepted { .. }) {
+        let accepting = matches!(body, EventBody::ActionAccepted { .. });
+        if !projection.exists() && !accepting {
             return Err(JournalError::UnknownInvocation(invocation_id.to_string()));
         }
+        let status = |p: &Projection| (p.phase, p.outcome, p.effective_code());
+        let before = status(&projection);
         projection.apply(self.pos.last_seq + 1, body)?;
         let seq = self.append_raw(invocation_id, body)?;
-        // The status index moves with the events, in the same transaction.
-        self.conn
-            .prepare_cached(
-                "UPDATE invocations SET phase = ?1, outcome = ?2, code = ?3 WHERE id = ?4",
-            )?
-            .execute(params![
-                projection.phase.as_str(),
-                projection.outcome.as_str(),
-                projection.effective_code().map(Code::as_str),
-                invocation_id
-            ])?;
+        // The status index moves with the events, in the same transaction. An event that
+        // leaves the status as it was (most do) does not touch the row or its indexes;
+        // an acceptance has no row yet (it is inserted with its status).
+        let after = status(&projection);
+        if !accepting && after != before {
+            self.conn
+                .prepare_cached(
+                    "UPDATE invocations SET phase = ?1, outcome = ?2, code = ?3 WHERE id = ?4",
+                )?
+                .execute(params![
+                    after.0.as_str(),
+                    after.1.as_str(),
+                    after.2.map(Code::as_str),
+                    invocation_id
+                ])?;
+        }
         self.touched.push(invocation_id.to_string());
         self.cache.insert(invocation_id, projection.clone());
         Ok(Appended { seq, projection })
@@ -869,30 +904,48 @@ impl Journal {
 
     /// Runs `f` inside the writer's transaction. Returns after commit, and after fsync
     /// when `durable`. If `f` fails its writes are rolled back and nothing else is.
+    ///
+    /// This blocks the calling thread until then: async code awaits
+    /// [`Journal::write_async`] instead, which parks no runtime thread.
     pub fn write<T, F>(&self, durable: bool, f: F) -> Result<T, JournalError>
     where
         T: Send + 'static,
         F: FnOnce(&mut WriteCtx<'_>) -> Result<T, JournalError> + Send + 'static,
     {
         let (tx, rx) = mpsc::sync_channel(1);
-        let run: JobFn = Box::new(move |ctx| {
-            let result = match ctx {
-                Some(ctx) => f(ctx),
-                None => Err(JournalError::Storage(
-                    "the write transaction could not begin".into(),
-                )),
-            };
-            JobOutcome {
-                ok: result.is_ok(),
-                disk_full: result.as_ref().is_err_and(JournalError::is_disk_full),
-                finish: Box::new(move |commit: Result<(), JournalError>| {
-                    // The caller may have gone away; the commit stands either way.
-                    let _ = tx.send(commit.and(result));
-                }),
-            }
-        });
-        self.submit(Job { durable, run })?;
-        match rx.recv().map_err(|_| JournalError::Closed)? {
+        self.submit(Job {
+            durable,
+            run: job(f, move |result| {
+                let _ = tx.send(result);
+            }),
+        })?;
+        self.answered(rx.recv().map_err(|_| JournalError::Closed)?)
+    }
+
+    /// [`Journal::write`] for async callers: the same job in the same group commit,
+    /// awaited. The writer's answer wakes this task directly; no runtime thread waits
+    /// for the commit (or its fsync), so every invocation in flight can join one batch.
+    ///
+    /// Dropping the future does not withdraw the job: it commits (or not) all the same,
+    /// exactly as when a [`Journal::write`] caller goes away.
+    pub async fn write_async<T, F>(&self, durable: bool, f: F) -> Result<T, JournalError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut WriteCtx<'_>) -> Result<T, JournalError> + Send + 'static,
+    {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.submit(Job {
+            durable,
+            run: job(f, move |result| {
+                let _ = tx.send(result);
+            }),
+        })?;
+        self.answered(rx.await.map_err(|_| JournalError::Closed)?)
+    }
+
+    /// The writer's answer to a waited job, with a full disk described.
+    fn answered<T>(&self, result: Result<T, JournalError>) -> Result<T, JournalError> {
+        match result {
             Err(JournalError::DiskFull { detail }) => Err(JournalError::DiskFull {
                 detail: format!("{detail}; {}", space::describe(&self.inner.path)),
             }),
@@ -953,6 +1006,20 @@ impl Journal {
             durable: false,
             run,
         })
+    }
+
+    /// RESULT_DELIVERED for `invocation_id`, if it has ended and is not yet recorded as
+    /// delivered; waits for the commit.
+    pub fn delivered(&self, invocation_id: &str) -> Result<(), JournalError> {
+        self.write(false, delivered_job(invocation_id))
+    }
+
+    /// [`Journal::delivered`] queued without waiting: the writer applies it in order,
+    /// before anything appended after this call (a later DELIVERY_FAILED of the same
+    /// invocation is then refused by its projection). RESULT_DELIVERED proves a handoff
+    /// already made; it gates nothing, so no caller waits for it.
+    pub fn delivered_pipelined(&self, invocation_id: &str) -> Result<(), JournalError> {
+        self.pipeline(delivered_job(invocation_id))
     }
 
     /// Records a new invocation (ACTION_ACCEPTED) and its identity row.
@@ -1029,53 +1096,40 @@ impl Journal {
         holder: &str,
         ttl_ms: i64,
     ) -> Result<Appended, JournalError> {
-        let id = invocation_id.to_string();
-        let holder = holder.to_string();
-        self.write(false, move |ctx| {
-            for body in &preceding {
-                ctx.append_checked(&id, body)?;
-            }
+        self.write(
+            false,
+            start_attempt_job(invocation_id, preceding, holder, ttl_ms),
+        )
+    }
+
+    /// CREDENTIAL_AUTHORIZED for `credential_id` at `version` and the next attempt's
+    /// lease, in one transaction that also records the credential's use (its last-used
+    /// time, in the same database: no second writer contends for it). `None`, with
+    /// nothing recorded, when the credential was removed since it was read: no secret is
+    /// handed out for a credential that no longer exists. Awaited without blocking a
+    /// runtime thread.
+    pub async fn authorize_and_start(
+        &self,
+        invocation_id: &str,
+        credential_id: &str,
+        version: &str,
+        holder: &str,
+        ttl_ms: i64,
+    ) -> Result<Option<Appended>, JournalError> {
+        let authorized = EventBody::CredentialAuthorized {
+            credential_id: credential_id.to_string(),
+            credential_version: version.to_string(),
+        };
+        let start = start_attempt_job(invocation_id, vec![authorized], holder, ttl_ms);
+        let credential = credential_id.to_string();
+        self.write_async(false, move |ctx| {
             let now = ctx.now_ms();
-            let lease: Option<(i64, String, i64)> = ctx
-                .conn()
-                .query_row(
-                    "SELECT generation, holder, expires_at_ms FROM leases WHERE invocation_id = ?1",
-                    [&id],
-                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-                )
-                .optional()?;
-            if let Some((_, current, until)) = &lease
-                && *until > now
-                && *current != holder
-            {
-                return Err(JournalError::LeaseHeld {
-                    invocation_id: id,
-                    until_ms: *until,
-                });
+            if !crate::vault::meta::touch_last_used_raw(ctx.conn(), &credential, now)? {
+                return Ok(None);
             }
-            reap_expired(ctx, &id)?;
-            let projection = ctx.projection(&id)?;
-            let generation = projection.attempt.generation + 1;
-            let expires = now.saturating_add(ttl_ms);
-            let appended = ctx.append_checked(
-                &id,
-                &EventBody::AttemptStarted {
-                    generation,
-                    holder: holder.clone(),
-                    lease_expires_at_ms: expires,
-                },
-            )?;
-            ctx.conn()
-                .prepare_cached(
-                    "INSERT INTO leases (invocation_id, generation, holder, expires_at_ms)
-                     VALUES (?1, ?2, ?3, ?4)
-                     ON CONFLICT (invocation_id) DO UPDATE SET
-                       generation = excluded.generation, holder = excluded.holder,
-                       expires_at_ms = excluded.expires_at_ms",
-                )?
-                .execute(params![id, generation, holder, expires])?;
-            Ok(appended)
+            start(ctx).map(Some)
         })
+        .await
     }
 
     /// Closes the current attempt if its lease expired before it ended, recording what
@@ -1098,57 +1152,34 @@ impl Journal {
         connection_id: Option<String>,
         peer_identity: Option<String>,
     ) -> Result<Appended, JournalError> {
-        let id = invocation_id.to_string();
-        let body = EventBody::DispatchStarted {
+        let job = dispatch_job(
+            invocation_id,
             generation,
-            fingerprint: fingerprint.to_string(),
+            fingerprint,
             connection_id,
             peer_identity,
-        };
-        let bound = fingerprint.to_string();
-        let dispatched = self.write(true, move |ctx| {
-            let now = ctx.now_ms();
-            let lease: Option<(u32, i64)> = ctx
-                .conn()
-                .query_row(
-                    "SELECT generation, expires_at_ms FROM leases WHERE invocation_id = ?1",
-                    [&id],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .optional()?;
-            match lease {
-                Some((current, until)) if current == generation && until > now => {}
-                _ => {
-                    return Err(JournalError::LeaseLost {
-                        invocation_id: id,
-                        generation,
-                    });
-                }
-            }
-            let projection = ctx.projection(&id)?;
-            if projection.fingerprint.as_deref() != Some(bound.as_str()) {
-                // The request or its bound configuration changed: nothing is sent, and
-                // the invocation ends saying so, in this same transaction.
-                let failed = ctx.append_checked(
-                    &id,
-                    &EventBody::failed_before_dispatch(
-                        Phase::Validation,
-                        Code::FingerprintMismatch,
-                        Retry::AfterCorrection,
-                        "The request or its configuration changed after it was bound; nothing was sent.",
-                    ),
-                )?;
-                return Ok(Err(failed));
-            }
-            let budget = projection.operation.as_ref().map_or(1, |o| o.retry_budget);
-            if projection.dispatches >= budget {
-                return Err(JournalError::BudgetExhausted {
-                    invocation_id: id,
-                    budget,
-                });
-            }
-            Ok(Ok(ctx.append_checked(&id, &body)?))
-        })?;
+        );
+        let dispatched = self.write(true, job)?;
+        dispatched.map_err(|failed| JournalError::FingerprintChanged(Box::new(failed)))
+    }
+
+    /// [`Journal::dispatch_started`], awaited without blocking a runtime thread.
+    pub async fn dispatch_started_async(
+        &self,
+        invocation_id: &str,
+        generation: u32,
+        fingerprint: &str,
+        connection_id: Option<String>,
+        peer_identity: Option<String>,
+    ) -> Result<Appended, JournalError> {
+        let job = dispatch_job(
+            invocation_id,
+            generation,
+            fingerprint,
+            connection_id,
+            peer_identity,
+        );
+        let dispatched = self.write_async(true, job).await?;
         dispatched.map_err(|failed| JournalError::FingerprintChanged(Box::new(failed)))
     }
 
@@ -1161,13 +1192,19 @@ impl Journal {
         result: ResultToStore,
         settle: Settle,
     ) -> Result<Appended, JournalError> {
-        let id = invocation_id.to_string();
-        self.write(true, move |ctx| {
-            for body in &preceding {
-                ctx.append_checked(&id, body)?;
-            }
-            results::commit(ctx, &id, &result, &settle)
-        })
+        self.write(true, commit_job(invocation_id, preceding, result, settle))
+    }
+
+    /// [`Journal::commit_result`], awaited without blocking a runtime thread.
+    pub async fn commit_result_async(
+        &self,
+        invocation_id: &str,
+        preceding: Vec<EventBody>,
+        result: ResultToStore,
+        settle: Settle,
+    ) -> Result<Appended, JournalError> {
+        self.write_async(true, commit_job(invocation_id, preceding, result, settle))
+            .await
     }
 
     /// Keeps the request an invocation was accepted with (see `0003_requests.sql`).
@@ -1179,16 +1216,8 @@ impl Journal {
         body: Vec<u8>,
     ) -> Result<(), JournalError> {
         let id = invocation_id.to_string();
-        let meta = serde_json::to_string(&meta)
-            .map_err(|e| JournalError::Storage(format!("request encoding: {e}")))?;
-        self.pipeline(move |ctx| {
-            ctx.conn()
-                .prepare_cached(
-                    "INSERT OR REPLACE INTO requests (invocation_id, meta, body) VALUES (?1, ?2, ?3)",
-                )?
-                .execute(params![id, meta, body])?;
-            Ok(())
-        })
+        let meta = encode_request(&meta)?;
+        self.pipeline(move |ctx| insert_request(ctx, &id, &meta, &body))
     }
 
     /// The request an invocation was accepted with.
@@ -1433,6 +1462,192 @@ impl Drop for Inner {
     }
 }
 
+/// The job of [`Journal::start_attempt_after`].
+fn start_attempt_job(
+    invocation_id: &str,
+    preceding: Vec<EventBody>,
+    holder: &str,
+    ttl_ms: i64,
+) -> impl FnOnce(&mut WriteCtx<'_>) -> Result<Appended, JournalError> + Send + 'static {
+    let id = invocation_id.to_string();
+    let holder = holder.to_string();
+    move |ctx| {
+        for body in &preceding {
+            ctx.append_checked(&id, body)?;
+        }
+        let now = ctx.now_ms();
+        let lease: Option<(i64, String, i64)> = ctx
+            .conn()
+            .prepare_cached(
+                "SELECT generation, holder, expires_at_ms FROM leases WHERE invocation_id = ?1",
+            )?
+            .query_row([&id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .optional()?;
+        if let Some((_, current, until)) = &lease
+            && *until > now
+            && *current != holder
+        {
+            return Err(JournalError::LeaseHeld {
+                invocation_id: id,
+                until_ms: *until,
+            });
+        }
+        reap_expired(ctx, &id)?;
+        let projection = ctx.projection(&id)?;
+        let generation = projection.attempt.generation + 1;
+        let expires = now.saturating_add(ttl_ms);
+        let appended = ctx.append_checked(
+            &id,
+            &EventBody::AttemptStarted {
+                generation,
+                holder: holder.clone(),
+                lease_expires_at_ms: expires,
+            },
+        )?;
+        ctx.conn()
+            .prepare_cached(
+                "INSERT INTO leases (invocation_id, generation, holder, expires_at_ms)
+                 VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (invocation_id) DO UPDATE SET
+                   generation = excluded.generation, holder = excluded.holder,
+                   expires_at_ms = excluded.expires_at_ms",
+            )?
+            .execute(params![id, generation, holder, expires])?;
+        Ok(appended)
+    }
+}
+
+/// The job of [`Journal::dispatch_started`]: the appended DISPATCH_STARTED, or the
+/// FINGERPRINT_MISMATCH failure it recorded instead.
+fn dispatch_job(
+    invocation_id: &str,
+    generation: u32,
+    fingerprint: &str,
+    connection_id: Option<String>,
+    peer_identity: Option<String>,
+) -> impl FnOnce(&mut WriteCtx<'_>) -> Result<Result<Appended, Appended>, JournalError> + Send + 'static
+{
+    let id = invocation_id.to_string();
+    let body = EventBody::DispatchStarted {
+        generation,
+        fingerprint: fingerprint.to_string(),
+        connection_id,
+        peer_identity,
+    };
+    let bound = fingerprint.to_string();
+    move |ctx| {
+        let now = ctx.now_ms();
+        let lease: Option<(u32, i64)> = ctx
+            .conn()
+            .prepare_cached(
+                "SELECT generation, expires_at_ms FROM leases WHERE invocation_id = ?1",
+            )?
+            .query_row([&id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        match lease {
+            Some((current, until)) if current == generation && until > now => {}
+            _ => {
+                return Err(JournalError::LeaseLost {
+                    invocation_id: id,
+                    generation,
+                });
+            }
+        }
+        let projection = ctx.projection(&id)?;
+        if projection.fingerprint.as_deref() != Some(bound.as_str()) {
+            // The request or its bound configuration changed: nothing is sent, and
+            // the invocation ends saying so, in this same transaction.
+            let failed = ctx.append_checked(
+                &id,
+                &EventBody::failed_before_dispatch(
+                    Phase::Validation,
+                    Code::FingerprintMismatch,
+                    Retry::AfterCorrection,
+                    "The request or its configuration changed after it was bound; nothing was sent.",
+                ),
+            )?;
+            return Ok(Err(failed));
+        }
+        let budget = projection.operation.as_ref().map_or(1, |o| o.retry_budget);
+        if projection.dispatches >= budget {
+            return Err(JournalError::BudgetExhausted {
+                invocation_id: id,
+                budget,
+            });
+        }
+        Ok(Ok(ctx.append_checked(&id, &body)?))
+    }
+}
+
+/// The job of [`Journal::commit_result`].
+fn commit_job(
+    invocation_id: &str,
+    preceding: Vec<EventBody>,
+    result: ResultToStore,
+    settle: Settle,
+) -> impl FnOnce(&mut WriteCtx<'_>) -> Result<Appended, JournalError> + Send + 'static {
+    let id = invocation_id.to_string();
+    move |ctx| {
+        for body in &preceding {
+            ctx.append_checked(&id, body)?;
+        }
+        results::commit(ctx, &id, &result, &settle)
+    }
+}
+
+/// The job of [`Journal::delivered`]: recorded once, and only for an ended invocation.
+fn delivered_job(
+    invocation_id: &str,
+) -> impl FnOnce(&mut WriteCtx<'_>) -> Result<(), JournalError> + Send + 'static {
+    let id = invocation_id.to_string();
+    move |ctx| {
+        let p = ctx.projection(&id)?;
+        if p.terminal && !p.delivered {
+            ctx.append_checked(&id, &EventBody::ResultDelivered)?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs a statement the writer issues for every batch or job (transaction control)
+/// from the connection's statement cache: parsed once, not once per job.
+fn run_cached(conn: &Connection, sql: &str) -> Result<(), rusqlite::Error> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
+}
+
+/// A stored request's metadata as the `requests` table keeps it.
+pub(crate) fn encode_request(meta: &serde_json::Value) -> Result<String, JournalError> {
+    serde_json::to_string(meta).map_err(|e| JournalError::Storage(format!("request encoding: {e}")))
+}
+
+/// Keeps the request `invocation_id` was accepted with (see `0003_requests.sql`).
+pub(crate) fn insert_request(
+    ctx: &mut WriteCtx<'_>,
+    invocation_id: &str,
+    meta: &str,
+    body: &[u8],
+) -> Result<(), JournalError> {
+    ctx.conn()
+        .prepare_cached(
+            "INSERT OR REPLACE INTO requests (invocation_id, meta, body) VALUES (?1, ?2, ?3)",
+        )?
+        .execute(params![invocation_id, meta, body])?;
+    Ok(())
+}
+
+/// Adds accepted invocations to the text search index (`0006_search_index.sql`).
+fn index_for_search(conn: &Connection, rows: &[(u64, String)]) -> Result<(), rusqlite::Error> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let mut insert =
+        conn.prepare_cached("INSERT INTO invocation_search (rowid, text) VALUES (?1, ?2)")?;
+    for (seq, text) in rows {
+        insert.execute(params![*seq as i64, text])?;
+    }
+    Ok(())
+}
+
 fn accept_in(ctx: &mut WriteCtx<'_>, new: NewInvocation) -> Result<Appended, JournalError> {
     if ctx.low_space {
         // The space left belongs to invocations already in flight.
@@ -1442,11 +1657,8 @@ fn accept_in(ctx: &mut WriteCtx<'_>, new: NewInvocation) -> Result<Appended, Jou
     }
     let exists: Option<i64> = ctx
         .conn()
-        .query_row(
-            "SELECT 1 FROM invocations WHERE id = ?1",
-            [&new.invocation_id],
-            |r| r.get(0),
-        )
+        .prepare_cached("SELECT 1 FROM invocations WHERE id = ?1")?
+        .query_row([&new.invocation_id], |r| r.get(0))
         .optional()?;
     if exists.is_some() {
         return Err(JournalError::DuplicateInvocation(new.invocation_id));
@@ -1485,12 +1697,11 @@ fn accept_in(ctx: &mut WriteCtx<'_>, new: NewInvocation) -> Result<Appended, Jou
             new.parent.as_ref().map(|l| l.invocation_id.as_str()),
             new.parent.as_ref().map(|l| l.relation.as_str()),
         ])?;
-    ctx.conn()
-        .prepare_cached("INSERT INTO invocation_search (rowid, text) VALUES (?1, ?2)")?
-        .execute(params![
-            appended.seq as i64,
-            format!("{} {}", new.target, new.summary)
-        ])?;
+    // Indexed for search at the end of the batch, in the same transaction: the
+    // full-text index writes a segment at every savepoint it sees data in, so it is fed
+    // once per commit instead of once per job.
+    ctx.search
+        .push((appended.seq, format!("{} {}", new.target, new.summary)));
     Ok(appended)
 }
 
@@ -1501,11 +1712,8 @@ fn reap_expired(ctx: &mut WriteCtx<'_>, id: &str) -> Result<bool, JournalError> 
     }
     let until: Option<i64> = ctx
         .conn()
-        .query_row(
-            "SELECT expires_at_ms FROM leases WHERE invocation_id = ?1",
-            [id],
-            |r| r.get(0),
-        )
+        .prepare_cached("SELECT expires_at_ms FROM leases WHERE invocation_id = ?1")?
+        .query_row([id], |r| r.get(0))
         .optional()?;
     if until.is_some_and(|u| u > ctx.now_ms()) {
         return Ok(false);
@@ -1824,9 +2032,12 @@ impl WriterState {
 
     fn set_sync(&mut self, full: bool) -> Result<(), rusqlite::Error> {
         if self.sync_full != Some(full) {
-            let mode = if full { "FULL" } else { "NORMAL" };
-            self.conn
-                .execute_batch(&format!("PRAGMA synchronous = {mode}"))?;
+            let pragma = if full {
+                "PRAGMA synchronous = FULL"
+            } else {
+                "PRAGMA synchronous = NORMAL"
+            };
+            run_cached(&self.conn, pragma)?;
             self.sync_full = Some(full);
         }
         Ok(())
@@ -1922,7 +2133,7 @@ impl WriterState {
 
         let begun = self
             .set_sync(durable)
-            .and_then(|_| self.conn.execute_batch("BEGIN IMMEDIATE"));
+            .and_then(|_| run_cached(&self.conn, "BEGIN IMMEDIATE"));
         if let Err(e) = begun {
             for job in batch {
                 // The job never ran; tell its caller why.
@@ -1937,8 +2148,9 @@ impl WriterState {
 
         let mut jobs = batch.into_iter();
         let mut rolled_back = false;
+        let mut searchable: Vec<(u64, String)> = Vec::new();
         for job in jobs.by_ref() {
-            let savepoint = self.conn.execute_batch("SAVEPOINT job");
+            let savepoint = run_cached(&self.conn, "SAVEPOINT job");
             // The job works on a copy of the position; `self.pos` stays as it was until
             // the job is kept.
             let mut ctx = WriteCtx {
@@ -1950,14 +2162,16 @@ impl WriterState {
                 stored: &mut self.stored,
                 now_ms,
                 low_space,
+                search: Vec::new(),
             };
             let outcome = (job.run)(Some(&mut ctx));
             disk_full |= outcome.disk_full;
-            let (pos, touched) = (ctx.pos, ctx.touched);
+            let (pos, touched, search) = (ctx.pos, ctx.touched, ctx.search);
             let kept =
-                savepoint.is_ok() && outcome.ok && self.conn.execute_batch("RELEASE job").is_ok();
+                savepoint.is_ok() && outcome.ok && run_cached(&self.conn, "RELEASE job").is_ok();
             if kept {
                 self.pos = pos;
+                searchable.extend(search);
             } else {
                 // Undo only this job's writes; the chain position stays where it was.
                 let _ = self.conn.execute_batch("ROLLBACK TO job; RELEASE job");
@@ -2000,13 +2214,15 @@ impl WriterState {
             return;
         }
 
-        // Every commit that adds events carries a checkpoint over them.
-        let sealed = if self.pos.last_seq > start.last_seq {
-            self.seal(now_ms).map(Some)
-        } else {
-            Ok(None)
-        };
-        match sealed.and_then(|s| self.conn.execute_batch("COMMIT").map(|_| s)) {
+        // The kept jobs' search rows, then a checkpoint over every event the commit adds.
+        let sealed = index_for_search(&self.conn, &searchable).and_then(|()| {
+            if self.pos.last_seq > start.last_seq {
+                self.seal(now_ms).map(Some)
+            } else {
+                Ok(None)
+            }
+        });
+        match sealed.and_then(|s| run_cached(&self.conn, "COMMIT").map(|_| s)) {
             Ok(sealed) => {
                 if let Some((cp, retention)) = sealed {
                     self.retention = retention;

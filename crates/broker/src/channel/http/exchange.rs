@@ -557,7 +557,9 @@ async fn read_response(
         decoded_from,
         body_withheld,
     };
-    attempt.commit(exchange, stored, settle, Some(response))
+    attempt
+        .commit(exchange, stored, settle, Some(response))
+        .await
 }
 
 /// A complete response to a batch, member by member. A 2xx body is read through the

@@ -839,7 +839,7 @@ impl Pipeline<Http> {
             }
         };
         validated.plan.repeat = Repeat::Idempotent;
-        let bound = match self.bind(&rec, validated) {
+        let bound = match self.bind(&rec, validated).await {
             Ok(b) => b,
             Err(outcome) => return *outcome,
         };

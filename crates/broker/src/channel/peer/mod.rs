@@ -442,14 +442,14 @@ impl<'a, 'b> Run<'a, 'b> {
                 self.listings.forget(&self.op.peer);
             }
             match next {
-                Next::Done => return self.settle(&record, classified, None),
+                Next::Done => return self.settle(&record, classified, None).await,
                 Next::RetryAfterMs(ms) => {
                     tokio::select! {
                         () = tokio::time::sleep(Duration::from_millis(ms)) => {}
                         () = ctx.cancel.cancelled() => return self.cancelled(dispatched),
                     }
                 }
-                Next::Abandon => return self.abandon(&record, classified),
+                Next::Abandon => return self.abandon(&record, classified).await,
                 Next::Stop(incident) => return self.stop(incident, &record, dispatched),
             }
         }
@@ -535,7 +535,7 @@ impl<'a, 'b> Run<'a, 'b> {
     }
 
     /// Signed outcome: this invocation settles with the peer's.
-    fn settle(
+    async fn settle(
         &self,
         record: &PeerAnswer,
         classified: Classified,
@@ -592,7 +592,9 @@ impl<'a, 'b> Run<'a, 'b> {
                     redactions: 0,
                 };
                 let exchange = Exchange::peer(status, outcome.invocation_id.clone(), digest);
-                self.attempt.commit(exchange, stored, settle, response)
+                self.attempt
+                    .commit(exchange, stored, settle, response)
+                    .await
             }
             Settled::Unknown => {
                 let code = code_override.unwrap_or(Code::PeerOutcomeUnknown);
@@ -639,7 +641,7 @@ impl<'a, 'b> Run<'a, 'b> {
 
     /// The policy moved during the attempt: abandoned, its outcome what the peer's
     /// signed answer says it did.
-    fn abandon(&self, record: &PeerAnswer, classified: Classified) -> HttpOutcome {
+    async fn abandon(&self, record: &PeerAnswer, classified: Classified) -> HttpOutcome {
         let digest = record
             .attestation
             .as_ref()
@@ -648,7 +650,9 @@ impl<'a, 'b> Run<'a, 'b> {
         let moved = record.reason.clone().unwrap_or_default();
         if classified.outcome.is_some() {
             // The peer ran it under the new policy: its outcome stands, marked.
-            return self.settle(record, classified, Some(Code::PeerPolicyChanged));
+            return self
+                .settle(record, classified, Some(Code::PeerPolicyChanged))
+                .await;
         }
         if record.attests_not_run() {
             return self.not_run(

@@ -345,7 +345,7 @@ pub(super) async fn attempt(
             Ok(Err(Lost::Refused)) => commit(&attempt, &run, &armed.redactor,
                 host_key_fingerprint,
                 Settlement::Refused,
-            ),
+            ).await,
             Ok(Err(Lost::Transport)) => attempt.fail(Phase::RemoteExecution,
                 Code::RemoteOutcomeUnknown,
                 Retry::Reconcile,
@@ -353,7 +353,7 @@ pub(super) async fn attempt(
             Ok(Ok(())) if run.exit_status.is_some() || run.exit_signal.is_some() => commit(&attempt, &run, &armed.redactor,
                 host_key_fingerprint,
                 Settlement::Exited,
-            ),
+            ).await,
             Ok(Ok(())) if run.closed => attempt.fail(Phase::RemoteExecution,
                 Code::RemoteResultIncomplete,
                 Retry::Reconcile,
@@ -442,7 +442,7 @@ async fn first_seen(
     }
 }
 
-fn commit(
+async fn commit(
     attempt: &Attempt<'_, Ssh>,
     run: &Run,
     redactor: &Redactor,
@@ -506,7 +506,7 @@ fn commit(
     let exchange = Exchange::exec(run.stdin_complete, digest);
     // A refused exec settles as rejected and returns no output.
     let returned = (settlement == Settlement::Exited).then_some(result);
-    attempt.commit(exchange, stored, settle, returned)
+    attempt.commit(exchange, stored, settle, returned).await
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
