@@ -153,6 +153,11 @@ enum OperatorAction {
     },
     /// Remove a credential.
     RemoveCredential { id: String },
+    /// Pause agent calls: new requests, retries and job polls are refused with
+    /// AGENTS_PAUSED (nothing recorded or sent) until `resume`; what runs finishes.
+    Pause,
+    /// Resume agent calls after `pause`.
+    Resume,
 }
 
 #[derive(Args)]
@@ -657,6 +662,8 @@ fn run(cli: Cli) -> common::Outcome {
                 OperatorAction::RemoveCredential { id } => {
                     operator_cmd::Request::remove_credential(&id)
                 }
+                OperatorAction::Pause => operator_cmd::Request::pause(true),
+                OperatorAction::Resume => operator_cmd::Request::pause(false),
                 OperatorAction::SetCredential {
                     id,
                     kind,
