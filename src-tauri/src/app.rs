@@ -76,11 +76,6 @@ pub enum Keychain {
     Keyutils,
 }
 
-const EMPTY_CONFIG: &str = "\
-# Postern targets. Add one from the console's Targets screen or by editing this file;
-# `postern config check FILE` validates it. See examples/postern.toml in the source.
-";
-
 /// Everything startup decided, before any window exists.
 pub struct Started {
     pub console: Arc<Console>,
@@ -93,14 +88,18 @@ pub fn start(args: &Args) -> Result<Started, String> {
         .data_dir
         .clone()
         .unwrap_or_else(postern_mcp::default_data_dir);
-    let config = args
-        .config
-        .clone()
-        .unwrap_or_else(|| data_dir.join("postern.toml"));
     std::fs::create_dir_all(&data_dir).map_err(|e| format!("{}: {e}", data_dir.display()))?;
-    if !config.exists() {
-        std::fs::write(&config, EMPTY_CONFIG).map_err(|e| format!("{}: {e}", config.display()))?;
-    }
+    let config = match args.config.clone() {
+        Some(config) => {
+            if !config.exists() {
+                std::fs::write(&config, postern_console::headless::EMPTY_CONFIG)
+                    .map_err(|e| format!("{}: {e}", config.display()))?;
+            }
+            config
+        }
+        None => postern_console::headless::default_config(&data_dir)
+            .map_err(|e| format!("{}: {e}", data_dir.display()))?,
+    };
     let socket = args
         .socket
         .clone()

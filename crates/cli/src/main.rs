@@ -231,9 +231,10 @@ struct DaemonCmd {
     data_dir: DataDirArg,
     #[command(flatten)]
     anchor: AnchorArg,
-    /// The targets file.
+    /// The targets file [default: DIR/postern.toml, made empty if missing, as the
+    /// console does].
     #[arg(long, value_name = "FILE")]
-    config: PathBuf,
+    config: Option<PathBuf>,
     /// The agent-facing socket [default: DIR/run/postern.sock].
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
@@ -495,10 +496,16 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
 fn run(cli: Cli) -> common::Outcome {
     match cli.command {
         Command::Daemon(cmd) => {
+            let data_dir = cmd.data_dir.resolve();
+            let config = match cmd.config {
+                Some(config) => config,
+                None => postern_console::headless::default_config(&data_dir)
+                    .map_err(|e| Failure::failed(format!("daemon: {}: {e}", data_dir.display())))?,
+            };
             let args = postern_console::headless::HeadlessArgs {
                 daemon: postern_mcp::DaemonArgs {
-                    data_dir: cmd.data_dir.resolve(),
-                    config: cmd.config,
+                    data_dir,
+                    config,
                     socket: cmd.socket,
                     keychain: cmd.keychain.keychain.choice(),
                     service: cmd.keychain.keychain_service,
