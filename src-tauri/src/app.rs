@@ -18,15 +18,17 @@ use postern_mcp::{DaemonArgs, KeychainChoice, daemon};
 use postern_console::operator::OperatorClient;
 use serde_json::{Value, json};
 
+use crate::autostart::Autostart;
 use crate::commands::Backend;
 use crate::console::{Console, Paths};
 use crate::dto::{
     APPROVALS_CHANGED, ApprovalsChanged, INTEGRITY_CHANGED, JOURNAL_CHANGED, JournalChanged,
 };
+use crate::tray::{self, LoginCommand, Tray};
 
 /// `postern-console`: the desktop console. Every option has a default; a plain start
 /// uses the same data dir, config and socket as `postern daemon`.
-#[derive(Debug, Parser)]
+#[derive(Debug, Clone, Parser)]
 #[command(name = "postern-console", version, about)]
 pub struct Args {
     /// Journal, vault metadata and socket live here [default: $XDG_DATA_HOME/postern].
@@ -52,6 +54,20 @@ pub struct Args {
     /// process. The other options are then the daemon's business and are ignored.
     #[arg(long, value_name = "SOCKET")]
     pub attach: Option<PathBuf>,
+    /// Start in the tray, without opening the window (what starting at login does). The
+    /// window opens anyway when no tray shows the icon.
+    #[arg(long)]
+    pub background: bool,
+    /// Write (`enable`) or remove (`disable`) the XDG autostart entry that starts this
+    /// console in the tray at login, with the other options given here; then exit.
+    #[arg(long, value_enum, value_name = "ACTION")]
+    pub autostart: Option<AutostartAction>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AutostartAction {
+    Enable,
+    Disable,
 }
 
 impl Args {
@@ -66,6 +82,88 @@ impl Args {
             keychain_service: service.to_string(),
             approval_timeout: 20,
             attach: None,
+            background: false,
+            autostart: None,
+        }
+    }
+
+    /// What starting at login runs: this program in the tray, with the options given
+    /// here that are not their defaults. `None` when the program cannot name itself.
+    pub fn login_command(&self) -> Option<LoginCommand> {
+        let exe = std::env::current_exe().ok()?;
+        let mut command = vec![exe.to_str()?.to_string(), "--background".to_string()];
+        let mut path = |flag: &str, value: &Option<PathBuf>| -> Option<()> {
+            if let Some(value) = value {
+                let absolute = std::path::absolute(value).ok()?;
+                command.push(flag.to_string());
+                command.push(absolute.to_str()?.to_string());
+            }
+            Some(())
+        };
+        if self.attach.is_some() {
+            path("--attach", &self.attach)?;
+            return Some(LoginCommand(command));
+        }
+        path("--data-dir", &self.data_dir)?;
+        path("--config", &self.config)?;
+        path("--socket", &self.socket)?;
+        if let Keychain::Keyutils = self.keychain {
+            command.extend(["--keychain".to_string(), "keyutils".to_string()]);
+        }
+        if self.keychain_service != "postern" {
+            command.extend([
+                "--keychain-service".to_string(),
+                self.keychain_service.clone(),
+            ]);
+        }
+        if self.approval_timeout != 300 {
+            command.extend([
+                "--approval-timeout".to_string(),
+                self.approval_timeout.to_string(),
+            ]);
+        }
+        Some(LoginCommand(command))
+    }
+}
+
+/// `--autostart enable|disable`: writes or removes the entry; the exit code.
+fn autostart_command(args: &Args, action: AutostartAction) -> i32 {
+    let autostart = match Autostart::from_env() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("postern-console: {e}");
+            return 1;
+        }
+    };
+    let result = match action {
+        AutostartAction::Enable => match args.login_command() {
+            Some(LoginCommand(command)) => autostart
+                .enable(&command)
+                .map(|path| format!("starts at login: {}", path.display())),
+            None => {
+                eprintln!("postern-console: cannot name this program's path");
+                return 1;
+            }
+        },
+        AutostartAction::Disable => autostart.disable().map(|removed| {
+            if removed {
+                format!(
+                    "no longer starts at login: removed {}",
+                    autostart.entry().display()
+                )
+            } else {
+                "did not start at login: nothing to remove".to_string()
+            }
+        }),
+    };
+    match result {
+        Ok(message) => {
+            println!("{message}");
+            0
+        }
+        Err(e) => {
+            eprintln!("postern-console: {e}");
+            1
         }
     }
 }
@@ -214,8 +312,21 @@ pub async fn watch_approvals<R: Runtime>(app: tauri::AppHandle<R>, console: Arc<
             })
             .collect();
         notify_new_cards(&app, &notices, &mut seen);
+        tray::approvals_changed(&app, pending.len());
         let _ = app.emit(APPROVALS_CHANGED, ApprovalsChanged { pending });
         if changes.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Follows the operator's pause of agent calls into the tray and the webview.
+pub async fn watch_pause<R: Runtime>(app: tauri::AppHandle<R>, console: Arc<Console>) {
+    let mut pause = console.broker.pause.subscribe();
+    loop {
+        let paused = *pause.borrow_and_update();
+        tray::pause_changed(&app, paused);
+        if pause.changed().await.is_err() {
             return;
         }
     }
@@ -276,12 +387,18 @@ pub async fn watch_journal<R: Runtime>(app: tauri::AppHandle<R>, console: Arc<Co
 pub async fn watch_attached<R: Runtime>(app: tauri::AppHandle<R>, backend: Arc<Backend>) {
     let mut last_seq = None::<u64>;
     let mut pending_count = None::<u64>;
+    let mut paused = None::<bool>;
     let mut seen: HashSet<String> = HashSet::new();
     let mut verified: Option<(std::time::Instant, u64)> = None;
     loop {
         if let Ok(overview) = backend.call("overview", Value::Null, None).await {
             let seq = overview["last_seq"].as_u64().unwrap_or(0);
             let pending = overview["pending_approvals"].as_u64().unwrap_or(0);
+            let agents_paused = overview["agents_paused"].as_bool().unwrap_or(false);
+            if paused != Some(agents_paused) {
+                tray::pause_changed(&app, agents_paused);
+                paused = Some(agents_paused);
+            }
             if last_seq != Some(seq) {
                 let _ = app.emit(JOURNAL_CHANGED, JournalChanged { last_seq: seq });
             }
@@ -302,6 +419,7 @@ pub async fn watch_attached<R: Runtime>(app: tauri::AppHandle<R>, backend: Arc<B
                     })
                     .collect();
                 notify_new_cards(&app, &notices, &mut seen);
+                tray::approvals_changed(&app, notices.len());
                 let _ = app.emit(APPROVALS_CHANGED, json!({ "pending": cards }));
             }
             last_seq = Some(seq);
@@ -326,12 +444,64 @@ pub async fn watch_attached<R: Runtime>(app: tauri::AppHandle<R>, backend: Arc<B
     }
 }
 
+/// The tray (when one can be made), and the window hidden at start for `--background`
+/// when a tray shows the icon to open it from.
+fn setup_tray<R: Runtime>(
+    app: &tauri::AppHandle<R>,
+    backend: Arc<Backend>,
+    login: Option<LoginCommand>,
+    background: bool,
+) {
+    match Tray::build(app, login.as_ref()) {
+        Ok(tray) => {
+            app.manage(tray);
+            app.on_menu_event(move |app, event| {
+                tray::on_menu_event(app, event, &backend, login.as_ref())
+            });
+        }
+        // No tray library (or no display for one): the window is the console, and
+        // closing it quits as before.
+        Err(e) => eprintln!("postern-console: no tray icon: {e}"),
+    }
+    if background
+        && app.try_state::<Tray<R>>().is_some()
+        && tray::tray_is_shown()
+        && let Some(window) = app.get_webview_window("main")
+    {
+        let _ = window.hide();
+    }
+}
+
+/// Closing the main window hides it while a tray shows the icon (the broker goes on
+/// serving; Quit in the tray ends it); without a tray it closes, and the app ends.
+fn on_window_event<R: Runtime>(window: &tauri::Window<R>, event: &tauri::WindowEvent) {
+    if let tauri::WindowEvent::CloseRequested { api, .. } = event
+        && window.label() == "main"
+        && window.app_handle().try_state::<Tray<R>>().is_some()
+        && tray::tray_is_shown()
+    {
+        api.prevent_close();
+        let _ = window.hide();
+    }
+}
+
+/// What every exit does: the tray's icon files go.
+fn on_exit<R: Runtime>(app: &tauri::AppHandle<R>) {
+    if let Some(tray) = app.try_state::<Tray<R>>() {
+        tray.clean_up();
+    }
+}
+
 /// The console attached to a broker's operator socket: no broker in this process.
-fn main_attached(socket: PathBuf) -> i32 {
+fn main_attached(args: &Args, socket: PathBuf) -> i32 {
     let backend = Arc::new(Backend::Attached(OperatorClient::new(socket.clone())));
+    let login = args.login_command();
+    let background = args.background;
     let app = with_backend(tauri::Builder::<tauri::Wry>::new(), backend.clone())
         .plugin(tauri_plugin_notification::init())
+        .on_window_event(on_window_event)
         .setup(move |app| {
+            setup_tray(app.handle(), backend.clone(), login, background);
             eprintln!(
                 "postern-console: attached to the broker's operator socket {}",
                 socket.display()
@@ -355,7 +525,11 @@ fn main_attached(socket: PathBuf) -> i32 {
         .build(tauri::generate_context!("../tauri.conf.json"));
     match app {
         Ok(app) => {
-            app.run(|_, _| {});
+            app.run(|app, event| {
+                if let tauri::RunEvent::Exit = event {
+                    on_exit(app);
+                }
+            });
             0
         }
         Err(e) => {
@@ -368,8 +542,11 @@ fn main_attached(socket: PathBuf) -> i32 {
 /// Runs the console; returns the process exit code.
 pub fn main_entry() -> i32 {
     let args = Args::parse();
-    if let Some(socket) = args.attach {
-        return main_attached(socket);
+    if let Some(action) = args.autostart {
+        return autostart_command(&args, action);
+    }
+    if let Some(socket) = args.attach.clone() {
+        return main_attached(&args, socket);
     }
     let started = match start(&args) {
         Ok(s) => s,
@@ -381,8 +558,12 @@ pub fn main_entry() -> i32 {
     let console = started.console.clone();
     let socket = started.console.paths.socket.clone();
     let trace_startup = std::env::var_os("POSTERN_STARTUP_TRACE").is_some();
-    let app = with_console(tauri::Builder::<tauri::Wry>::new(), console.clone())
+    let login = args.login_command();
+    let background = args.background;
+    let backend = Arc::new(Backend::InProcess(console.clone()));
+    let app = with_backend(tauri::Builder::<tauri::Wry>::new(), backend.clone())
         .plugin(tauri_plugin_notification::init())
+        .on_window_event(on_window_event)
         .on_page_load(move |webview, payload| {
             // For the startup benchmark: when the main page has loaded (the UI mounts
             // synchronously from its module script), print the wall-clock time.
@@ -399,6 +580,7 @@ pub fn main_entry() -> i32 {
         })
         .setup(move |app| {
             let handle = app.handle().clone();
+            setup_tray(&handle, backend.clone(), login, background);
             let broker = console.broker.clone();
             let sessions = console.sessions.clone();
             let socket = socket.clone();
@@ -426,6 +608,7 @@ pub fn main_entry() -> i32 {
                 }
             });
             tauri::async_runtime::spawn(watch_approvals(handle.clone(), console.clone()));
+            tauri::async_runtime::spawn(watch_pause(handle.clone(), console.clone()));
             tauri::async_runtime::spawn(watch_journal(handle, console.clone()));
             tauri::async_runtime::spawn(console.broker.witnessing.clone().run());
             Ok(())
@@ -440,8 +623,9 @@ pub fn main_entry() -> i32 {
     };
     let journal = started.console.broker.journal.clone();
     let socket = started.daemon_args.socket.clone();
-    app.run(move |_, event| {
+    app.run(move |app, event| {
         if let tauri::RunEvent::Exit = event {
+            on_exit(app);
             if let Some(socket) = &socket {
                 let _ = std::fs::remove_file(socket);
             }

@@ -7,11 +7,16 @@
 //! - [`commands`]: the Tauri commands, thin wrappers over [`console::Console`].
 //! - [`dto`]: the IPC types; [`bindings`] generates their TypeScript.
 //! - [`app`]: startup: arguments, the broker, the agent socket, background watchers.
+//! - [`tray`]: the tray icon (waiting approvals; open, pause agents, start at login,
+//!   quit) and closing the window to it.
+//! - [`autostart`]: the XDG autostart entry behind "start at login".
 
 pub mod app;
+pub mod autostart;
 pub mod bindings;
 pub mod commands;
 pub mod commands_list;
+pub mod tray;
 
 /// The operator logic and its IPC types live in `postern-console`, shared with the
 /// daemon's operator socket.
