@@ -24,7 +24,9 @@ use crate::console::{Console, Paths};
 use crate::dto::{
     APPROVALS_CHANGED, ApprovalsChanged, INTEGRITY_CHANGED, JOURNAL_CHANGED, JournalChanged,
 };
+use crate::instance;
 use crate::tray::{self, LoginCommand, Tray};
+use crate::webview;
 
 /// `postern-console`: the desktop console. Every option has a default; a plain start
 /// uses the same data dir, config and socket as `postern daemon`.
@@ -444,14 +446,18 @@ pub async fn watch_attached<R: Runtime>(app: tauri::AppHandle<R>, backend: Arc<B
     }
 }
 
-/// The tray (when one can be made), and the window hidden at start for `--background`
-/// when a tray shows the icon to open it from.
-fn setup_tray<R: Runtime>(
+/// The webview's memory settings, the tray (when one can be made), and the window
+/// hidden at start for `--background` when a tray shows the icon to open it from.
+fn setup_desktop<R: Runtime>(
     app: &tauri::AppHandle<R>,
     backend: Arc<Backend>,
     login: Option<LoginCommand>,
     background: bool,
 ) {
+    if let Some(window) = app.get_webview_window("main") {
+        let settings = std::env::var("POSTERN_WEBVIEW_SETTINGS").ok();
+        webview::apply(&window, webview::chosen(settings.as_deref()));
+    }
     match Tray::build(app, login.as_ref()) {
         Ok(tray) => {
             app.manage(tray);
@@ -492,8 +498,46 @@ fn on_exit<R: Runtime>(app: &tauri::AppHandle<R>) {
     }
 }
 
+/// This console's claim on its data dir (or attach socket) in the desktop session; the
+/// exit code when another console has it (and was asked to show its window).
+fn claim_instance(args: &Args) -> Result<Option<instance::Instance>, i32> {
+    let key = match (&args.attach, &args.data_dir) {
+        (Some(socket), _) => format!("attach:{}", absolute(socket).display()),
+        (None, Some(dir)) => absolute(dir).display().to_string(),
+        (None, None) => absolute(&postern_mcp::default_data_dir())
+            .display()
+            .to_string(),
+    };
+    match instance::claim(&key) {
+        instance::Claim::First(instance) => Ok(Some(instance)),
+        instance::Claim::Shown => {
+            eprintln!("postern-console: already running for {key}; showed its window");
+            Err(0)
+        }
+        instance::Claim::Unknown(e) => {
+            eprintln!("postern-console: cannot check for another console on the session bus: {e}");
+            Ok(None)
+        }
+    }
+}
+
+/// `path` made absolute and, when it exists, without symlinks.
+fn absolute(path: &std::path::Path) -> PathBuf {
+    path.canonicalize()
+        .or_else(|_| std::path::absolute(path))
+        .unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// From now on a second start shows this app's window.
+fn serve_instance(app: &tauri::AppHandle<tauri::Wry>, instance: Option<instance::Instance>) {
+    if let Some(instance) = instance {
+        instance.serve(app.clone());
+        app.manage(instance);
+    }
+}
+
 /// The console attached to a broker's operator socket: no broker in this process.
-fn main_attached(args: &Args, socket: PathBuf) -> i32 {
+fn main_attached(args: &Args, socket: PathBuf, instance: Option<instance::Instance>) -> i32 {
     let backend = Arc::new(Backend::Attached(OperatorClient::new(socket.clone())));
     let login = args.login_command();
     let background = args.background;
@@ -501,7 +545,8 @@ fn main_attached(args: &Args, socket: PathBuf) -> i32 {
         .plugin(tauri_plugin_notification::init())
         .on_window_event(on_window_event)
         .setup(move |app| {
-            setup_tray(app.handle(), backend.clone(), login, background);
+            setup_desktop(app.handle(), backend.clone(), login, background);
+            serve_instance(app.handle(), instance);
             eprintln!(
                 "postern-console: attached to the broker's operator socket {}",
                 socket.display()
@@ -545,8 +590,12 @@ pub fn main_entry() -> i32 {
     if let Some(action) = args.autostart {
         return autostart_command(&args, action);
     }
+    let instance = match claim_instance(&args) {
+        Ok(instance) => instance,
+        Err(code) => return code,
+    };
     if let Some(socket) = args.attach.clone() {
-        return main_attached(&args, socket);
+        return main_attached(&args, socket, instance);
     }
     let started = match start(&args) {
         Ok(s) => s,
@@ -580,7 +629,8 @@ pub fn main_entry() -> i32 {
         })
         .setup(move |app| {
             let handle = app.handle().clone();
-            setup_tray(&handle, backend.clone(), login, background);
+            setup_desktop(&handle, backend.clone(), login, background);
+            serve_instance(&handle, instance);
             let broker = console.broker.clone();
             let sessions = console.sessions.clone();
             let socket = socket.clone();

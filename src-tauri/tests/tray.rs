@@ -7,8 +7,9 @@
 //!
 //! It checks: a desktop notification per new approval card, without the secret; the
 //! waiting count in the tray; Pause agents refusing agent calls with AGENTS_PAUSED until
-//! Resume; closing the window hides it while the broker goes on serving, Open shows it;
-//! Start at login writes and removes the autostart entry; Quit ends the app.
+//! Resume; closing the window hides it while the broker goes on serving, Open shows it,
+//! and so does starting the console again (which then exits); Start at login writes and
+//! removes the autostart entry; Quit ends the app.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -626,6 +627,29 @@ async fn the_tray_counts_approvals_pauses_agents_and_keeps_serving_with_the_wind
     assert!(served.is_error != Some(true), "{served:?}");
     assert_eq!(ok.requests().len(), 2);
     tray.click("Open Postern").await;
+    window.wait_mapped(true);
+
+    // Starting the console again (its menu entry) shows this one's window and exits,
+    // rather than opening a second broker on the same journal.
+    window.close();
+    window.wait_mapped(false);
+    let second = Command::new(APP)
+        .arg("--data-dir")
+        .arg(&data)
+        .arg("--config")
+        .arg(&config_path)
+        .args(keychain)
+        .env("DBUS_SESSION_BUS_ADDRESS", &address)
+        .env("XDG_CONFIG_HOME", &config_home)
+        .env("NO_AT_BRIDGE", "1")
+        .env("GTK_A11Y", "none")
+        .output()
+        .unwrap();
+    assert!(second.status.success(), "{second:?}");
+    assert!(
+        String::from_utf8_lossy(&second.stderr).contains("already running"),
+        "{second:?}"
+    );
     window.wait_mapped(true);
 
     // 4. Start at login writes the autostart entry (this console, in the tray, with its
