@@ -743,3 +743,67 @@ fn the_autostart_option_writes_and_removes_the_entry_from_the_command_line() {
     assert!(again.status.success(), "{again:?}");
     assert!(String::from_utf8_lossy(&again.stdout).contains("nothing to remove"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_at_login_stays_in_the_tray_until_opened() {
+    assert!(
+        std::env::var_os("DISPLAY").is_some(),
+        "DISPLAY is not set: run the tests with ./scripts/test.sh, which starts Xvfb"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (_bus_daemon, address) = private_bus();
+    let items = Arc::new(Mutex::new(Vec::new()));
+    let desktop = zbus::connection::Builder::address(address.as_str())
+        .unwrap()
+        .serve_at(
+            "/StatusNotifierWatcher",
+            Watcher {
+                items: items.clone(),
+            },
+        )
+        .unwrap()
+        .name("org.kde.StatusNotifierWatcher")
+        .unwrap()
+        .build()
+        .await
+        .unwrap();
+    let service = test_service();
+    let app = Process(
+        Command::new(APP)
+            .arg("--background")
+            .arg("--data-dir")
+            .arg(dir.path())
+            .args(["--keychain", "keyutils", "--keychain-service", &service])
+            .env("DBUS_SESSION_BUS_ADDRESS", &address)
+            .env("XDG_CONFIG_HOME", dir.path().join("config"))
+            .env("NO_AT_BRIDGE", "1")
+            .env("GTK_A11Y", "none")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (name, path) = loop {
+        if let Some(item) = items.lock().unwrap().first().cloned() {
+            break item;
+        }
+        assert!(Instant::now() < deadline, "no tray item registered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let socket = dir.path().join("run/postern.sock");
+    while !socket.exists() {
+        assert!(Instant::now() < deadline, "the broker never served");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The broker serves, and the window stays hidden until Open.
+    let window = Window::find(app.0.id());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!window.mapped(), "a background start showed the window");
+    let tray = TrayView {
+        bus: desktop.clone(),
+        name,
+        path,
+    };
+    tray.click("Open Postern").await;
+    window.wait_mapped(true);
+}
