@@ -18,4 +18,7 @@ if [ $# -eq 0 ]; then
     cargo build --release --locked -p postern-desktop
     dbus-run-session -- bash scripts/with-keyring.sh bash scripts/with-display.sh \
         bash scripts/console-startup.sh "$PWD/target/release/postern-console" 5
+    step "console idle memory by WebKit setting (docs/benchmarks.md)"
+    dbus-run-session -- bash scripts/with-keyring.sh bash scripts/with-display.sh \
+        bash scripts/console-memory.sh "$PWD/target/release/postern-console" 3
 fi

@@ -4,10 +4,11 @@
 # starts the app in a new, empty data dir; first paint is when the main page finished
 # loading (the UI mounts from its module script), from the moment the process was
 # spawned. Idle memory is taken 10 s later: RSS and PSS summed over the app and the
-# WebKit processes it started.
+# WebKit processes it started, and PSS per process. Extra arguments go to the console.
 set -euo pipefail
-app="${1:?usage: console-startup.sh PATH-TO-RELEASE-CONSOLE [RUNS]}"
+app="${1:?usage: console-startup.sh PATH-TO-RELEASE-CONSOLE [RUNS [CONSOLE-ARGS...]]}"
 runs="${2:-5}"
+shift $(( $# < 2 ? $# : 2 ))
 
 descendants() {
     local pid=$1
@@ -31,7 +32,7 @@ for run in $(seq 1 "$runs"); do
     data="$(mktemp -d)"
     start_ms=$(date +%s%3N)
     POSTERN_STARTUP_TRACE=1 "$app" --data-dir "$data" --keychain-service "postern-bench-$run-$$" \
-        2>"$data/stderr.log" &
+        "$@" 2>"$data/stderr.log" &
     pid=$!
     paint_ms=""
     for _ in $(seq 1 300); do
@@ -55,9 +56,19 @@ for run in $(seq 1 "$runs"); do
     # shellcheck disable=SC2086
     pss=$(sum_field Pss $pids)
     app_rss=$(sum_field Rss "$pid")
+    app_pss=$(sum_field Pss "$pid")
     nprocs=$(echo "$pids" | wc -w)
-    printf 'run %d: first paint %d ms; idle: app RSS %d MiB; with WebKit (%d processes) RSS %d MiB, PSS %d MiB\n' \
-        "$run" "$paint_ms" $((app_rss / 1024)) "$nprocs" $((rss / 1024)) $((pss / 1024))
+    # PSS of each process but the app, by name (WebKitWebProcess, WebKitNetworkProcess,
+    # and the sandbox's helpers).
+    others=""
+    for p in $pids; do
+        [ "$p" = "$pid" ] && continue
+        name=$(cat "/proc/$p/comm" 2>/dev/null || echo gone)
+        others="$others $name=$(( $(sum_field Pss "$p") / 1024 ))"
+    done
+    printf 'run %d: first paint %d ms; idle: app RSS %d MiB; with WebKit (%d processes) RSS %d MiB, PSS %d MiB (app %d MiB;%s)\n' \
+        "$run" "$paint_ms" $((app_rss / 1024)) "$nprocs" $((rss / 1024)) $((pss / 1024)) \
+        $((app_pss / 1024)) "$others"
     kill "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
     rm -rf "$data"

@@ -6,6 +6,7 @@
 # replaced), what is missing is made.
 #
 #   sudo scripts/install-system.sh --operator alice [--binary target/release/postern]
+#   sudo /usr/lib/postern/install-system --operator alice    (installed by the package)
 #
 # Then, as alice (after logging in again, for the new group):
 #   postern operator --socket /run/postern/operator.sock overview
@@ -14,20 +15,35 @@
 # --no-start installs without starting (or enabling) the service. The POSTERN_INSTALL_*
 # variables move everything (user, group, directories) for the installer's own test.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+here="$(cd "$(dirname "$(readlink -f "$0")")" && pwd)"
+
+# From a source tree, the unit comes from packaging/ and the binary is copied to
+# /usr/local/bin. From the package (/usr/lib/postern/install-system), the package's own
+# binary (/usr/bin/postern) and unit (/usr/lib/systemd/system/postern.service) are used
+# where they are: only what differs from them is written.
+if [ -e "$here/../packaging/postern.service" ]; then
+    cd "$here/.."
+    packaged=0
+    template="packaging/postern.service"
+    default_bin_dir=/usr/local/bin
+else
+    packaged=1
+    template="${POSTERN_INSTALL_UNIT_TEMPLATE:-/usr/lib/systemd/system/postern.service}"
+    default_bin_dir=/usr/bin
+fi
 
 user="${POSTERN_INSTALL_USER:-postern}"
 group="${POSTERN_INSTALL_GROUP:-postern-operators}"
 state_dir="${POSTERN_INSTALL_STATE_DIR:-/var/lib/postern}"
 etc_dir="${POSTERN_INSTALL_ETC_DIR:-/etc/postern}"
-bin_dir="${POSTERN_INSTALL_BIN_DIR:-/usr/local/bin}"
+bin_dir="${POSTERN_INSTALL_BIN_DIR:-$default_bin_dir}"
 unit_dir="${POSTERN_INSTALL_UNIT_DIR:-/etc/systemd/system}"
 binary=""
 operators=()
 start=1
 
 usage() {
-    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
     exit "${1:-0}"
 }
 
@@ -48,6 +64,9 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 2
 fi
 
+if [ -z "$binary" ] && [ "$packaged" -eq 1 ]; then
+    binary="/usr/bin/postern"
+fi
 if [ -z "$binary" ]; then
     for candidate in target/release/postern target/debug/postern; do
         if [ -x "$candidate" ]; then binary="$candidate"; break; fi
@@ -83,7 +102,11 @@ chown "$user:$user" "$state_dir"
 chmod 0700 "$state_dir"
 install -d -m 0755 -o root -g root "$etc_dir"
 install -d -m 0755 "$bin_dir"
-install -m 0755 -o root -g root "$binary" "$bin_dir/postern"
+if [ "$binary" -ef "$bin_dir/postern" ]; then
+    say "using $bin_dir/postern where it is"
+else
+    install -m 0755 -o root -g root "$binary" "$bin_dir/postern"
+fi
 
 if [ ! -e "$state_dir/postern.toml" ]; then
     say "creating an empty targets file $state_dir/postern.toml"
@@ -118,17 +141,25 @@ else
     rm -f "$tmp"
 fi
 
-# The unit, with this installation's names and paths.
+# The unit, with this installation's names and paths. The package's unit already has
+# the default ones: a copy is written only when something differs from it.
 install -d -m 0755 "$unit_dir"
 sed -e "s|^User=postern$|User=$user|" \
     -e "s|^Group=postern$|Group=$user|" \
     -e "s|postern-operators|$group|g" \
-    -e "s|/usr/local/bin/postern|$bin_dir/postern|" \
+    -e "s|/usr/bin/postern|$bin_dir/postern|" \
     -e "s|/var/lib/postern|$state_dir|g" \
     -e "s|/etc/postern/vault.key|$key|" \
-    packaging/postern.service > "$unit_dir/postern.service.new"
+    "$template" > "$unit_dir/postern.service.new"
 chmod 0644 "$unit_dir/postern.service.new"
-mv "$unit_dir/postern.service.new" "$unit_dir/postern.service"
+unit="$unit_dir/postern.service"
+if [ "$packaged" -eq 1 ] && cmp -s "$unit_dir/postern.service.new" "$template"; then
+    rm -f "$unit_dir/postern.service.new"
+    unit="$template"
+    say "using the package's unit $template"
+else
+    mv "$unit_dir/postern.service.new" "$unit"
+fi
 if [ -e "$cred" ]; then
     install -d -m 0755 "$dropin_dir"
     printf '%s\n' "[Service]" "LoadCredential=" \
@@ -137,7 +168,7 @@ if [ -e "$cred" ]; then
 fi
 if command -v systemd-analyze >/dev/null; then
     say "checking the unit (systemd-analyze verify)"
-    systemd-analyze verify "$unit_dir/postern.service"
+    systemd-analyze verify "$unit"
 fi
 
 for person in "${operators[@]}"; do

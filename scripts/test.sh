@@ -25,6 +25,18 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo build (tests)"
 cargo test --workspace --locked --no-run
 
+# The package test (tests/tests/package.rs) installs the .deb with dpkg, starts the
+# daemon from its user unit, makes one MCP call and purges it: it needs root, so the
+# package (a release build of the console) is built once here only then. Set
+# POSTERN_SKIP_PACKAGE=1 to leave it out (the test then says it did not run).
+if [ "$(id -u)" -eq 0 ] && [ "${POSTERN_SKIP_PACKAGE:-0}" != 1 ]; then
+    step "building the packages (scripts/package.sh)"
+    bash scripts/package.sh
+    POSTERN_DEB="$(ls -t target/release/bundle/deb/*.deb | head -n 1)"
+    export POSTERN_DEB
+    export POSTERN_REQUIRE_PACKAGE_TEST=1
+fi
+
 # The privilege separation tests (crates/cli/tests/privsep.rs) create throwaway users
 # and run the broker, an agent and an operator as them: they need root, and fail rather
 # than skip when this says they are required. Set it to 0 to run the suite as a normal

@@ -18,15 +18,19 @@ use postern_mcp::{DaemonArgs, KeychainChoice, daemon};
 use postern_console::operator::OperatorClient;
 use serde_json::{Value, json};
 
+use crate::autostart::Autostart;
 use crate::commands::Backend;
 use crate::console::{Console, Paths};
 use crate::dto::{
     APPROVALS_CHANGED, ApprovalsChanged, INTEGRITY_CHANGED, JOURNAL_CHANGED, JournalChanged,
 };
+use crate::instance;
+use crate::tray::{self, LoginCommand, Tray};
+use crate::webview;
 
 /// `postern-console`: the desktop console. Every option has a default; a plain start
 /// uses the same data dir, config and socket as `postern daemon`.
-#[derive(Debug, Parser)]
+#[derive(Debug, Clone, Parser)]
 #[command(name = "postern-console", version, about)]
 pub struct Args {
     /// Journal, vault metadata and socket live here [default: $XDG_DATA_HOME/postern].
@@ -52,6 +56,20 @@ pub struct Args {
     /// process. The other options are then the daemon's business and are ignored.
     #[arg(long, value_name = "SOCKET")]
     pub attach: Option<PathBuf>,
+    /// Start in the tray, without opening the window (what starting at login does). The
+    /// window opens anyway when no tray shows the icon.
+    #[arg(long)]
+    pub background: bool,
+    /// Write (`enable`) or remove (`disable`) the XDG autostart entry that starts this
+    /// console in the tray at login, with the other options given here; then exit.
+    #[arg(long, value_enum, value_name = "ACTION")]
+    pub autostart: Option<AutostartAction>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AutostartAction {
+    Enable,
+    Disable,
 }
 
 impl Args {
@@ -66,6 +84,88 @@ impl Args {
             keychain_service: service.to_string(),
             approval_timeout: 20,
             attach: None,
+            background: false,
+            autostart: None,
+        }
+    }
+
+    /// What starting at login runs: this program in the tray, with the options given
+    /// here that are not their defaults. `None` when the program cannot name itself.
+    pub fn login_command(&self) -> Option<LoginCommand> {
+        let exe = std::env::current_exe().ok()?;
+        let mut command = vec![exe.to_str()?.to_string(), "--background".to_string()];
+        let mut path = |flag: &str, value: &Option<PathBuf>| -> Option<()> {
+            if let Some(value) = value {
+                let absolute = std::path::absolute(value).ok()?;
+                command.push(flag.to_string());
+                command.push(absolute.to_str()?.to_string());
+            }
+            Some(())
+        };
+        if self.attach.is_some() {
+            path("--attach", &self.attach)?;
+            return Some(LoginCommand(command));
+        }
+        path("--data-dir", &self.data_dir)?;
+        path("--config", &self.config)?;
+        path("--socket", &self.socket)?;
+        if let Keychain::Keyutils = self.keychain {
+            command.extend(["--keychain".to_string(), "keyutils".to_string()]);
+        }
+        if self.keychain_service != "postern" {
+            command.extend([
+                "--keychain-service".to_string(),
+                self.keychain_service.clone(),
+            ]);
+        }
+        if self.approval_timeout != 300 {
+            command.extend([
+                "--approval-timeout".to_string(),
+                self.approval_timeout.to_string(),
+            ]);
+        }
+        Some(LoginCommand(command))
+    }
+}
+
+/// `--autostart enable|disable`: writes or removes the entry; the exit code.
+fn autostart_command(args: &Args, action: AutostartAction) -> i32 {
+    let autostart = match Autostart::from_env() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("postern-console: {e}");
+            return 1;
+        }
+    };
+    let result = match action {
+        AutostartAction::Enable => match args.login_command() {
+            Some(LoginCommand(command)) => autostart
+                .enable(&command)
+                .map(|path| format!("starts at login: {}", path.display())),
+            None => {
+                eprintln!("postern-console: cannot name this program's path");
+                return 1;
+            }
+        },
+        AutostartAction::Disable => autostart.disable().map(|removed| {
+            if removed {
+                format!(
+                    "no longer starts at login: removed {}",
+                    autostart.entry().display()
+                )
+            } else {
+                "did not start at login: nothing to remove".to_string()
+            }
+        }),
+    };
+    match result {
+        Ok(message) => {
+            println!("{message}");
+            0
+        }
+        Err(e) => {
+            eprintln!("postern-console: {e}");
+            1
         }
     }
 }
@@ -75,11 +175,6 @@ pub enum Keychain {
     SecretService,
     Keyutils,
 }
-
-const EMPTY_CONFIG: &str = "\
-# Postern targets. Add one from the console's Targets screen or by editing this file;
-# `postern config check FILE` validates it. See examples/postern.toml in the source.
-";
 
 /// Everything startup decided, before any window exists.
 pub struct Started {
@@ -93,14 +188,18 @@ pub fn start(args: &Args) -> Result<Started, String> {
         .data_dir
         .clone()
         .unwrap_or_else(postern_mcp::default_data_dir);
-    let config = args
-        .config
-        .clone()
-        .unwrap_or_else(|| data_dir.join("postern.toml"));
     std::fs::create_dir_all(&data_dir).map_err(|e| format!("{}: {e}", data_dir.display()))?;
-    if !config.exists() {
-        std::fs::write(&config, EMPTY_CONFIG).map_err(|e| format!("{}: {e}", config.display()))?;
-    }
+    let config = match args.config.clone() {
+        Some(config) => {
+            if !config.exists() {
+                std::fs::write(&config, postern_console::headless::EMPTY_CONFIG)
+                    .map_err(|e| format!("{}: {e}", config.display()))?;
+            }
+            config
+        }
+        None => postern_console::headless::default_config(&data_dir)
+            .map_err(|e| format!("{}: {e}", data_dir.display()))?,
+    };
     let socket = args
         .socket
         .clone()
@@ -215,8 +314,21 @@ pub async fn watch_approvals<R: Runtime>(app: tauri::AppHandle<R>, console: Arc<
             })
             .collect();
         notify_new_cards(&app, &notices, &mut seen);
+        tray::approvals_changed(&app, pending.len());
         let _ = app.emit(APPROVALS_CHANGED, ApprovalsChanged { pending });
         if changes.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Follows the operator's pause of agent calls into the tray and the webview.
+pub async fn watch_pause<R: Runtime>(app: tauri::AppHandle<R>, console: Arc<Console>) {
+    let mut pause = console.broker.pause.subscribe();
+    loop {
+        let paused = *pause.borrow_and_update();
+        tray::pause_changed(&app, paused);
+        if pause.changed().await.is_err() {
             return;
         }
     }
@@ -277,12 +389,18 @@ pub async fn watch_journal<R: Runtime>(app: tauri::AppHandle<R>, console: Arc<Co
 pub async fn watch_attached<R: Runtime>(app: tauri::AppHandle<R>, backend: Arc<Backend>) {
     let mut last_seq = None::<u64>;
     let mut pending_count = None::<u64>;
+    let mut paused = None::<bool>;
     let mut seen: HashSet<String> = HashSet::new();
     let mut verified: Option<(std::time::Instant, u64)> = None;
     loop {
         if let Ok(overview) = backend.call("overview", Value::Null, None).await {
             let seq = overview["last_seq"].as_u64().unwrap_or(0);
             let pending = overview["pending_approvals"].as_u64().unwrap_or(0);
+            let agents_paused = overview["agents_paused"].as_bool().unwrap_or(false);
+            if paused != Some(agents_paused) {
+                tray::pause_changed(&app, agents_paused);
+                paused = Some(agents_paused);
+            }
             if last_seq != Some(seq) {
                 let _ = app.emit(JOURNAL_CHANGED, JournalChanged { last_seq: seq });
             }
@@ -303,6 +421,7 @@ pub async fn watch_attached<R: Runtime>(app: tauri::AppHandle<R>, backend: Arc<B
                     })
                     .collect();
                 notify_new_cards(&app, &notices, &mut seen);
+                tray::approvals_changed(&app, notices.len());
                 let _ = app.emit(APPROVALS_CHANGED, json!({ "pending": cards }));
             }
             last_seq = Some(seq);
@@ -327,12 +446,107 @@ pub async fn watch_attached<R: Runtime>(app: tauri::AppHandle<R>, backend: Arc<B
     }
 }
 
+/// The webview's memory settings, the tray (when one can be made), and the window
+/// hidden at start for `--background` when a tray shows the icon to open it from.
+fn setup_desktop<R: Runtime>(
+    app: &tauri::AppHandle<R>,
+    backend: Arc<Backend>,
+    login: Option<LoginCommand>,
+    background: bool,
+) {
+    if let Some(window) = app.get_webview_window("main") {
+        let settings = std::env::var("POSTERN_WEBVIEW_SETTINGS").ok();
+        webview::apply(&window, webview::chosen(settings.as_deref()));
+    }
+    match Tray::build(app, login.as_ref()) {
+        Ok(tray) => {
+            app.manage(tray);
+            app.on_menu_event(move |app, event| {
+                tray::on_menu_event(app, event, &backend, login.as_ref())
+            });
+        }
+        // No tray library (or no display for one): the window is the console, and
+        // closing it quits as before.
+        Err(e) => eprintln!("postern-console: no tray icon: {e}"),
+    }
+    if background
+        && app.try_state::<Tray<R>>().is_some()
+        && tray::tray_is_shown()
+        && let Some(window) = app.get_webview_window("main")
+    {
+        let _ = window.hide();
+    }
+}
+
+/// Closing the main window hides it while a tray shows the icon (the broker goes on
+/// serving; Quit in the tray ends it); without a tray it closes, and the app ends.
+fn on_window_event<R: Runtime>(window: &tauri::Window<R>, event: &tauri::WindowEvent) {
+    if let tauri::WindowEvent::CloseRequested { api, .. } = event
+        && window.label() == "main"
+        && window.app_handle().try_state::<Tray<R>>().is_some()
+        && tray::tray_is_shown()
+    {
+        api.prevent_close();
+        let _ = window.hide();
+    }
+}
+
+/// What every exit does: the tray's icon files go.
+fn on_exit<R: Runtime>(app: &tauri::AppHandle<R>) {
+    if let Some(tray) = app.try_state::<Tray<R>>() {
+        tray.clean_up();
+    }
+}
+
+/// This console's claim on its data dir (or attach socket) in the desktop session; the
+/// exit code when another console has it (and was asked to show its window).
+fn claim_instance(args: &Args) -> Result<Option<instance::Instance>, i32> {
+    let key = match (&args.attach, &args.data_dir) {
+        (Some(socket), _) => format!("attach:{}", absolute(socket).display()),
+        (None, Some(dir)) => absolute(dir).display().to_string(),
+        (None, None) => absolute(&postern_mcp::default_data_dir())
+            .display()
+            .to_string(),
+    };
+    match instance::claim(&key) {
+        instance::Claim::First(instance) => Ok(Some(instance)),
+        instance::Claim::Shown => {
+            eprintln!("postern-console: already running for {key}; showed its window");
+            Err(0)
+        }
+        instance::Claim::Unknown(e) => {
+            eprintln!("postern-console: cannot check for another console on the session bus: {e}");
+            Ok(None)
+        }
+    }
+}
+
+/// `path` made absolute and, when it exists, without symlinks.
+fn absolute(path: &std::path::Path) -> PathBuf {
+    path.canonicalize()
+        .or_else(|_| std::path::absolute(path))
+        .unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// From now on a second start shows this app's window.
+fn serve_instance(app: &tauri::AppHandle<tauri::Wry>, instance: Option<instance::Instance>) {
+    if let Some(instance) = instance {
+        instance.serve(app.clone());
+        app.manage(instance);
+    }
+}
+
 /// The console attached to a broker's operator socket: no broker in this process.
-fn main_attached(socket: PathBuf) -> i32 {
+fn main_attached(args: &Args, socket: PathBuf, instance: Option<instance::Instance>) -> i32 {
     let backend = Arc::new(Backend::Attached(OperatorClient::new(socket.clone())));
+    let login = args.login_command();
+    let background = args.background;
     let app = with_backend(tauri::Builder::<tauri::Wry>::new(), backend.clone())
         .plugin(tauri_plugin_notification::init())
+        .on_window_event(on_window_event)
         .setup(move |app| {
+            setup_desktop(app.handle(), backend.clone(), login, background);
+            serve_instance(app.handle(), instance);
             eprintln!(
                 "postern-console: attached to the broker's operator socket {}",
                 socket.display()
@@ -356,7 +570,11 @@ fn main_attached(socket: PathBuf) -> i32 {
         .build(tauri::generate_context!("../tauri.conf.json"));
     match app {
         Ok(app) => {
-            app.run(|_, _| {});
+            app.run(|app, event| {
+                if let tauri::RunEvent::Exit = event {
+                    on_exit(app);
+                }
+            });
             0
         }
         Err(e) => {
@@ -369,8 +587,15 @@ fn main_attached(socket: PathBuf) -> i32 {
 /// Runs the console; returns the process exit code.
 pub fn main_entry() -> i32 {
     let args = Args::parse();
-    if let Some(socket) = args.attach {
-        return main_attached(socket);
+    if let Some(action) = args.autostart {
+        return autostart_command(&args, action);
+    }
+    let instance = match claim_instance(&args) {
+        Ok(instance) => instance,
+        Err(code) => return code,
+    };
+    if let Some(socket) = args.attach.clone() {
+        return main_attached(&args, socket, instance);
     }
     let started = match start(&args) {
         Ok(s) => s,
@@ -382,8 +607,12 @@ pub fn main_entry() -> i32 {
     let console = started.console.clone();
     let socket = started.console.paths.socket.clone();
     let trace_startup = std::env::var_os("POSTERN_STARTUP_TRACE").is_some();
-    let app = with_console(tauri::Builder::<tauri::Wry>::new(), console.clone())
+    let login = args.login_command();
+    let background = args.background;
+    let backend = Arc::new(Backend::InProcess(console.clone()));
+    let app = with_backend(tauri::Builder::<tauri::Wry>::new(), backend.clone())
         .plugin(tauri_plugin_notification::init())
+        .on_window_event(on_window_event)
         .on_page_load(move |webview, payload| {
             // For the startup benchmark: when the main page has loaded (the UI mounts
             // synchronously from its module script), print the wall-clock time.
@@ -400,6 +629,8 @@ pub fn main_entry() -> i32 {
         })
         .setup(move |app| {
             let handle = app.handle().clone();
+            setup_desktop(&handle, backend.clone(), login, background);
+            serve_instance(&handle, instance);
             let broker = console.broker.clone();
             let sessions = console.sessions.clone();
             let socket = socket.clone();
@@ -427,6 +658,7 @@ pub fn main_entry() -> i32 {
                 }
             });
             tauri::async_runtime::spawn(watch_approvals(handle.clone(), console.clone()));
+            tauri::async_runtime::spawn(watch_pause(handle.clone(), console.clone()));
             tauri::async_runtime::spawn(watch_journal(handle, console.clone()));
             tauri::async_runtime::spawn(console.broker.witnessing.clone().run());
             Ok(())
@@ -441,8 +673,9 @@ pub fn main_entry() -> i32 {
     };
     let journal = started.console.broker.journal.clone();
     let socket = started.daemon_args.socket.clone();
-    app.run(move |_, event| {
+    app.run(move |app, event| {
         if let tauri::RunEvent::Exit = event {
+            on_exit(app);
             if let Some(socket) = &socket {
                 let _ = std::fs::remove_file(socket);
             }

@@ -118,6 +118,16 @@ pub const SIGNATURES: &[Signature] = &[
         args: &[("recheck", "boolean")],
         returns: "IntegrityState",
     },
+    Signature {
+        name: "pause_agents",
+        args: &[],
+        returns: "AgentPauseState",
+    },
+    Signature {
+        name: "resume_agents",
+        args: &[],
+        returns: "AgentPauseState",
+    },
 ];
 
 /// Events the backend emits, with their payload types.
@@ -125,6 +135,7 @@ pub const EVENTS: &[(&str, &str, &str)] = &[
     ("approvalsChanged", APPROVALS_CHANGED, "ApprovalsChanged"),
     ("journalChanged", JOURNAL_CHANGED, "JournalChanged"),
     ("integrityChanged", INTEGRITY_CHANGED, "IntegrityState"),
+    ("pauseChanged", PAUSE_CHANGED, "AgentPauseState"),
 ];
 
 fn union(name: &str, values: impl Iterator<Item = &'static str>) -> String {
@@ -212,6 +223,7 @@ pub fn typescript() -> String {
         CommandError::decl(),
         ApprovalsChanged::decl(),
         JournalChanged::decl(),
+        AgentPauseState::decl(),
     ];
     for decl in decls {
         out.push_str("export ");

@@ -211,6 +211,17 @@ pub async fn integrity(backend: BackendState<'_>, recheck: bool) -> Result<Value
     call(backend, "integrity", json!({"recheck": recheck})).await
 }
 
+/// Refuses new agent calls (AGENTS_PAUSED) until `resume_agents`.
+#[tauri::command]
+pub async fn pause_agents(backend: BackendState<'_>) -> Result<Value, CommandError> {
+    call(backend, "pause_agents", Value::Null).await
+}
+
+#[tauri::command]
+pub async fn resume_agents(backend: BackendState<'_>) -> Result<Value, CommandError> {
+    call(backend, "resume_agents", Value::Null).await
+}
+
 /// Registers every command; the list must match `commands_list.rs` (tested).
 #[macro_export]
 macro_rules! console_handlers {
@@ -234,6 +245,8 @@ macro_rules! console_handlers {
             $crate::commands::list_targets,
             $crate::commands::update_target,
             $crate::commands::integrity,
+            $crate::commands::pause_agents,
+            $crate::commands::resume_agents,
         ]
     };
 }

@@ -118,6 +118,58 @@ describe("App", () => {
     expect(backend.callsTo("overview").length).toBeGreaterThan(1);
   });
 
+  test("Pause agents pauses through the backend, shows the banner, and Resume lifts it", async () => {
+    const backend = mockBackend({
+      overview: overview(),
+      integrity: integrity(),
+      list_approvals: [],
+      pause_agents: { paused: true },
+      resume_agents: { paused: false },
+    });
+    render(App);
+    await settle();
+    expect(screen.queryByTestId("pause-banner")).toBeNull();
+    expect(screen.getByTestId("toggle-pause").textContent).toBe("Pause agents");
+    await userEvent.click(screen.getByTestId("toggle-pause"));
+    await settle();
+    expect(backend.callsTo("pause_agents").length).toBe(1);
+    expect(screen.getByTestId("pause-banner").textContent).toContain("AGENTS_PAUSED");
+    expect(screen.getByTestId("toggle-pause").getAttribute("aria-pressed")).toBe("true");
+    await userEvent.click(screen.getByTestId("resume-agents"));
+    await settle();
+    expect(backend.callsTo("resume_agents").length).toBe(1);
+    expect(screen.queryByTestId("pause-banner")).toBeNull();
+    expect(screen.getByTestId("toggle-pause").textContent).toBe("Pause agents");
+  });
+
+  test("a pause from the tray (or another operator) reaches the window", async () => {
+    mockBackend({ overview: overview({ agents_paused: true }), integrity: integrity(), list_approvals: [] });
+    render(App);
+    await settle();
+    expect(screen.getByTestId("pause-banner")).toBeTruthy();
+    await emitEvent("pause-changed", { paused: false });
+    expect(screen.queryByTestId("pause-banner")).toBeNull();
+    await emitEvent("pause-changed", { paused: true });
+    expect(screen.getByTestId("pause-banner")).toBeTruthy();
+  });
+
+  test("a refused pause says why and changes nothing", async () => {
+    mockBackend({
+      overview: overview(),
+      integrity: integrity(),
+      list_approvals: [],
+      pause_agents: () => {
+        throw { code: "OPERATOR_UNREACHABLE", message: "The broker's operator socket did not answer.", field: null };
+      },
+    });
+    render(App);
+    await settle();
+    await userEvent.click(screen.getByTestId("toggle-pause"));
+    await settle();
+    expect(screen.getByTestId("pause-error").textContent).toContain("did not answer");
+    expect(screen.queryByTestId("pause-banner")).toBeNull();
+  });
+
   test("an unreachable broker shows the error with Retry", async () => {
     let fail = true;
     mockBackend({

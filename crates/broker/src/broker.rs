@@ -20,6 +20,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::ConfigHandle;
 use crate::config::{Config, ConfigError, ConfigWarning};
 use crate::journal::{Journal, JournalError, JournalOptions};
+use crate::pause::AgentPause;
 use crate::sealed_store::VaultKey;
 use crate::vault::{Keychain, KeychainBackend, Vault, VaultError};
 
@@ -46,6 +47,9 @@ pub struct Broker {
     /// Sends checkpoints to the configured witnesses; the front end spawns
     /// [`Witnessing::run`] on its runtime.
     pub witnessing: Arc<Witnessing>,
+    /// Whether the operator paused agent calls: read by the MCP server, set only from
+    /// the operator side.
+    pub pause: AgentPause,
 }
 
 /// What [`Broker::open`] needs.
@@ -174,6 +178,7 @@ impl Broker {
                 approver,
                 vault,
                 witnessing,
+                pause: AgentPause::default(),
             },
             warnings,
         })

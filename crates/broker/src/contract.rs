@@ -246,6 +246,8 @@ codes! {
         "The peer's export policy version changed during the attempt, which was abandoned. The outcome is what the peer's signed answer says it did; list the targets again before a new request.";
     PeerOutcomeUnknown = "PEER_OUTCOME_UNKNOWN", RE, UNK, Reconcile,
         "The peer broker ran the call and its own record says the outcome is unknown; it is reconciled on the peer, and the settlement comes back signed.";
+    AgentsPaused = "AGENTS_PAUSED", V, NA, Backoff,
+        "The operator paused agent calls (from the console's tray or `postern operator pause`); nothing was recorded or sent. Retry later: calls run again once the operator resumes agents. Reading results and invocations still works while paused.";
 }
 
 impl std::fmt::Display for Code {

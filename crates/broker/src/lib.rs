@@ -52,6 +52,7 @@
 //! - [`federation`]: brokers that peer (seed 002): the signed attestation, how the asking
 //!   broker classifies an answer, the wire ([`federation::wire`]) and the answering
 //!   broker's side ([`federation::serve`]).
+//! - [`pause`]: the operator's pause of agent calls (refused with AGENTS_PAUSED).
 //! - [`display`]: agent-written text made safe to show (escaping, body previews).
 //! - [`clock`]: time passed in, so expiry and leases are deterministic in tests.
 //! - [`platform`]: what differs between Linux, macOS and Windows (the local socket or
@@ -73,6 +74,7 @@ pub mod evidence;
 pub mod federation;
 pub mod invocation;
 pub mod journal;
+pub mod pause;
 pub mod platform;
 pub mod provenance;
 pub mod retry;

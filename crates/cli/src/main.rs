@@ -153,6 +153,11 @@ enum OperatorAction {
     },
     /// Remove a credential.
     RemoveCredential { id: String },
+    /// Pause agent calls: new requests, retries and job polls are refused with
+    /// AGENTS_PAUSED (nothing recorded or sent) until `resume`; what runs finishes.
+    Pause,
+    /// Resume agent calls after `pause`.
+    Resume,
 }
 
 #[derive(Args)]
@@ -252,9 +257,10 @@ struct DaemonCmd {
     data_dir: DataDirArg,
     #[command(flatten)]
     anchor: AnchorArg,
-    /// The targets file.
+    /// The targets file [default: DIR/postern.toml, made empty if missing, as the
+    /// console does].
     #[arg(long, value_name = "FILE")]
-    config: PathBuf,
+    config: Option<PathBuf>,
     /// The agent-facing socket [default: DIR/run/postern.sock].
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
@@ -516,10 +522,16 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
 fn run(cli: Cli) -> common::Outcome {
     match cli.command {
         Command::Daemon(cmd) => {
+            let data_dir = cmd.data_dir.resolve();
+            let config = match cmd.config {
+                Some(config) => config,
+                None => postern_console::headless::default_config(&data_dir)
+                    .map_err(|e| Failure::failed(format!("daemon: {}: {e}", data_dir.display())))?,
+            };
             let args = postern_console::headless::HeadlessArgs {
                 daemon: postern_mcp::DaemonArgs {
-                    data_dir: cmd.data_dir.resolve(),
-                    config: cmd.config,
+                    data_dir,
+                    config,
                     socket: cmd.socket,
                     keychain: cmd.keychain.keychain.choice(),
                     service: cmd.keychain.keychain_service,
@@ -683,6 +695,8 @@ fn run(cli: Cli) -> common::Outcome {
                 OperatorAction::RemoveCredential { id } => {
                     operator_cmd::Request::remove_credential(&id)
                 }
+                OperatorAction::Pause => operator_cmd::Request::pause(true),
+                OperatorAction::Resume => operator_cmd::Request::pause(false),
                 OperatorAction::SetCredential {
                     id,
                     kind,

@@ -93,6 +93,18 @@ impl Request {
         }
     }
 
+    /// Pauses (or resumes) agent calls.
+    pub fn pause(paused: bool) -> Self {
+        Request {
+            command: if paused {
+                "pause_agents"
+            } else {
+                "resume_agents"
+            },
+            args: Value::Null,
+        }
+    }
+
     pub fn incidents() -> Self {
         Request {
             command: "peer_incidents",

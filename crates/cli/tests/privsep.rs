@@ -584,6 +584,120 @@ async fn operator_messages_sent_to_the_agent_socket_grant_nothing() {
     drop(daemon);
 }
 
+/// `tools/call` of `name` with `arguments`, as an agent's client sends it.
+fn tool_call(id: i64, name: &str, arguments: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+           "params": {"name": name, "arguments": arguments}})
+}
+
+/// The answer to request `id`, within 20 s.
+fn answer(bridge: &Bridge, id: i64) -> Value {
+    let (_, response) = bridge.recv_until_id(&json!(id), Duration::from_secs(20));
+    response.unwrap_or_else(|| panic!("no answer to request {id}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_pauses_agents_and_the_agent_side_cannot_resume_them() {
+    let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let _daemon = start_local(dir.path(), &server.base_url());
+    let agent_socket = dir.path().join("data/run/postern.sock");
+    let operator_socket = dir.path().join("data/run/operator.sock");
+    let operator = OperatorClient::new(&operator_socket);
+    store_credential(&operator_socket).await;
+    let cli = |action: &str| {
+        let out = Command::new(POSTERN)
+            .arg("operator")
+            .arg("--socket")
+            .arg(&operator_socket)
+            .arg(action)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let paused = async || {
+        operator.call("overview", Value::Null).await.unwrap()["agents_paused"]
+            .as_bool()
+            .unwrap()
+    };
+    assert!(!paused().await);
+    assert_eq!(cli("pause"), json!({"paused": true}));
+    assert!(paused().await);
+
+    // Every tool that would run something is refused, before anything is recorded.
+    let mut bridge = Bridge::spawn(&agent_socket);
+    bridge.initialize();
+    let refused = [
+        (
+            2,
+            "http_request",
+            json!({"url": server.url("/v1/x"), "method": "GET"}),
+        ),
+        (3, "ssh_exec", json!({"host": "web1", "command": "true"})),
+        (4, "retry_invocation", json!({"invocation_id": "inv_none"})),
+        (5, "poll_job", json!({"invocation_id": "inv_none"})),
+    ];
+    for (id, tool, arguments) in refused {
+        assert!(bridge.send_json(&tool_call(id, tool, arguments)));
+        let v = answer(&bridge, id);
+        let content = &v["result"]["structuredContent"];
+        assert_eq!(v["result"]["isError"], true, "{tool}: {v}");
+        assert_eq!(content["error"]["code"], "AGENTS_PAUSED", "{tool}: {v}");
+        assert_eq!(content["error"]["outcome"], "not_attempted", "{tool}: {v}");
+        assert_eq!(content["error"]["retry"], "backoff", "{tool}: {v}");
+        assert_eq!(content["invocation_id"], Value::Null, "{tool}: {v}");
+    }
+    // Reading still works.
+    assert!(bridge.send_json(&tool_call(6, "list_targets", json!({}))));
+    let listed = answer(&bridge, 6);
+    assert!(listed["result"]["isError"] != true, "{listed}");
+    assert!(server.requests().is_empty());
+    let cards = operator.call("list_approvals", Value::Null).await.unwrap();
+    assert_eq!(cards, json!([]), "a refused call asks nobody");
+
+    // The agent side has no way to resume: no such tool, and the operator protocol at
+    // the agent socket answers nothing.
+    for (id, name) in [(7, "resume_agents"), (8, "pause_agents")] {
+        assert!(bridge.send_json(&tool_call(id, name, json!({}))));
+        let v = answer(&bridge, id);
+        assert!(
+            v.get("error").is_some() || v["result"]["isError"] == true,
+            "{v}"
+        );
+    }
+    let mut raw = std::os::unix::net::UnixStream::connect(&agent_socket).unwrap();
+    raw.set_read_timeout(Some(Duration::from_millis(1500)))
+        .unwrap();
+    raw.write_all(b"{\"id\": 1, \"command\": \"resume_agents\"}\n")
+        .unwrap();
+    let mut answered = Vec::new();
+    let _ = raw.read_to_end(&mut answered);
+    assert!(
+        !String::from_utf8_lossy(&answered).contains("\"ok\""),
+        "the agent socket answered an operator command"
+    );
+    drop(raw);
+    assert!(paused().await, "still paused");
+
+    // The operator resumes: the same call runs (and waits for its approval).
+    assert_eq!(cli("resume"), json!({"paused": false}));
+    assert!(bridge.send_json(&http_call(9, &server.url("/v1/y"))));
+    let card =
+        pending_card(async || operator.call("list_approvals", Value::Null).await.unwrap()).await;
+    operator
+        .call(
+            "answer_approval",
+            json!({"invocationId": card["invocation_id"], "fingerprint": card["fingerprint"],
+                   "cardDigest": card["card_digest"], "decision": "approve"}),
+        )
+        .await
+        .unwrap();
+    let v = answer(&bridge, 9);
+    assert!(v["result"]["isError"] != true, "{v}");
+    assert_eq!(server.requests().len(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_socket_answers_bad_input_with_typed_errors_and_goes_on() {
     let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();

@@ -211,7 +211,18 @@ impl Console {
             last_seq: self.last_seq()?,
             result_store_failures: count(store_failures.len()),
             result_store_failure_latest: store_failures.last().map(|f| f.invocation_id.clone()),
+            agents_paused: self.broker.pause.is_paused(),
         })
+    }
+
+    /// Pauses or resumes agent calls (operator only: the agent side has no way to reach
+    /// this). While paused, calls that would run an invocation are refused with
+    /// AGENTS_PAUSED; what runs finishes and pending approvals can still be answered.
+    pub fn set_agents_paused(&self, paused: bool) -> AgentPauseState {
+        self.broker.pause.set(paused);
+        AgentPauseState {
+            paused: self.broker.pause.is_paused(),
+        }
     }
 
     // ----- approvals ------------------------------------------------------------------

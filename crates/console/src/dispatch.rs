@@ -263,6 +263,10 @@ pub async fn dispatch_as(
                 to_value(console.integrity())
             }
         }
+        "pause_agents" | "resume_agents" => {
+            let NoArgs {} = args(command, raw)?;
+            to_value(console.set_agents_paused(command == "pause_agents"))
+        }
         other => Err(CommandError::field(
             ErrorCode::UnknownCommand,
             "command",

@@ -40,6 +40,8 @@ pub struct Overview {
     /// full disk say): the operator alert. The count, and the newest one's invocation.
     pub result_store_failures: u32,
     pub result_store_failure_latest: Option<String>,
+    /// The operator paused agent calls: new ones are refused with AGENTS_PAUSED.
+    pub agents_paused: bool,
 }
 
 /// One process in an agent's ancestry.
@@ -781,6 +783,14 @@ impl CommandError {
 pub const APPROVALS_CHANGED: &str = "approvals-changed";
 pub const JOURNAL_CHANGED: &str = "journal-changed";
 pub const INTEGRITY_CHANGED: &str = "integrity-changed";
+pub const PAUSE_CHANGED: &str = "pause-changed";
+
+/// Whether agent calls are paused: the answer of `pause_agents` and `resume_agents`,
+/// and the payload of the `pause-changed` event.
+#[derive(Debug, Clone, Serialize, Deserialize, TS)]
+pub struct AgentPauseState {
+    pub paused: bool,
+}
 
 /// Payload of the `approvals-changed` event: the full pending list.
 #[derive(Debug, Clone, Serialize, TS)]

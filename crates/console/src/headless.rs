@@ -25,6 +25,28 @@ use crate::operator::{
     serve_operator,
 };
 
+/// What a targets file made on first run says.
+pub const EMPTY_CONFIG: &str = "\
+# Postern targets. Add one from the console's Targets screen or by editing this file;
+# `postern config check FILE` validates it. See examples/postern.toml in the source.
+";
+
+/// The default targets file of `data_dir` (`DATA_DIR/postern.toml`), made empty (with
+/// the data dir, owner-only) when missing: what the console and `postern daemon` without
+/// `--config` start with.
+pub fn default_config(data_dir: &std::path::Path) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let config = data_dir.join("postern.toml");
+    if !config.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(data_dir)?;
+        std::fs::write(&config, EMPTY_CONFIG)?;
+    }
+    Ok(config)
+}
+
 /// Everything `postern daemon` is told.
 #[derive(Debug, Clone)]
 pub struct HeadlessArgs {

@@ -829,6 +829,26 @@ fn session_unrecorded(reason: &str) -> CallToolResult {
     }))
 }
 
+/// The tools that run an invocation (and so stop while the operator pauses agents);
+/// the others read what the agent's own calls recorded.
+fn starts_invocation(tool: &str) -> bool {
+    matches!(
+        tool,
+        tools::HTTP_REQUEST | tools::SSH_EXEC | tools::RETRY_INVOCATION | tools::POLL_JOB
+    )
+}
+
+/// The refusal while the operator paused agent calls: nothing was accepted, so there is
+/// no invocation id.
+fn agents_paused() -> CallToolResult {
+    CallToolResult::structured_error(json!({
+        "invocation_id": null,
+        "error": postern_broker::pause::AgentPause::refusal(),
+        "outcome": Outcome::NotAttempted,
+        "recorded": false,
+    }))
+}
+
 fn parse<T: serde::de::DeserializeOwned>(request: &CallToolRequestParams) -> Result<T, McpError> {
     let args = Value::Object(request.arguments.clone().unwrap_or_default());
     serde_json::from_value(args)
@@ -876,6 +896,9 @@ impl ServerHandler for Session {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
+        if starts_invocation(request.name.as_ref()) && self.broker.pause.is_paused() {
+            return Ok(agents_paused().into());
+        }
         let result = match request.name.as_ref() {
             tools::HTTP_REQUEST => self.http_request(parse(&request)?, &context).await?,
             tools::SSH_EXEC => self.ssh_exec(parse(&request)?, &context).await?,

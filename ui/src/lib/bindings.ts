@@ -9,8 +9,8 @@ export type Outcome = "not_attempted" | "rejected" | "committed" | "unknown";
 export const OUTCOME_VALUES: Outcome[] = ["not_attempted", "rejected", "committed", "unknown"];
 export type Retry = "never" | "after_correction" | "backoff" | "same_idempotency_key" | "reconcile" | "fetch_result";
 export const RETRY_VALUES: Retry[] = ["never", "after_correction", "backoff", "same_idempotency_key", "reconcile", "fetch_result"];
-export type Code = "INVALID_TARGET" | "INVALID_REQUEST" | "UNSUPPORTED_ACTION" | "PAYLOAD_LIMIT" | "FORBIDDEN_HEADER" | "IDEMPOTENCY_MISMATCH" | "FINGERPRINT_MISMATCH" | "LEASE_LOST" | "BROKER_UNAVAILABLE" | "VAULT_LOCKED" | "CREDENTIAL_MISSING" | "UNSUPPORTED_INJECTION" | "KEY_DECRYPTION_FAILED" | "APPROVAL_DENIED" | "APPROVAL_TIMEOUT" | "NO_APPROVER" | "DNS_FAILED" | "ADDRESS_REFUSED" | "CONNECTION_REFUSED" | "CONNECT_TIMEOUT" | "PROXY_UNREACHABLE" | "PROXY_REFUSED" | "PROXY_TUNNEL_FAILED" | "TLS_REJECTED" | "HOST_KEY_MISMATCH" | "HOST_KEY_UNKNOWN" | "SSH_HANDSHAKE_FAILED" | "SSH_AUTH_FAILED" | "CHANNEL_OPEN_FAILED" | "REMOTE_OUTCOME_UNKNOWN" | "REMOTE_RESULT_INCOMPLETE" | "REMOTE_TIMEOUT" | "CALLER_CANCELLED" | "EXEC_REFUSED" | "REMOTE_REJECTED" | "REMOTE_UNAUTHORIZED" | "REMOTE_RATE_LIMITED" | "REMOTE_SERVER_ERROR" | "JOB_PENDING" | "JOB_FAILED" | "BATCH_PARTIAL" | "RESULT_DELIVERY_FAILED" | "RESULT_STORE_FAILED" | "RESULT_EXPIRED" | "RECONCILED_COMMITTED" | "BROKER_INTERRUPTED" | "RECONCILED_NOT_APPLIED" | "PEER_DENIED" | "PEER_UNAVAILABLE" | "PEER_CONTRACT_VIOLATION" | "PEER_POLICY_CHANGED" | "PEER_OUTCOME_UNKNOWN";
-export const CODE_VALUES: Code[] = ["INVALID_TARGET", "INVALID_REQUEST", "UNSUPPORTED_ACTION", "PAYLOAD_LIMIT", "FORBIDDEN_HEADER", "IDEMPOTENCY_MISMATCH", "FINGERPRINT_MISMATCH", "LEASE_LOST", "BROKER_UNAVAILABLE", "VAULT_LOCKED", "CREDENTIAL_MISSING", "UNSUPPORTED_INJECTION", "KEY_DECRYPTION_FAILED", "APPROVAL_DENIED", "APPROVAL_TIMEOUT", "NO_APPROVER", "DNS_FAILED", "ADDRESS_REFUSED", "CONNECTION_REFUSED", "CONNECT_TIMEOUT", "PROXY_UNREACHABLE", "PROXY_REFUSED", "PROXY_TUNNEL_FAILED", "TLS_REJECTED", "HOST_KEY_MISMATCH", "HOST_KEY_UNKNOWN", "SSH_HANDSHAKE_FAILED", "SSH_AUTH_FAILED", "CHANNEL_OPEN_FAILED", "REMOTE_OUTCOME_UNKNOWN", "REMOTE_RESULT_INCOMPLETE", "REMOTE_TIMEOUT", "CALLER_CANCELLED", "EXEC_REFUSED", "REMOTE_REJECTED", "REMOTE_UNAUTHORIZED", "REMOTE_RATE_LIMITED", "REMOTE_SERVER_ERROR", "JOB_PENDING", "JOB_FAILED", "BATCH_PARTIAL", "RESULT_DELIVERY_FAILED", "RESULT_STORE_FAILED", "RESULT_EXPIRED", "RECONCILED_COMMITTED", "BROKER_INTERRUPTED", "RECONCILED_NOT_APPLIED", "PEER_DENIED", "PEER_UNAVAILABLE", "PEER_CONTRACT_VIOLATION", "PEER_POLICY_CHANGED", "PEER_OUTCOME_UNKNOWN"];
+export type Code = "INVALID_TARGET" | "INVALID_REQUEST" | "UNSUPPORTED_ACTION" | "PAYLOAD_LIMIT" | "FORBIDDEN_HEADER" | "IDEMPOTENCY_MISMATCH" | "FINGERPRINT_MISMATCH" | "LEASE_LOST" | "BROKER_UNAVAILABLE" | "VAULT_LOCKED" | "CREDENTIAL_MISSING" | "UNSUPPORTED_INJECTION" | "KEY_DECRYPTION_FAILED" | "APPROVAL_DENIED" | "APPROVAL_TIMEOUT" | "NO_APPROVER" | "DNS_FAILED" | "ADDRESS_REFUSED" | "CONNECTION_REFUSED" | "CONNECT_TIMEOUT" | "PROXY_UNREACHABLE" | "PROXY_REFUSED" | "PROXY_TUNNEL_FAILED" | "TLS_REJECTED" | "HOST_KEY_MISMATCH" | "HOST_KEY_UNKNOWN" | "SSH_HANDSHAKE_FAILED" | "SSH_AUTH_FAILED" | "CHANNEL_OPEN_FAILED" | "REMOTE_OUTCOME_UNKNOWN" | "REMOTE_RESULT_INCOMPLETE" | "REMOTE_TIMEOUT" | "CALLER_CANCELLED" | "EXEC_REFUSED" | "REMOTE_REJECTED" | "REMOTE_UNAUTHORIZED" | "REMOTE_RATE_LIMITED" | "REMOTE_SERVER_ERROR" | "JOB_PENDING" | "JOB_FAILED" | "BATCH_PARTIAL" | "RESULT_DELIVERY_FAILED" | "RESULT_STORE_FAILED" | "RESULT_EXPIRED" | "RECONCILED_COMMITTED" | "BROKER_INTERRUPTED" | "RECONCILED_NOT_APPLIED" | "PEER_DENIED" | "PEER_UNAVAILABLE" | "PEER_CONTRACT_VIOLATION" | "PEER_POLICY_CHANGED" | "PEER_OUTCOME_UNKNOWN" | "AGENTS_PAUSED";
+export const CODE_VALUES: Code[] = ["INVALID_TARGET", "INVALID_REQUEST", "UNSUPPORTED_ACTION", "PAYLOAD_LIMIT", "FORBIDDEN_HEADER", "IDEMPOTENCY_MISMATCH", "FINGERPRINT_MISMATCH", "LEASE_LOST", "BROKER_UNAVAILABLE", "VAULT_LOCKED", "CREDENTIAL_MISSING", "UNSUPPORTED_INJECTION", "KEY_DECRYPTION_FAILED", "APPROVAL_DENIED", "APPROVAL_TIMEOUT", "NO_APPROVER", "DNS_FAILED", "ADDRESS_REFUSED", "CONNECTION_REFUSED", "CONNECT_TIMEOUT", "PROXY_UNREACHABLE", "PROXY_REFUSED", "PROXY_TUNNEL_FAILED", "TLS_REJECTED", "HOST_KEY_MISMATCH", "HOST_KEY_UNKNOWN", "SSH_HANDSHAKE_FAILED", "SSH_AUTH_FAILED", "CHANNEL_OPEN_FAILED", "REMOTE_OUTCOME_UNKNOWN", "REMOTE_RESULT_INCOMPLETE", "REMOTE_TIMEOUT", "CALLER_CANCELLED", "EXEC_REFUSED", "REMOTE_REJECTED", "REMOTE_UNAUTHORIZED", "REMOTE_RATE_LIMITED", "REMOTE_SERVER_ERROR", "JOB_PENDING", "JOB_FAILED", "BATCH_PARTIAL", "RESULT_DELIVERY_FAILED", "RESULT_STORE_FAILED", "RESULT_EXPIRED", "RECONCILED_COMMITTED", "BROKER_INTERRUPTED", "RECONCILED_NOT_APPLIED", "PEER_DENIED", "PEER_UNAVAILABLE", "PEER_CONTRACT_VIOLATION", "PEER_POLICY_CHANGED", "PEER_OUTCOME_UNKNOWN", "AGENTS_PAUSED"];
 
 export type Overview = { 
 /**
@@ -49,7 +49,11 @@ last_seq: number,
  * Complete responses whose results could not be stored (RESULT_STORE_FAILED, a
  * full disk say): the operator alert. The count, and the newest one's invocation.
  */
-result_store_failures: number, result_store_failure_latest: string | null, };
+result_store_failures: number, result_store_failure_latest: string | null, 
+/**
+ * The operator paused agent calls: new ones are refused with AGENTS_PAUSED.
+ */
+agents_paused: boolean, };
 
 export type ProcessCard = { pid: number, executable: string | null, 
 /**
@@ -433,6 +437,8 @@ export type ApprovalsChanged = { pending: Array<ApprovalCard>, };
 
 export type JournalChanged = { last_seq: number, };
 
+export type AgentPauseState = { paused: boolean, };
+
 /** Every console command, typed. Errors reject with a `CommandError`. */
 export const commands = {
   overview: (): Promise<Overview> => invoke<Overview>("overview"),
@@ -453,6 +459,8 @@ export const commands = {
   listTargets: (): Promise<TargetList> => invoke<TargetList>("list_targets"),
   updateTarget: (edit: TargetEdit): Promise<TargetCard> => invoke<TargetCard>("update_target", { edit }),
   integrity: (recheck: boolean): Promise<IntegrityState> => invoke<IntegrityState>("integrity", { recheck }),
+  pauseAgents: (): Promise<AgentPauseState> => invoke<AgentPauseState>("pause_agents"),
+  resumeAgents: (): Promise<AgentPauseState> => invoke<AgentPauseState>("resume_agents"),
 };
 
 /** Backend events and their payloads. */
@@ -463,4 +471,6 @@ export const events = {
     listen<JournalChanged>("journal-changed", (e) => handler(e.payload)),
   integrityChanged: (handler: (payload: IntegrityState) => void): Promise<UnlistenFn> =>
     listen<IntegrityState>("integrity-changed", (e) => handler(e.payload)),
+  pauseChanged: (handler: (payload: AgentPauseState) => void): Promise<UnlistenFn> =>
+    listen<AgentPauseState>("pause-changed", (e) => handler(e.payload)),
 };

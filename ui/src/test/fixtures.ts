@@ -174,6 +174,7 @@ export function overview(overrides: Partial<Overview> = {}): Overview {
     last_seq: 0,
     result_store_failures: 0,
     result_store_failure_latest: null,
+    agents_paused: false,
     ...overrides,
   };
 }

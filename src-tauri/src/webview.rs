@@ -1,0 +1,97 @@
+//! The webview settings that keep the idle console small. What each costs and saves is
+//! measured by `scripts/console-memory.sh` and recorded in `docs/benchmarks.md`
+//! ("Desktop console memory"); only settings that hold on a real GPU as well as under
+//! Xvfb are applied.
+//!
+//! `POSTERN_WEBVIEW_SETTINGS` is for that benchmark: `none` applies none of them, a
+//! comma-separated list of names applies only those; unset (or `shipped`) applies the
+//! shipped set.
+
+/// One setting the console can apply to its webview.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Setting {
+    /// WebKit's cache model for a single local page (WebKitWebContext
+    /// WEBKIT_CACHE_MODEL_DOCUMENT_VIEWER): no memory cache of pages left behind, smaller
+    /// decoded-resource caches. The console is one page served from the app.
+    CacheModel,
+    /// No accelerated compositing (WEBKIT_HARDWARE_ACCELERATION_POLICY_NEVER).
+    NoAcceleration,
+}
+
+impl Setting {
+    pub const ALL: &'static [Setting] = &[Setting::CacheModel, Setting::NoAcceleration];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Setting::CacheModel => "cache-model",
+            Setting::NoAcceleration => "no-acceleration",
+        }
+    }
+}
+
+/// What the console ships with: no accelerated compositing, which took the idle
+/// console from 316 to 239 MiB PSS under Xvfb (the web process from 189 to 111 MiB)
+/// and holds on a real GPU too: WebKit then paints on the CPU, which a page of forms and
+/// tables does not notice. The cache model measured no difference, so it is not applied.
+pub const SHIPPED: &[Setting] = &[Setting::NoAcceleration];
+
+/// The settings to apply, from `POSTERN_WEBVIEW_SETTINGS` (`value`).
+pub fn chosen(value: Option<&str>) -> Vec<Setting> {
+    match value.map(str::trim) {
+        None | Some("") | Some("shipped") => SHIPPED.to_vec(),
+        Some("none") => Vec::new(),
+        Some(list) => Setting::ALL
+            .iter()
+            .copied()
+            .filter(|s| list.split(',').any(|n| n.trim() == s.name()))
+            .collect(),
+    }
+}
+
+/// Applies `settings` to the main window's webview.
+#[cfg(target_os = "linux")]
+pub fn apply<R: tauri::Runtime>(window: &tauri::WebviewWindow<R>, settings: Vec<Setting>) {
+    if settings.is_empty() {
+        return;
+    }
+    let _ = window.with_webview(move |webview| {
+        use webkit2gtk::{
+            CacheModel, HardwareAccelerationPolicy, SettingsExt, WebContextExt, WebViewExt,
+        };
+        let view = webview.inner();
+        for setting in &settings {
+            match setting {
+                Setting::CacheModel => {
+                    if let Some(context) = view.context() {
+                        context.set_cache_model(CacheModel::DocumentViewer);
+                    }
+                }
+                Setting::NoAcceleration => {
+                    if let Some(s) = WebViewExt::settings(&view) {
+                        s.set_hardware_acceleration_policy(HardwareAccelerationPolicy::Never);
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// Elsewhere the platform's webview keeps its defaults.
+#[cfg(not(target_os = "linux"))]
+pub fn apply<R: tauri::Runtime>(_window: &tauri::WebviewWindow<R>, _settings: Vec<Setting>) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_benchmark_variable_picks_none_some_or_the_shipped_set() {
+        assert_eq!(chosen(None), SHIPPED);
+        assert_eq!(chosen(Some("shipped")), SHIPPED);
+        assert!(chosen(Some("none")).is_empty());
+        assert_eq!(
+            chosen(Some("no-acceleration, bogus")),
+            vec![Setting::NoAcceleration]
+        );
+    }
+}
