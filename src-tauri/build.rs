@@ -8,9 +8,22 @@ use std::path::{Path, PathBuf};
 
 fn link(target: &Path, link: &Path) -> std::io::Result<()> {
     if std::fs::symlink_metadata(link).is_ok() {
-        std::fs::remove_file(link)?;
+        std::fs::remove_file(link).or_else(|_| std::fs::remove_dir(link))?;
     }
-    std::os::unix::fs::symlink(target, link)
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::symlink(target, link)
+    }
+    // Windows tells file and directory links apart (creating them needs Developer Mode
+    // or an administrator, as on CI runners).
+    #[cfg(windows)]
+    {
+        if target.is_dir() {
+            std::os::windows::fs::symlink_dir(target, link)
+        } else {
+            std::os::windows::fs::symlink_file(target, link)
+        }
+    }
 }
 
 fn stage() -> std::io::Result<PathBuf> {

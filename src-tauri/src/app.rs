@@ -42,8 +42,9 @@ pub struct Args {
     /// The socket agents reach through `postern mcp` [default: DATA_DIR/run/postern.sock].
     #[arg(long)]
     pub socket: Option<PathBuf>,
-    /// Where credentials live.
-    #[arg(long, value_enum, default_value = "secret-service")]
+    /// Where credentials live: `native` is this platform's own keychain (the Secret
+    /// Service on Linux, the login keychain on macOS, the Credential Manager on Windows).
+    #[arg(long, value_enum, default_value = "native")]
     pub keychain: Keychain,
     /// Keychain service name (tests use their own).
     #[arg(long, default_value = "postern")]
@@ -109,8 +110,14 @@ impl Args {
         path("--data-dir", &self.data_dir)?;
         path("--config", &self.config)?;
         path("--socket", &self.socket)?;
-        if let Keychain::Keyutils = self.keychain {
-            command.extend(["--keychain".to_string(), "keyutils".to_string()]);
+        match self.keychain {
+            Keychain::Native => {}
+            Keychain::SecretService => {
+                command.extend(["--keychain".to_string(), "secret-service".to_string()]);
+            }
+            Keychain::Keyutils => {
+                command.extend(["--keychain".to_string(), "keyutils".to_string()]);
+            }
         }
         if self.keychain_service != "postern" {
             command.extend([
@@ -172,6 +179,7 @@ fn autostart_command(args: &Args, action: AutostartAction) -> i32 {
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum Keychain {
+    Native,
     SecretService,
     Keyutils,
 }
@@ -205,6 +213,7 @@ pub fn start(args: &Args) -> Result<Started, String> {
         .clone()
         .unwrap_or_else(|| postern_mcp::default_socket(&data_dir));
     let keychain = match args.keychain {
+        Keychain::Native => KeychainChoice::platform_default(),
         Keychain::SecretService => KeychainChoice::SecretService,
         Keychain::Keyutils => KeychainChoice::Keyutils,
     };
