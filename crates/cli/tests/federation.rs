@@ -61,23 +61,6 @@ struct Pair {
     origin: Adversary,
 }
 
-/// B's broker key, as its operator reads it for A's `[[peer]] key`.
-fn audit_key(daemon: &Daemon) -> String {
-    let out = Command::new(POSTERN)
-        .args(["audit", "key", "--json", "--data-dir"])
-        .arg(daemon.dir.path())
-        .args(["--keychain-service", daemon.service()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
-    printed["key"].as_str().unwrap().to_string()
-}
-
 /// B's targets: `payments` (exported to A; reconciled with `GET /lookup`) and, under
 /// it, `payments-admin`, which is not exported: a call to `payments` whose path lands
 /// in it is refused by B's policy.
@@ -169,11 +152,11 @@ impl Pair {
         let mut a = support::start_daemon_args("", &[]);
         let b = support::start_daemon_dir_args(
             b_dir,
-            &b_config(&origin.base_url(), approval, &audit_key(&a)),
+            &b_config(&origin.base_url(), approval, &a.audit_key()),
             &["--peer-listen", "127.0.0.1:0"],
         );
         let relay = Relay::start(peering_addr(&b)).await.unwrap();
-        a.reconfigure(&a_config(&audit_key(&b), &relay.url(), &budgets));
+        a.reconfigure(&a_config(&b.audit_key(), &relay.url(), &budgets));
         let agent = agent::connect(Path::new(POSTERN), &a.socket).await.unwrap();
         Pair {
             agent,
@@ -188,6 +171,17 @@ impl Pair {
     /// structured content, checked for the canary.
     async fn call(&self, method: &str, path: &str, body: &str) -> Value {
         call_peer(&self.agent, method, path, body).await
+    }
+
+    /// [`Pair::call`] of `POST {path}` on a task of its own, for a test that acts while
+    /// the call is in flight.
+    fn spawn_call(&self, path: &str, body: &str) -> tokio::task::JoinHandle<Value> {
+        let (agent, path, body) = (
+            self.agent.peer().clone(),
+            path.to_string(),
+            body.to_string(),
+        );
+        tokio::spawn(async move { call_peer(&agent, "POST", &path, &body).await })
     }
 
     /// The `verdict` of each PEER_ANSWER A recorded for `invocation`, in order.
@@ -497,10 +491,7 @@ async fn b_unavailable_with_a_full_disk_then_recovered_runs_the_call_once() {
     .await;
     fill(&filler).unwrap();
 
-    let call = {
-        let agent = p.agent.clone();
-        tokio::spawn(async move { call_peer(&agent, "POST", "/charges", "{}").await })
-    };
+    let call = p.spawn_call("/charges", "{}");
     // B answers, signed, that it cannot take the call now: at least twice.
     wait_until("B's signed unavailable", Duration::from_secs(20), || {
         p.relay.calls(PEER_CALL) >= 2
@@ -557,10 +548,7 @@ async fn b_s_policy_changing_mid_flight_abandons_the_attempt_without_running_it(
         after: 0,
         answers: 1,
     });
-    let call = {
-        let agent = p.agent.clone();
-        tokio::spawn(async move { call_peer(&agent, "POST", "/charges", "{}").await })
-    };
+    let call = p.spawn_call("/charges", "{}");
     wait_until("the first try", Duration::from_secs(20), || {
         p.relay.limited() == 1
     })
@@ -601,10 +589,7 @@ async fn b_s_policy_changing_mid_flight_abandons_the_attempt_without_running_it(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn b_s_approver_denying_a_per_call_card_is_b_s_signed_outcome_not_a_policy_denial() {
     let p = Pair::start(Behavior::ok_json("{}"), "per_call", Budgets::default()).await;
-    let call = {
-        let agent = p.agent.clone();
-        tokio::spawn(async move { call_peer(&agent, "POST", "/charges", r#"{"amount":9}"#).await })
-    };
+    let call = p.spawn_call("/charges", r#"{"amount":9}"#);
     let operator = OperatorClient::new(operator_socket(&p.b));
     let mut card = Value::Null;
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -665,10 +650,7 @@ async fn kill_9_of_b_mid_call_leaves_a_unknown_and_b_s_reconciliation_settles_it
         },
     )
     .await;
-    let call = {
-        let agent = p.agent.clone();
-        tokio::spawn(async move { call_peer(&agent, "POST", "/charges", r#"{"amount":7}"#).await })
-    };
+    let call = p.spawn_call("/charges", r#"{"amount":7}"#);
     assert!(p.origin.wait_for_effects(1, Duration::from_secs(20)).await);
     // SIGKILL B mid-call, then start it again over the same data dir (a new port).
     p.b.restart();

@@ -151,19 +151,8 @@ async fn failures_come_back_as_errors_with_the_envelope() {
     assert_eq!(server.effects(), 1, "no second payment");
 
     // Another party checks the manifest with the broker's public key alone.
-    let key = Command::new(POSTERN)
-        .args(["audit", "key", "--json", "--data-dir"])
-        .arg(daemon.dir.path())
-        .args(["--keychain-service", daemon.service()])
-        .output()
-        .unwrap();
-    assert!(
-        key.status.success(),
-        "{}",
-        String::from_utf8_lossy(&key.stderr)
-    );
-    let key: Value = serde_json::from_slice(&key.stdout).unwrap();
-    let key = key["key"].as_str().unwrap();
+    let key = daemon.audit_key();
+    let key = key.as_str();
     let check = |answer: &Value| {
         let file = daemon.dir.path().join("answer.json");
         std::fs::write(&file, answer.to_string()).unwrap();
@@ -878,23 +867,7 @@ async fn an_agent_lists_and_calls_a_peer_capability_through_the_bridge() {
     );
     let daemon = start_daemon_with(&text, &[]);
     // The peer pins this broker's key, as its operator would from `postern audit key`.
-    let key = Command::new(POSTERN)
-        .args(["audit", "key", "--json", "--data-dir"])
-        .arg(daemon.dir.path())
-        .args(["--keychain-service", daemon.service()])
-        .output()
-        .unwrap();
-    assert!(
-        key.status.success(),
-        "{}",
-        String::from_utf8_lossy(&key.stderr)
-    );
-    let key: Value = serde_json::from_slice(&key.stdout).unwrap();
-    peer.set_caller(
-        VerifierKey::parse(key["key"].as_str().unwrap())
-            .unwrap()
-            .key,
-    );
+    peer.set_caller(VerifierKey::parse(&daemon.audit_key()).unwrap().key);
 
     let client = client(&daemon.socket).await;
     let listed = call(&client, "list_targets", json!({})).await;

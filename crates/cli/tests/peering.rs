@@ -200,19 +200,7 @@ fn peering_url(daemon: &Daemon) -> String {
 
 /// B's broker key, as `postern audit key` prints it.
 fn b_key(daemon: &Daemon) -> VerifierKey {
-    let out = Command::new(POSTERN)
-        .args(["audit", "key", "--json", "--data-dir"])
-        .arg(daemon.dir.path())
-        .args(["--keychain-service", daemon.service()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
-    VerifierKey::parse(printed["key"].as_str().unwrap()).unwrap()
+    VerifierKey::parse(&daemon.audit_key()).unwrap()
 }
 
 /// Calls `tool` with `args` on a fresh client: the structured answer, or the JSON-RPC

@@ -261,6 +261,24 @@ impl Daemon {
         self.stderr = stderr;
     }
 
+    /// The daemon's broker key, as `postern audit key --json` prints it (what a peer or
+    /// a manifest checker pins).
+    pub fn audit_key(&self) -> String {
+        let out = Command::new(POSTERN)
+            .args(["audit", "key", "--json", "--data-dir"])
+            .arg(self.dir.path())
+            .args(["--keychain-service", self.service()])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
+        printed["key"].as_str().unwrap().to_string()
+    }
+
     /// Replaces the daemon's configuration file with `config_text` and restarts it.
     pub fn reconfigure(&mut self, config_text: &str) {
         std::fs::write(self.dir.path().with_extension("toml"), config_text).unwrap();
