@@ -848,7 +848,9 @@ impl Pipeline<Http> {
     }
 }
 
-fn stored_request((meta, body): (serde_json::Value, Vec<u8>)) -> HttpRequest {
+/// The request as the journal kept it (`store_request`): what a retry or a
+/// reconciliation sends again, through the HTTP or the peer channel.
+pub(crate) fn stored_request((meta, body): (serde_json::Value, Vec<u8>)) -> HttpRequest {
     let pairs = |v: &serde_json::Value| -> Vec<(String, String)> {
         serde_json::from_value(v.clone()).unwrap_or_default()
     };

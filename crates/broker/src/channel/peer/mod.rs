@@ -34,6 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::action::ConfigSnapshot;
 use crate::approvals::ApprovalDetail;
+use crate::channel::http::stored_request;
 use crate::channel::http::{HttpOutcome, HttpRequest, HttpResponse, stored_response};
 use crate::config::{ApprovalMode, Config, ConfigHandle, TargetVersion};
 use crate::contract::{
@@ -935,22 +936,6 @@ pub(super) fn nonce() -> [u8; 16] {
         bytes.copy_from_slice(&nanos.to_le_bytes());
     }
     bytes
-}
-
-/// The stored request of a peer invocation, rebuilt for a retry.
-fn stored_request((meta, body): (serde_json::Value, Vec<u8>)) -> HttpRequest {
-    let pairs = |v: &serde_json::Value| -> Vec<(String, String)> {
-        serde_json::from_value(v.clone()).unwrap_or_default()
-    };
-    HttpRequest {
-        url: meta["url"].as_str().unwrap_or_default().to_string(),
-        method: meta["method"].as_str().unwrap_or_default().to_string(),
-        headers: pairs(&meta["headers"]),
-        query: pairs(&meta["query"]),
-        body,
-        idempotency_key: meta["idempotency_key"].as_str().map(str::to_string),
-        timeout_ms: meta["timeout_ms"].as_u64(),
-    }
 }
 
 /// What one reconciliation asked and found.
