@@ -157,6 +157,9 @@ if [ "$packaged" -eq 1 ] && cmp -s "$unit_dir/postern.service.new" "$template"; 
     rm -f "$unit_dir/postern.service.new"
     unit="$template"
     say "using the package's unit $template"
+    if [ -e "$unit_dir/postern.service" ]; then
+        say "note: $unit_dir/postern.service (an earlier install's) overrides it; remove that file to use the package's"
+    fi
 else
     mv "$unit_dir/postern.service.new" "$unit"
 fi

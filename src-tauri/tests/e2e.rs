@@ -3,7 +3,9 @@
 //! through `postern mcp` against the adversarial HTTP server.
 //!
 //! `scripts/test.sh` starts Xvfb and tauri-driver and sets `TAURI_DRIVER_URL`; the test
-//! fails (rather than passing vacuously) when they are not there. Screenshots of every
+//! fails (rather than passing vacuously) when they are not there. The console runs with
+//! WebKit's accelerated compositing on here (`scripts/with-display.sh` says why); the
+//! tray test drives the console as shipped. Screenshots of every
 //! screen go to `test-output/e2e/` (or `$POSTERN_TEST_OUTPUT/e2e`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]

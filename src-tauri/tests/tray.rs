@@ -347,6 +347,35 @@ impl Window {
         }
     }
 
+    /// A real mouse click (XTEST) at `(x, y)` inside the window: input as a person's
+    /// pointer gives it, through the X server, GTK and WebKit.
+    fn click_at(&self, x: i16, y: i16) {
+        use x11rb::connection::Connection;
+        use x11rb::protocol::xproto::{
+            BUTTON_PRESS_EVENT, BUTTON_RELEASE_EVENT, ConnectionExt, MOTION_NOTIFY_EVENT,
+        };
+        use x11rb::protocol::xtest::ConnectionExt as _;
+        let root = self.conn.setup().roots[0].root;
+        let at = self
+            .conn
+            .translate_coordinates(self.window, root, x, y)
+            .unwrap()
+            .reply()
+            .unwrap();
+        let (rx, ry) = (at.dst_x, at.dst_y);
+        for (kind, detail) in [
+            (MOTION_NOTIFY_EVENT, 0),
+            (BUTTON_PRESS_EVENT, 1),
+            (BUTTON_RELEASE_EVENT, 1),
+        ] {
+            self.conn
+                .xtest_fake_input(kind, detail, 0, root, rx, ry, 0)
+                .unwrap();
+            self.conn.flush().unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// WM_DELETE_WINDOW (ICCCM 4.2.8.1): what the title bar's close button sends.
     fn close(&self) {
         use x11rb::connection::Connection;
@@ -609,6 +638,20 @@ async fn the_tray_counts_approvals_pauses_agents_and_keeps_serving_with_the_wind
     .unwrap();
     assert!(ran.is_error != Some(true), "{ran:?}");
     assert_eq!(ok.requests().len(), 1);
+
+    // The page itself, as shipped (WebKit without accelerated compositing), takes a
+    // person's click: its Pause agents button (at the foot of the 1180x780 window's
+    // sidebar) pauses agents, and the tray follows.
+    window.click_at(104, 754);
+    tray.wait_until("agents paused from the page", async |t: &TrayView| {
+        t.entry("Resume agents").await.is_some()
+    })
+    .await;
+    tray.click("Resume agents").await;
+    tray.wait_until("agents resumed", async |t: &TrayView| {
+        t.entry("Pause agents").await.is_some()
+    })
+    .await;
 
     // 3. Closing the window hides it; the broker goes on serving; Open shows it again.
     window.close();
