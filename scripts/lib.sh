@@ -62,11 +62,3 @@ ensure_tauri_driver() {
         cargo install tauri-driver --version 2.1.0 --locked
     fi
 }
-
-# The Tauri CLI builds the Linux packages (scripts/package.sh).
-ensure_tauri_cli() {
-    if ! cargo install --list 2>/dev/null | grep -q '^tauri-cli v2\.'; then
-        step "installing tauri-cli 2"
-        cargo install tauri-cli --version '^2' --locked
-    fi
-}

@@ -27,12 +27,14 @@ cargo test --workspace --locked --no-run
 
 # The package test (tests/tests/package.rs) installs the .deb with dpkg, starts the
 # daemon from its user unit, makes one MCP call and purges it: it needs root, so the
-# package (a release build of the console) is built once here only then. Set
-# POSTERN_SKIP_PACKAGE=1 to leave it out (the test then says it did not run).
+# package is built here only then, from the debug build the tests already use (a
+# release build would compile everything again). Set POSTERN_SKIP_PACKAGE=1 to leave it
+# out (the test then says it did not run).
 if [ "$(id -u)" -eq 0 ] && [ "${POSTERN_SKIP_PACKAGE:-0}" != 1 ]; then
-    step "building the packages (scripts/package.sh)"
-    bash scripts/package.sh
-    POSTERN_DEB="$(ls -t target/release/bundle/deb/*.deb | head -n 1)"
+    step "building the packages (scripts/package.sh --debug)"
+    bash scripts/package.sh --debug
+    # Absolute: the test runs in its own crate's directory.
+    POSTERN_DEB="$PWD/$(ls -t target/debug/bundle/deb/*.deb | head -n 1)"
     export POSTERN_DEB
     export POSTERN_REQUIRE_PACKAGE_TEST=1
 fi

@@ -68,7 +68,9 @@ fn deb_under_test() -> Option<PathBuf> {
         return None;
     }
     match std::env::var_os("POSTERN_DEB").filter(|v| !v.is_empty()) {
-        Some(deb) => Some(PathBuf::from(deb)),
+        // A relative path is read from the workspace root, where scripts run; the test
+        // itself runs in its crate's directory.
+        Some(deb) => Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(deb)),
         None => {
             let required =
                 std::env::var_os("POSTERN_REQUIRE_PACKAGE_TEST").is_some_and(|v| v == "1");
