@@ -107,6 +107,17 @@ def cpu_ms(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) * 1000.0 / CLK_TCK
 
 
+def io_counts(pid: int) -> tuple[int, int]:
+    """(write syscalls, bytes written) by a process so far, from /proc/PID/io: what it
+    handed the kernel, page cache included."""
+    counts = {}
+    with open(f"/proc/{pid}/io") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            counts[key] = int(value)
+    return counts["syscw"], counts["wchar"]
+
+
 def named_cpu_ms(names: tuple[str, ...]) -> float:
     """utime+stime of every process whose name is one of `names` (the keychain's
     services: gnome-keyring-daemon and the session bus), in milliseconds."""
@@ -311,11 +322,13 @@ async def phase(load: Load, daemon_pid: int, origin_pid: int, db: Path, name: st
         bridges = bridge_pids(daemon_pid)
         seq0 = last_seq(db)
         cpu0 = cpu_ms(daemon_pid)
+        writes0, written0 = io_counts(daemon_pid)
         bcpu0 = sum(cpu_ms(p) for p in bridges)
         ocpu0, me0, (busy0, total0) = cpu_ms(origin_pid), time.process_time(), machine_busy_ms()
         kcpu0 = named_cpu_ms(KEYCHAIN_PROCESSES)
         latencies, failures, elapsed = await load.run(opened, tool, per_session, seconds, max_calls)
         cpu1 = cpu_ms(daemon_pid)
+        writes1, written1 = io_counts(daemon_pid)
         bcpu1 = sum(cpu_ms(p) for p in bridges)
         ocpu1, me1, (busy1, total1) = cpu_ms(origin_pid), time.process_time(), machine_busy_ms()
         kcpu1 = named_cpu_ms(KEYCHAIN_PROCESSES)
@@ -331,6 +344,10 @@ async def phase(load: Load, daemon_pid: int, origin_pid: int, db: Path, name: st
             "p50_ms": round(percentile(latencies, 0.5) * 1000, 2),
             "p99_ms": round(percentile(latencies, 0.99) * 1000, 2),
             "daemon_cpu_ms_per_call": round((cpu1 - cpu0) / max(calls, 1), 3),
+            # Write syscalls and KiB the daemon handed the kernel (journal WAL frames,
+            # sockets), per call.
+            "daemon_writes_per_call": round((writes1 - writes0) / max(calls, 1), 1),
+            "daemon_kib_written_per_call": round((written1 - written0) / 1024 / max(calls, 1), 1),
             "bridge_cpu_ms_per_call": round((bcpu1 - bcpu0) / max(calls, 1), 3),
             "client_cpu_ms_per_call": round((me1 - me0) * 1000 / max(calls, 1), 3),
             "origin_cpu_ms_per_call": round((ocpu1 - ocpu0) / max(calls, 1), 3),
@@ -435,7 +452,7 @@ async def main_async(args) -> int:
     print()
     print(f"{'phase':<18}{'tool':<14}{'sess':>5}{'inflt':>6}{'calls':>8}{'calls/s':>9}"
           f"{'p50 ms':>8}{'p99 ms':>8}{'daemon':>8}{'bridges':>8}{'client':>8}{'origin':>8}"
-          f"{'keychn':>8}{'all':>7}{'busy':>6}")
+          f"{'keychn':>8}{'all':>7}{'busy':>6}{'wr/call':>8}{'KiB/call':>9}")
     print(f"{'':<18}{'':<14}{'':>5}{'':>6}{'':>8}{'':>9}{'':>8}{'':>8}"
           f"{'-- CPU ms per call (all: whole machine) --':>55}")
     for r in results:
@@ -445,7 +462,8 @@ async def main_async(args) -> int:
               f"{r['daemon_cpu_ms_per_call']:>8}{r['bridge_cpu_ms_per_call']:>8}"
               f"{r['client_cpu_ms_per_call']:>8}{r['origin_cpu_ms_per_call']:>8}"
               f"{r['keychain_cpu_ms_per_call']:>8}{r['machine_cpu_ms_per_call']:>7}"
-              f"{r['machine_busy']:>6}")
+              f"{r['machine_busy']:>6}{r['daemon_writes_per_call']:>8}"
+              f"{r['daemon_kib_written_per_call']:>9}")
     for r in results:
         if r["phase"] == "serial":
             print(f"\nserial: p50 {r['p50_ms']} ms through MCP, direct GET {r['direct_get_ms']} ms,"
