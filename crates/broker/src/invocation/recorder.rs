@@ -27,12 +27,28 @@ pub enum StepError {
     Stopped(Box<Envelope>),
 }
 
-/// A fresh invocation id: `inv_` and 128 random bits in hex.
+/// A fresh invocation id: `inv_`, then 32 hex digits: the time of issue in milliseconds
+/// since the Unix epoch (48 bits), then 80 random bits.
+///
+/// The time comes first so that ids issued together sort together: every journal table
+/// and index keyed by the id (invocations, leases, requests, results, the events of an
+/// invocation) then gains its new rows on its last pages, and a commit rewrites a few
+/// pages instead of one page per invocation in flight. Nothing relies on that order for
+/// correctness; the 80 random bits keep ids unguessable and unique.
 pub fn new_invocation_id() -> Result<String, JournalError> {
-    let mut bytes = [0u8; 16];
-    getrandom::fill(&mut bytes)
+    let mut random = [0u8; 10];
+    getrandom::fill(&mut random)
         .map_err(|e| JournalError::Storage(format!("no randomness for an invocation id: {e}")))?;
-    Ok(format!("inv_{}", hex::encode(bytes)))
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    Ok(invocation_id_at(ms, random))
+}
+
+/// The id issued at `ms` with `random`: the 48 low bits of `ms`, then `random`.
+fn invocation_id_at(ms: u128, random: [u8; 10]) -> String {
+    let time = (ms & 0xffff_ffff_ffff) as u64;
+    format!("inv_{time:012x}{}", hex::encode(random))
 }
 
 /// Drives one invocation through the journal.
@@ -882,4 +898,27 @@ fn marker_events(
         });
     }
     events
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn invocation_ids_keep_their_shape_and_sort_by_time_of_issue() {
+        let early = invocation_id_at(1_764_590_000_000, [0xff; 10]);
+        let later = invocation_id_at(1_764_590_000_001, [0x00; 10]);
+        assert!(early < later, "{early} should sort before {later}");
+        for id in [&early, &later] {
+            let hex = id.strip_prefix("inv_").unwrap();
+            assert_eq!(hex.len(), 32);
+            assert!(hex.bytes().all(|b| b.is_ascii_hexdigit()));
+        }
+        assert_eq!(&early[4..16], "019ad9c29780");
+
+        let a = new_invocation_id().unwrap();
+        let b = new_invocation_id().unwrap();
+        assert_ne!(a, b, "the random part tells ids of one millisecond apart");
+        assert!(a[4..16] <= b[4..16]);
+    }
 }
