@@ -62,6 +62,42 @@ pub type RetentionSource = Arc<dyn Fn() -> RetentionPolicy + Send + Sync>;
 /// Jobs drained into one transaction at most; bounds the latency of the first job.
 const MAX_BATCH: usize = 512;
 
+/// The writer feeds the text search index once this many accepted invocations wait,
+/// or once the oldest has waited [`SEARCH_DELAY`], or when it is idle: each transaction
+/// that adds to the index writes a new segment of it, which cost a commit several
+/// pages when every commit did. A search matches the invocations not indexed yet
+/// without the index, so nothing is missed meanwhile.
+pub const SEARCH_BATCH: usize = 256;
+
+/// See [`SEARCH_BATCH`].
+pub const SEARCH_DELAY: Duration = Duration::from_secs(1);
+
+/// Accepted invocations the search index does not hold yet.
+#[derive(Default)]
+struct SearchLag {
+    unindexed: usize,
+    since: Option<Instant>,
+}
+
+impl SearchLag {
+    fn lag(&mut self, accepted: usize) {
+        if accepted > 0 {
+            self.unindexed += accepted;
+            self.since.get_or_insert_with(Instant::now);
+        }
+    }
+
+    fn due(&self, unindexed: usize) -> bool {
+        unindexed >= SEARCH_BATCH || self.due_in().is_some_and(|d| d.is_zero())
+    }
+
+    /// How long until the waiting invocations are due, if any wait.
+    fn due_in(&self) -> Option<Duration> {
+        self.since
+            .map(|since| SEARCH_DELAY.saturating_sub(since.elapsed()))
+    }
+}
+
 /// Errors of the journal. Messages name the file and never contain secret bytes (the
 /// journal never holds any).
 #[derive(Debug, thiserror::Error)]
@@ -293,9 +329,9 @@ pub struct WriteCtx<'a> {
     now_ms: i64,
     /// The disk is full: new invocations are refused, those in flight go on.
     low_space: bool,
-    /// Rows for the text search index this job adds (accepted sequence, text), written
-    /// once per batch if the job is kept ([`WriterState::run_batch`]).
-    search: Vec<(u64, String)>,
+    /// Invocations this job accepted: the text search index gains them later (see
+    /// [`SEARCH_BATCH`]).
+    accepted: usize,
 }
 
 impl WriteCtx<'_> {
@@ -581,6 +617,13 @@ impl Journal {
         })?;
         let frontier = load_or_rebuild_tree(&conn, path, last_seq, newest.as_ref())?;
         let signed_through = newest.as_ref().map_or(0, |c| c.seq);
+        // Invocations accepted before a crash that the search index had not taken in:
+        // searches match them without the index, so a failure here (a full disk) only
+        // leaves it to the writer.
+        let mut search = SearchLag::default();
+        if index_for_search(&conn).is_err() {
+            search.lag(1);
+        }
         let reader = schema::open_reader(path)?;
         let (sender, receiver) = mpsc::sync_channel::<Job>(4096);
         let verifying_key = options.signing_key.verifying_key();
@@ -625,6 +668,7 @@ impl Journal {
             batches: 0,
             result_retention: result_retention.clone(),
             next_prune: Instant::now(),
+            search,
         };
         let writer = std::thread::Builder::new()
             .name("postern-journal-writer".into())
@@ -1635,17 +1679,18 @@ pub(crate) fn insert_request(
     Ok(())
 }
 
-/// Adds accepted invocations to the text search index (`0006_search_index.sql`).
-fn index_for_search(conn: &Connection, rows: &[(u64, String)]) -> Result<(), rusqlite::Error> {
-    if rows.is_empty() {
-        return Ok(());
-    }
-    let mut insert =
-        conn.prepare_cached("INSERT INTO invocation_search (rowid, text) VALUES (?1, ?2)")?;
-    for (seq, text) in rows {
-        insert.execute(params![*seq as i64, text])?;
-    }
-    Ok(())
+/// Adds every accepted invocation the text search index does not hold yet
+/// (`0006_search_index.sql`), in accepted order, read back from `invocations`: the
+/// index never has a gap below its newest row, which is what a search relies on to
+/// match the invocations above it without the index (`query::scan`).
+fn index_for_search(conn: &Connection) -> Result<(), rusqlite::Error> {
+    run_cached(
+        conn,
+        "INSERT INTO invocation_search (rowid, text)
+         SELECT accepted_seq, target || ' ' || coalesce(summary, '') FROM invocations
+         WHERE accepted_seq > (SELECT coalesce(max(id), 0) FROM invocation_search_docsize)
+         ORDER BY accepted_seq",
+    )
 }
 
 fn accept_in(ctx: &mut WriteCtx<'_>, new: NewInvocation) -> Result<Appended, JournalError> {
@@ -1697,11 +1742,9 @@ fn accept_in(ctx: &mut WriteCtx<'_>, new: NewInvocation) -> Result<Appended, Jou
             new.parent.as_ref().map(|l| l.invocation_id.as_str()),
             new.parent.as_ref().map(|l| l.relation.as_str()),
         ])?;
-    // Indexed for search at the end of the batch, in the same transaction: the
-    // full-text index writes a segment at every savepoint it sees data in, so it is fed
-    // once per commit instead of once per job.
-    ctx.search
-        .push((appended.seq, format!("{} {}", new.target, new.summary)));
+    // Indexed for search later, many at once: the full-text index writes a segment
+    // for every transaction it sees data in.
+    ctx.accepted += 1;
     Ok(appended)
 }
 
@@ -1933,6 +1976,8 @@ struct WriterState {
     result_retention: Arc<Mutex<Option<RetentionSource>>>,
     /// When the retention policy is next applied.
     next_prune: Instant,
+    /// What the text search index has yet to take in.
+    search: SearchLag,
 }
 
 impl WriterState {
@@ -1946,10 +1991,15 @@ impl WriterState {
             } else {
                 None
             };
+            let wait = match (wait, self.search.due_in()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             let first = if let Some(wait) = wait {
                 match receiver.recv_timeout(wait) {
                     Ok(job) => job,
                     Err(mpsc::RecvTimeoutError::Timeout) => {
+                        self.index_search_when_due();
                         self.sync_idle();
                         self.write_outside();
                         continue;
@@ -1971,7 +2021,10 @@ impl WriterState {
             }
             self.run_batch(batch);
         }
-        // Clean shutdown: the last checkpoint on disk, then outside.
+        // Clean shutdown: the search index, the last checkpoint on disk, then outside.
+        if self.search.since.is_some() {
+            self.index_search();
+        }
         if let Some(cp) = self.unsynced.take()
             && self.set_sync(true).is_ok()
             && self
@@ -1982,6 +2035,28 @@ impl WriterState {
             self.published(cp);
         }
         self.write_outside();
+    }
+
+    /// Idle: feeds the search index if what waits for it is due.
+    fn index_search_when_due(&mut self) {
+        if self.search.due_in().is_some_and(|d| d.is_zero()) {
+            self.index_search();
+        }
+    }
+
+    /// Feeds the search index in a transaction of its own (no events: no checkpoint).
+    fn index_search(&mut self) {
+        let indexed = self.set_sync(false).is_ok()
+            && run_cached(&self.conn, "BEGIN IMMEDIATE").is_ok()
+            && index_for_search(&self.conn).is_ok()
+            && run_cached(&self.conn, "COMMIT").is_ok();
+        if indexed {
+            self.search = SearchLag::default();
+        } else {
+            let _ = self.conn.execute_batch("ROLLBACK");
+            // Tried again after another delay.
+            self.search.since = Some(Instant::now());
+        }
     }
 
     fn retention_source(&self) -> Option<RetentionSource> {
@@ -2148,7 +2223,7 @@ impl WriterState {
 
         let mut jobs = batch.into_iter();
         let mut rolled_back = false;
-        let mut searchable: Vec<(u64, String)> = Vec::new();
+        let mut accepted = 0;
         for job in jobs.by_ref() {
             let savepoint = run_cached(&self.conn, "SAVEPOINT job");
             // The job works on a copy of the position; `self.pos` stays as it was until
@@ -2162,16 +2237,16 @@ impl WriterState {
                 stored: &mut self.stored,
                 now_ms,
                 low_space,
-                search: Vec::new(),
+                accepted: 0,
             };
             let outcome = (job.run)(Some(&mut ctx));
             disk_full |= outcome.disk_full;
-            let (pos, touched, search) = (ctx.pos, ctx.touched, ctx.search);
+            let (pos, touched, job_accepted) = (ctx.pos, ctx.touched, ctx.accepted);
             let kept =
                 savepoint.is_ok() && outcome.ok && run_cached(&self.conn, "RELEASE job").is_ok();
             if kept {
                 self.pos = pos;
-                searchable.extend(search);
+                accepted += job_accepted;
             } else {
                 // Undo only this job's writes; the chain position stays where it was.
                 let _ = self.conn.execute_batch("ROLLBACK TO job; RELEASE job");
@@ -2214,8 +2289,16 @@ impl WriterState {
             return;
         }
 
-        // The kept jobs' search rows, then a checkpoint over every event the commit adds.
-        let sealed = index_for_search(&self.conn, &searchable).and_then(|()| {
+        // The search index when enough is waiting, then a checkpoint over every event
+        // the commit adds.
+        let unindexed = self.search.unindexed + accepted;
+        let index_now = unindexed > 0 && self.search.due(unindexed);
+        let indexed = if index_now {
+            index_for_search(&self.conn)
+        } else {
+            Ok(())
+        };
+        let sealed = indexed.and_then(|()| {
             if self.pos.last_seq > start.last_seq {
                 self.seal(now_ms).map(Some)
             } else {
@@ -2224,6 +2307,11 @@ impl WriterState {
         });
         match sealed.and_then(|s| run_cached(&self.conn, "COMMIT").map(|_| s)) {
             Ok(sealed) => {
+                if index_now {
+                    self.search = SearchLag::default();
+                } else {
+                    self.search.lag(accepted);
+                }
                 if let Some((cp, retention)) = sealed {
                     self.retention = retention;
                     self.unsynced = Some(cp);

@@ -219,39 +219,80 @@ fn scan(
     } else {
         "invocations_by_seq"
     };
-    let mut sql = if indexed_search.is_some() {
-        // The search drives: matches newest first, each joined to its row by seq.
-        clauses.insert(0, "invocation_search MATCH ?");
-        values.splice(0..0, search_values);
-        format!(
-            "SELECT {} FROM invocation_search \
-             JOIN invocations INDEXED BY invocations_by_seq \
-             ON invocations.accepted_seq = invocation_search.rowid",
-            Identity::COLUMNS
-        )
-    } else {
-        format!(
-            "SELECT {} FROM invocations INDEXED BY {index}",
-            Identity::COLUMNS
-        )
+    let plain = format!(
+        "SELECT {} FROM invocations INDEXED BY {index}",
+        Identity::COLUMNS
+    );
+    let Some(search) = search_values.pop() else {
+        query(conn, &plain, &clauses, values, "accepted_seq", &mut each)?;
+        return Ok(());
     };
+    // The writer feeds the search index in batches (see `journal::SEARCH_BATCH`): the
+    // invocations after the last one indexed, the newest, are matched with LIKE on the
+    // same text, then the index takes over below them.
+    let indexed: i64 = conn.query_row(
+        "SELECT coalesce(max(id), 0) FROM invocation_search_docsize",
+        [],
+        |r| r.get(0),
+    )?;
+    let text = f.text.unwrap_or_default();
+    let mut tail = clauses.clone();
+    tail.push("accepted_seq > ?");
+    tail.push("(target || ' ' || coalesce(summary, '')) LIKE ? ESCAPE '\\'");
+    let mut tail_values = values.clone();
+    tail_values.push(V::Integer(indexed));
+    tail_values.push(V::Text(like_pattern(text)));
+    if !query(conn, &plain, &tail, tail_values, "accepted_seq", &mut each)? {
+        return Ok(());
+    }
+    // The search drives: matches newest first, each joined to its row by seq.
+    clauses.insert(0, "invocation_search MATCH ?");
+    clauses.push("invocation_search.rowid <= ?");
+    values.insert(0, search);
+    values.push(V::Integer(indexed));
+    let sql = format!(
+        "SELECT {} FROM invocation_search \
+         JOIN invocations INDEXED BY invocations_by_seq \
+         ON invocations.accepted_seq = invocation_search.rowid",
+        Identity::COLUMNS
+    );
+    query(
+        conn,
+        &sql,
+        &clauses,
+        values,
+        "invocation_search.rowid",
+        &mut each,
+    )?;
+    Ok(())
+}
+
+/// Runs `sql` with `clauses` joined by AND, newest `order` first, calling `each` per row
+/// until it returns `false`. Returns whether `each` wants more.
+fn query(
+    conn: &Connection,
+    base: &str,
+    clauses: &[&str],
+    values: Vec<rusqlite::types::Value>,
+    order: &str,
+    each: &mut impl FnMut(Identity) -> Result<bool, JournalError>,
+) -> Result<bool, JournalError> {
+    let mut sql = base.to_string();
     if !clauses.is_empty() {
         sql.push_str(" WHERE ");
         sql.push_str(&clauses.join(" AND "));
     }
-    if indexed_search.is_some() {
-        sql.push_str(" ORDER BY invocation_search.rowid DESC");
-    } else {
-        sql.push_str(" ORDER BY accepted_seq DESC");
-    }
+    sql.push_str(" ORDER BY ");
+    sql.push_str(order);
+    sql.push_str(" DESC");
     let mut stmt = conn.prepare_cached(&sql)?;
     let mut rows = stmt.query(rusqlite::params_from_iter(values))?;
     while let Some(r) = rows.next()? {
         if !each(Identity::from_row(r)?)? {
-            break;
+            return Ok(false);
         }
     }
-    Ok(())
+    Ok(true)
 }
 
 /// The invocations matching `filter`, newest (latest accepted) first. `now_ms` is the

@@ -508,3 +508,122 @@ fn the_search_index_is_rebuilt_for_journals_written_before_it() {
     assert_eq!(search(&conn, "test/inv_3", Filter::default()), ["inv_3"]);
     assert_eq!(search(&conn, "_5", Filter::default()), ["inv_5"]);
 }
+
+fn indexed_for_search(conn: &Connection) -> i64 {
+    conn.query_row("SELECT count(*) FROM invocation_search_docsize", [], |r| {
+        r.get(0)
+    })
+    .unwrap()
+}
+
+#[test]
+fn a_search_matches_invocations_the_index_has_not_taken_in_yet() {
+    let Fixture {
+        dir,
+        clock,
+        journal,
+    } = populated();
+    // Closing feeds the index everything accepted; reopening finds nothing to add.
+    journal.close().unwrap();
+    let db = dir.path().join("journal.db");
+    let f = Fixture {
+        journal: open(&db, &clock),
+        dir,
+        clock,
+    };
+    accept(&f, "inv_6", "payments", None);
+    accept(&f, "inv_7", "search", None);
+    let conn = read_only(&f);
+    // The two newest wait for the index (fewer than a batch, younger than its delay).
+    assert_eq!(indexed_for_search(&conn), 5);
+    assert_eq!(
+        search(&conn, "payments", Filter::default()),
+        ["inv_6", "inv_5", "inv_2", "inv_1"]
+    );
+    assert_eq!(
+        search(&conn, "SEARCH.example", Filter::default()),
+        ["inv_7", "inv_4", "inv_3"]
+    );
+    // A page that ends above the index, and one that crosses into it.
+    let one = Filter {
+        limit: Some(1),
+        ..Filter::default()
+    };
+    assert_eq!(search(&conn, "payments", one), ["inv_6"]);
+    let two = Filter {
+        limit: Some(2),
+        ..Filter::default()
+    };
+    assert_eq!(search(&conn, "payments", two), ["inv_6", "inv_5"]);
+    // Wildcards stay literal on both sides of the boundary.
+    assert!(search(&conn, "pay%ents", Filter::default()).is_empty());
+    drop(conn);
+
+    // Closing takes the rest in, and the answers do not change.
+    let Fixture {
+        dir,
+        clock,
+        journal,
+    } = f;
+    journal.close().unwrap();
+    let f = Fixture {
+        journal: open(&db, &clock),
+        dir,
+        clock,
+    };
+    let conn = read_only(&f);
+    assert_eq!(indexed_for_search(&conn), 7);
+    assert_eq!(
+        search(&conn, "payments", Filter::default()),
+        ["inv_6", "inv_5", "inv_2", "inv_1"]
+    );
+}
+
+#[test]
+fn the_search_index_takes_in_what_a_crash_left_out_when_the_journal_opens() {
+    let Fixture {
+        dir,
+        clock,
+        journal,
+    } = populated();
+    journal.close().unwrap();
+    let db = dir.path().join("journal.db");
+    // As a process killed before it fed the index would leave it: the newest two
+    // invocations are not in it.
+    let conn = Connection::open(&db).unwrap();
+    conn.execute_batch(
+        "DROP TABLE invocation_search;
+         CREATE VIRTUAL TABLE invocation_search USING fts5(text, tokenize = 'trigram', content = '');
+         INSERT INTO invocation_search (rowid, text)
+         SELECT accepted_seq, target || ' ' || summary FROM invocations
+         ORDER BY accepted_seq LIMIT 3;",
+    )
+    .unwrap();
+    assert_eq!(indexed_for_search(&conn), 3);
+    drop(conn);
+    let f = Fixture {
+        journal: open(&db, &clock),
+        dir,
+        clock,
+    };
+    let conn = read_only(&f);
+    assert_eq!(indexed_for_search(&conn), 5);
+    assert_eq!(search(&conn, "test/inv_5", Filter::default()), ["inv_5"]);
+}
+
+#[test]
+fn the_writer_feeds_the_search_index_once_a_batch_waits() {
+    let f = Fixture::new();
+    let batch = postern_broker::journal::SEARCH_BATCH;
+    for i in 0..batch - 1 {
+        accept(&f, &format!("inv_{i}"), "payments", None);
+    }
+    // The commit that makes a batch feeds the index, without waiting for the delay.
+    accept(&f, "inv_last", "payments", None);
+    let conn = read_only(&f);
+    assert_eq!(indexed_for_search(&conn), batch as i64);
+    assert_eq!(
+        search(&conn, "test/inv_last", Filter::default()),
+        ["inv_last"]
+    );
+}
