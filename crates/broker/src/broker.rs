@@ -110,6 +110,19 @@ pub struct Opened {
 }
 
 impl Broker {
+    /// The operator pauses (or resumes) agent calls; the change is recorded in the
+    /// journal under `operator` (see [`AgentPause::set_recorded`]). Returns whether the
+    /// state changed.
+    ///
+    /// # Errors
+    ///
+    /// The journal's, when it could not record the change: a pause then holds anyway,
+    /// a resume does not happen.
+    pub fn set_agents_paused(&self, paused: bool, operator: &str) -> Result<bool, JournalError> {
+        self.pause
+            .set_recorded(paused, |p| self.journal.record_agent_pause(p, operator))
+    }
+
     /// The journal file of a data dir.
     pub fn journal_path(data_dir: &Path) -> PathBuf {
         data_dir.join(JOURNAL_FILE)
@@ -156,6 +169,8 @@ impl Broker {
         )?;
         // What a crash interrupted is closed with what its evidence proves.
         journal.recover_interrupted()?;
+        // A pause the operator set holds across a restart until they resume agents.
+        let pause = AgentPause::new(journal.agent_pause()?);
         let loaded = Config::load(&config)?;
         warnings.extend(loaded.warnings().into_iter().map(OpenWarning::Config));
         let config = ConfigHandle::new(loaded);
@@ -178,7 +193,7 @@ impl Broker {
                 approver,
                 vault,
                 witnessing,
-                pause: AgentPause::default(),
+                pause,
             },
             warnings,
         })

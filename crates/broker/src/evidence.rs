@@ -93,7 +93,7 @@ pub fn step_of(body: &EventBody) -> Step {
         EventBody::RetryManifest { .. } => Step::Retry,
         EventBody::Reconciled { .. } | EventBody::MemberReconciled { .. } => Step::Reconciled,
         EventBody::JobTracked { .. } | EventBody::JobStatus { .. } => Step::Job,
-        EventBody::SigningResumed { .. } => Step::Journal,
+        EventBody::SigningResumed { .. } | EventBody::AgentPause { .. } => Step::Journal,
         EventBody::SessionOpened(_) => Step::Session,
         // What a peer broker answered is its response; its signed "did not run" and
         // an incident end the call.

@@ -9,7 +9,10 @@
 //! is worse evidence than a clear "not attempted, try later".
 //!
 //! Only the operator side changes it (the console's `pause_agents` / `resume_agents`,
-//! over Tauri IPC or the operator socket); the MCP server only reads it.
+//! over Tauri IPC or the operator socket); the MCP server only reads it, and a peer
+//! broker's call is answered `unavailable` while it holds. Each change is recorded in
+//! the journal (AGENT_PAUSE, with the operator) and a restart opens in the state last
+//! recorded.
 
 use tokio::sync::watch;
 
@@ -19,17 +22,25 @@ use crate::contract::{Code, ErrorBody, Outcome, Phase, Retry};
 #[derive(Debug)]
 pub struct AgentPause {
     state: watch::Sender<bool>,
+    /// Held while a change is recorded, so records and states change in one order.
+    changing: std::sync::Mutex<()>,
 }
 
 impl Default for AgentPause {
     fn default() -> Self {
-        AgentPause {
-            state: watch::Sender::new(false),
-        }
+        AgentPause::new(false)
     }
 }
 
 impl AgentPause {
+    /// Starts `paused` (what the journal last recorded).
+    pub fn new(paused: bool) -> Self {
+        AgentPause {
+            state: watch::Sender::new(paused),
+            changing: std::sync::Mutex::new(()),
+        }
+    }
+
     pub fn is_paused(&self) -> bool {
         *self.state.borrow()
     }
@@ -41,6 +52,31 @@ impl AgentPause {
             *state = paused;
             changed
         })
+    }
+
+    /// Changes the state to `paused` and has `record` record the change; returns
+    /// whether it changed. A pause holds even if it cannot be recorded (stopping agents
+    /// must not depend on the disk); a resume happens only once it is recorded.
+    pub fn set_recorded<E>(
+        &self,
+        paused: bool,
+        record: impl FnOnce(bool) -> Result<(), E>,
+    ) -> Result<bool, E> {
+        let _changing = self
+            .changing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if self.is_paused() == paused {
+            return Ok(false);
+        }
+        if paused {
+            self.set(true);
+            record(true)?;
+        } else {
+            record(false)?;
+            self.set(false);
+        }
+        Ok(true)
     }
 
     /// Follows the state (the first value is the current one).
@@ -78,6 +114,46 @@ mod tests {
         assert!(*watcher.borrow_and_update());
         assert!(pause.set(false));
         assert!(!pause.is_paused());
+    }
+
+    #[test]
+    fn a_pause_holds_when_it_cannot_be_recorded_and_a_resume_needs_its_record() {
+        let pause = AgentPause::default();
+        let mut recorded = Vec::new();
+        assert_eq!(
+            pause.set_recorded(true, |p| {
+                recorded.push(p);
+                Ok::<_, ()>(())
+            }),
+            Ok(true)
+        );
+        assert_eq!(
+            pause.set_recorded(true, |_| Err(())),
+            Ok(false),
+            "no change, no record"
+        );
+        assert_eq!(
+            pause.set_recorded(false, |_| Err("disk full")),
+            Err("disk full")
+        );
+        assert!(pause.is_paused(), "an unrecorded resume does not resume");
+        assert_eq!(
+            pause.set_recorded(false, |p| {
+                recorded.push(p);
+                Ok::<_, ()>(())
+            }),
+            Ok(true)
+        );
+        assert!(!pause.is_paused());
+        assert_eq!(
+            pause.set_recorded(true, |_| Err("disk full")),
+            Err("disk full")
+        );
+        assert!(
+            pause.is_paused(),
+            "a pause holds although its record failed"
+        );
+        assert_eq!(recorded, [true, false]);
     }
 
     #[test]

@@ -525,6 +525,70 @@ async fn b_unavailable_with_a_full_disk_then_recovered_runs_the_call_once() {
     drop(disk);
 }
 
+/// `postern operator pause|resume` against `daemon`'s operator socket.
+fn operator(daemon: &Daemon, action: &str) {
+    let out = Command::new(POSTERN)
+        .arg("operator")
+        .arg("--socket")
+        .arg(operator_socket(daemon))
+        .arg(action)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn b_s_operator_pausing_agents_holds_a_s_call_as_unavailable_until_they_resume() {
+    let p = Pair::start(
+        Behavior::respond(201, "{}"),
+        "none",
+        Budgets {
+            transient_retries: 20,
+            backoff_ms: 100,
+            max_backoff_ms: 200,
+            ..Budgets::default()
+        },
+    )
+    .await;
+    operator(&p.b, "pause");
+
+    let call = p.spawn_call("/charges", "{}");
+    // B answers, signed, that it cannot take the call now, never that it is refused.
+    wait_until("B's signed unavailable", Duration::from_secs(20), || {
+        p.relay.calls(PEER_CALL) >= 2
+    })
+    .await;
+    assert!(
+        p.b.stderr().contains("the operator paused agent calls"),
+        "{}",
+        p.b.stderr()
+    );
+    assert_eq!(p.origin.requests().len(), 0);
+    operator(&p.b, "resume");
+
+    let answer = tokio::time::timeout(Duration::from_secs(30), call)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(answer["outcome"], "committed", "{answer}");
+    let verdicts = p.verdicts(&invocation(&answer));
+    // The call the relay counted last may reach B after the resume.
+    assert!(verdicts.len() >= 2, "{verdicts:?}");
+    assert!(
+        verdicts[..verdicts.len() - 1]
+            .iter()
+            .all(|v| v == "unavailable"),
+        "{verdicts:?}"
+    );
+    assert_eq!(verdicts.last().unwrap(), "outcome");
+    assert_eq!(p.origin.effects(), 1);
+    assert!(p.incidents().is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn b_s_policy_changing_mid_flight_abandons_the_attempt_without_running_it() {
     let p = Pair::start(

@@ -600,7 +600,7 @@ fn answer(bridge: &Bridge, id: i64) -> Value {
 async fn an_operator_pauses_agents_and_the_agent_side_cannot_resume_them() {
     let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let _daemon = start_local(dir.path(), &server.base_url());
+    let daemon = start_local(dir.path(), &server.base_url());
     let agent_socket = dir.path().join("data/run/postern.sock");
     let operator_socket = dir.path().join("data/run/operator.sock");
     let operator = OperatorClient::new(&operator_socket);
@@ -679,6 +679,46 @@ async fn an_operator_pauses_agents_and_the_agent_side_cannot_resume_them() {
     );
     drop(raw);
     assert!(paused().await, "still paused");
+
+    // The pause is in the journal with who set it, and a restart (kill -9) keeps it.
+    drop(bridge);
+    drop(daemon);
+    let db = dir.path().join("data/journal.db");
+    let records: Vec<Value> = {
+        let conn =
+            rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+                .unwrap();
+        let mut stmt = conn
+            .prepare(
+                "SELECT invocation_id, body FROM events WHERE kind = 'AGENT_PAUSE' ORDER BY seq",
+            )
+            .unwrap();
+        stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+            .unwrap()
+            .map(|row| {
+                let (scope, body) = row.unwrap();
+                assert_eq!(scope, "journal");
+                serde_json::from_str(&body).unwrap()
+            })
+            .collect()
+    };
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0]["paused"], true);
+    assert!(
+        records[0]["operator"]
+            .as_str()
+            .is_some_and(|o| !o.is_empty())
+    );
+    let _daemon = start_local(dir.path(), &server.base_url());
+    assert!(paused().await, "a restart keeps the pause");
+    let mut bridge = Bridge::spawn(&agent_socket);
+    bridge.initialize();
+    assert!(bridge.send_json(&http_call(10, &server.url("/v1/z"))));
+    let v = answer(&bridge, 10);
+    assert_eq!(
+        v["result"]["structuredContent"]["error"]["code"], "AGENTS_PAUSED",
+        "{v}"
+    );
 
     // The operator resumes: the same call runs (and waits for its approval).
     assert_eq!(cli("resume"), json!({"paused": false}));

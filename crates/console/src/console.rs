@@ -218,11 +218,29 @@ impl Console {
     /// Pauses or resumes agent calls (operator only: the agent side has no way to reach
     /// this). While paused, calls that would run an invocation are refused with
     /// AGENTS_PAUSED; what runs finishes and pending approvals can still be answered.
-    pub fn set_agents_paused(&self, paused: bool) -> AgentPauseState {
-        self.broker.pause.set(paused);
-        AgentPauseState {
+    /// Each change is recorded in the journal under `operator`; a pause holds even if
+    /// it cannot be recorded, a resume happens only once it is.
+    pub fn set_agents_paused(
+        &self,
+        paused: bool,
+        operator: &str,
+    ) -> Result<AgentPauseState, CommandError> {
+        self.broker
+            .set_agents_paused(paused, operator)
+            .map_err(|e| {
+                let state = if self.broker.pause.is_paused() {
+                    "Agents are paused"
+                } else {
+                    "Agents are not paused"
+                };
+                CommandError::new(
+                    ErrorCode::JournalRefused,
+                    format!("{state}, but the journal could not record the change: {e}"),
+                )
+            })?;
+        Ok(AgentPauseState {
             paused: self.broker.pause.is_paused(),
-        }
+        })
     }
 
     // ----- approvals ------------------------------------------------------------------

@@ -265,7 +265,9 @@ pub async fn dispatch_as(
         }
         "pause_agents" | "resume_agents" => {
             let NoArgs {} = args(command, raw)?;
-            to_value(console.set_agents_paused(command == "pause_agents"))
+            let operator = caller.operator.clone();
+            let paused = command == "pause_agents";
+            blocking(console, move |c| c.set_agents_paused(paused, &operator)).await
         }
         other => Err(CommandError::field(
             ErrorCode::UnknownCommand,

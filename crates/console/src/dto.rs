@@ -636,7 +636,7 @@ pub enum ErrorCode {
     InvalidInput,
     /// The journal could not be read.
     JournalUnreadable,
-    /// The journal refused to record an attestation.
+    /// The journal refused to record an attestation or a pause of agents.
     JournalRefused,
     /// The approval was already answered, timed out or was cancelled.
     NotPending,

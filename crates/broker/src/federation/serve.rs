@@ -376,9 +376,15 @@ impl PeerService {
     /// not asked here: it refuses the call's record itself, and only an attempt to
     /// write lets it see that space came back.
     fn unable(&self) -> Option<String> {
-        self.stopping
-            .load(Ordering::SeqCst)
-            .then(|| "the broker is shutting down".to_string())
+        if self.stopping.load(Ordering::SeqCst) {
+            return Some("the broker is shutting down".to_string());
+        }
+        // The operator's pause holds a peer's calls as it holds this broker's agents':
+        // signed `unavailable`, so the asker backs off and escalates, never a denial.
+        self.broker
+            .pause
+            .is_paused()
+            .then(|| "the operator paused agent calls".to_string())
     }
 
     /// Runs `prepared` for (asker, caller invocation) unless its record already answers;

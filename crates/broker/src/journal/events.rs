@@ -404,6 +404,10 @@ pub enum EventBody {
         /// The newest checkpoint before them (0: none).
         last_checkpoint: u64,
     },
+    /// Journal-level, not an invocation's: the operator paused (or resumed) agent calls
+    /// (see [`crate::pause`]); `operator` as an approval records its approver. The
+    /// newest one is the state the broker opens in after a restart.
+    AgentPause { paused: bool, operator: String },
     /// One answer from a peer broker (or the transport failure instead of one), with
     /// its classification, its signature check and the budget it spent. The budgets
     /// of a call through a peer are counted from these, so a restart does not reset
@@ -428,6 +432,9 @@ pub enum EventBody {
 
 /// The `invocation_id` of journal-level events (not part of any invocation).
 pub const JOURNAL_SCOPE: &str = "journal";
+
+/// The kind of [`EventBody::AgentPause`].
+pub const AGENT_PAUSE: &str = "AGENT_PAUSE";
 
 impl EventBody {
     /// A FAILED record for a stop before dispatch (nothing was sent).
@@ -474,6 +481,7 @@ impl EventBody {
             EventBody::JobStatus { .. } => "JOB_STATUS",
             EventBody::SigningResumed { .. } => crate::audit::SIGNING_RESUMED,
             EventBody::SessionOpened(_) => "SESSION_OPENED",
+            EventBody::AgentPause { .. } => AGENT_PAUSE,
             EventBody::PeerAnswer(_) => "PEER_ANSWER",
             EventBody::PeerNotRun { .. } => "PEER_NOT_RUN",
             EventBody::PeerIncident(_) => "PEER_INCIDENT",
@@ -497,6 +505,7 @@ impl EventBody {
                 | EventBody::JobStatus { .. }
                 | EventBody::SigningResumed { .. }
                 | EventBody::SessionOpened(_)
+                | EventBody::AgentPause { .. }
                 | EventBody::PeerAnswer(_)
                 | EventBody::PeerNotRun { .. }
                 | EventBody::PeerIncident(_)

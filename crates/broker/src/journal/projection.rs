@@ -822,7 +822,7 @@ impl Projection {
                 self.peer.get_or_insert_with(PeerState::default).incident = Some(incident.incident);
             }
             // Journal-level: never stored under an invocation's id.
-            EventBody::SigningResumed { .. } => {}
+            EventBody::SigningResumed { .. } | EventBody::AgentPause { .. } => {}
             // Handled before the match.
             EventBody::SessionOpened(_) => {}
         }
