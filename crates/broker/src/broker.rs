@@ -162,9 +162,8 @@ impl Broker {
         let journal = Journal::open(
             &db,
             JournalOptions {
-                clock,
-                signing_key,
                 anchor,
+                ..JournalOptions::new(clock, signing_key)
             },
         )?;
         // What a crash interrupted is closed with what its evidence proves.

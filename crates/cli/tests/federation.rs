@@ -11,7 +11,6 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -194,23 +193,39 @@ impl Pair {
 
     /// A's incidents, as `postern operator incidents` prints them.
     fn incidents(&self) -> Vec<Value> {
-        let out = Command::new(POSTERN)
-            .arg("operator")
-            .arg("--socket")
-            .arg(operator_socket(&self.a))
-            .arg("incidents")
-            .output()
+        self.a.operator(&["incidents"]).as_array().cloned().unwrap()
+    }
+
+    /// A call B holds as unavailable (its log says `why`) until `release`: B signs
+    /// `unavailable`, the origin sees nothing meanwhile, and after the release the same
+    /// call commits, run once at the origin, with no incident.
+    async fn held_until_released(&self, why: &str, release: impl FnOnce()) {
+        let call = self.spawn_call("/charges", "{}");
+        wait_until("B's signed unavailable", Duration::from_secs(20), || {
+            self.relay.calls(PEER_CALL) >= 2
+        })
+        .await;
+        assert!(self.b.stderr().contains(why), "{}", self.b.stderr());
+        assert_eq!(self.origin.requests().len(), 0);
+        release();
+
+        let answer = tokio::time::timeout(Duration::from_secs(30), call)
+            .await
+            .unwrap()
             .unwrap();
+        assert_eq!(answer["outcome"], "committed", "{answer}");
+        let verdicts = self.verdicts(&invocation(&answer));
+        // The call the relay counted last may reach B after the release.
+        assert!(verdicts.len() >= 2, "{verdicts:?}");
         assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+            verdicts[..verdicts.len() - 1]
+                .iter()
+                .all(|v| v == "unavailable"),
+            "{verdicts:?}"
         );
-        serde_json::from_slice::<Value>(&out.stdout)
-            .unwrap()
-            .as_array()
-            .cloned()
-            .unwrap()
+        assert_eq!(verdicts.last().unwrap(), "outcome");
+        assert_eq!(self.origin.effects(), 1);
+        assert!(self.incidents().is_empty());
     }
 
     /// Neither broker's files, nor anything the agent was told, hold the credential.
@@ -242,6 +257,16 @@ async fn call_peer(
     assert_eq!(is_error(&result), value.get("error").is_some(), "{value}");
     assert!(!value.to_string().contains(SECRET), "{value}");
     value
+}
+
+/// Budgets that outlast B being unavailable for a while.
+fn patient() -> Budgets {
+    Budgets {
+        transient_retries: 20,
+        backoff_ms: 100,
+        max_backoff_ms: 200,
+        ..Budgets::default()
+    }
 }
 
 fn operator_socket(daemon: &Daemon) -> std::path::PathBuf {
@@ -477,116 +502,24 @@ async fn b_unavailable_with_a_full_disk_then_recovered_runs_the_call_once() {
     };
     let b_dir = tempfile::tempdir_in(disk.path()).unwrap();
     let filler = disk.path().join("filler");
-    let p = Pair::start_with_b_dir(
-        Behavior::respond(201, "{}"),
-        "none",
-        Budgets {
-            transient_retries: 20,
-            backoff_ms: 100,
-            max_backoff_ms: 200,
-            ..Budgets::default()
-        },
-        b_dir,
-    )
-    .await;
+    let p = Pair::start_with_b_dir(Behavior::respond(201, "{}"), "none", patient(), b_dir).await;
     fill(&filler).unwrap();
-
-    let call = p.spawn_call("/charges", "{}");
-    // B answers, signed, that it cannot take the call now: at least twice.
-    wait_until("B's signed unavailable", Duration::from_secs(20), || {
-        p.relay.calls(PEER_CALL) >= 2
+    p.held_until_released("the journal cannot record the call", || {
+        std::fs::remove_file(&filler).unwrap()
     })
     .await;
-    assert!(
-        p.b.stderr().contains("the journal cannot record the call"),
-        "{}",
-        p.b.stderr()
-    );
-    assert_eq!(p.origin.requests().len(), 0);
-    std::fs::remove_file(&filler).unwrap();
-
-    let answer = tokio::time::timeout(Duration::from_secs(30), call)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(answer["outcome"], "committed", "{answer}");
-    let verdicts = p.verdicts(&invocation(&answer));
-    assert!(verdicts.len() >= 3, "{verdicts:?}");
-    assert!(
-        verdicts[..verdicts.len() - 1]
-            .iter()
-            .all(|v| v == "unavailable"),
-        "{verdicts:?}"
-    );
-    assert_eq!(verdicts.last().unwrap(), "outcome");
-    assert_eq!(p.origin.effects(), 1);
-    assert!(p.incidents().is_empty());
     drop(p);
     drop(disk);
 }
 
-/// `postern operator pause|resume` against `daemon`'s operator socket.
-fn operator(daemon: &Daemon, action: &str) {
-    let out = Command::new(POSTERN)
-        .arg("operator")
-        .arg("--socket")
-        .arg(operator_socket(daemon))
-        .arg(action)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn b_s_operator_pausing_agents_holds_a_s_call_as_unavailable_until_they_resume() {
-    let p = Pair::start(
-        Behavior::respond(201, "{}"),
-        "none",
-        Budgets {
-            transient_retries: 20,
-            backoff_ms: 100,
-            max_backoff_ms: 200,
-            ..Budgets::default()
-        },
-    )
-    .await;
-    operator(&p.b, "pause");
-
-    let call = p.spawn_call("/charges", "{}");
-    // B answers, signed, that it cannot take the call now, never that it is refused.
-    wait_until("B's signed unavailable", Duration::from_secs(20), || {
-        p.relay.calls(PEER_CALL) >= 2
+    let p = Pair::start(Behavior::respond(201, "{}"), "none", patient()).await;
+    p.b.operator(&["pause"]);
+    p.held_until_released("the operator paused agent calls", || {
+        p.b.operator(&["resume"]);
     })
     .await;
-    assert!(
-        p.b.stderr().contains("the operator paused agent calls"),
-        "{}",
-        p.b.stderr()
-    );
-    assert_eq!(p.origin.requests().len(), 0);
-    operator(&p.b, "resume");
-
-    let answer = tokio::time::timeout(Duration::from_secs(30), call)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(answer["outcome"], "committed", "{answer}");
-    let verdicts = p.verdicts(&invocation(&answer));
-    // The call the relay counted last may reach B after the resume.
-    assert!(verdicts.len() >= 2, "{verdicts:?}");
-    assert!(
-        verdicts[..verdicts.len() - 1]
-            .iter()
-            .all(|v| v == "unavailable"),
-        "{verdicts:?}"
-    );
-    assert_eq!(verdicts.last().unwrap(), "outcome");
-    assert_eq!(p.origin.effects(), 1);
-    assert!(p.incidents().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

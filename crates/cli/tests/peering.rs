@@ -4,7 +4,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -28,7 +27,7 @@ use postern_tests::adversary::{Adversary, Behavior};
 
 mod support;
 
-use support::{Daemon, POSTERN, SECRET};
+use support::{Daemon, SECRET};
 
 /// Broker A as B sees it: a key pinned in B's `[[peer]]`.
 struct Asker {
@@ -597,21 +596,7 @@ async fn b_s_operator_decides_a_per_call_capability_and_a_denial_is_a_signed_out
         tokio::spawn(async move { tool(&url, TOOL_CALL, args).await })
     };
     // The card is on B's operator socket, under A's peer session.
-    let operator = |args: &[&str]| {
-        let out = Command::new(POSTERN)
-            .arg("operator")
-            .arg("--socket")
-            .arg(b.daemon.dir.path().join("run").join("operator.sock"))
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice::<Value>(&out.stdout).unwrap_or(Value::Null)
-    };
+    let operator = |args: &[&str]| b.daemon.operator(args);
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let card = loop {
         if let Some(card) = operator(&["approvals"])

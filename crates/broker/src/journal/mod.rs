@@ -63,7 +63,8 @@ pub type RetentionSource = Arc<dyn Fn() -> RetentionPolicy + Send + Sync>;
 const MAX_BATCH: usize = 512;
 
 /// The writer feeds the text search index once this many accepted invocations wait,
-/// or once the oldest has waited [`SEARCH_DELAY`], or when it is idle: each transaction
+/// or once the oldest has waited [`SEARCH_DELAY`] ([`JournalOptions::search_delay`]),
+/// or when it is idle: each transaction
 /// that adds to the index writes a new segment of it, which cost a commit several
 /// pages when every commit did. A search matches the invocations not indexed yet
 /// without the index, so nothing is missed meanwhile.
@@ -73,13 +74,26 @@ pub const SEARCH_BATCH: usize = 256;
 pub const SEARCH_DELAY: Duration = Duration::from_secs(1);
 
 /// Accepted invocations the search index does not hold yet.
-#[derive(Default)]
 struct SearchLag {
     unindexed: usize,
     since: Option<Instant>,
+    delay: Duration,
 }
 
 impl SearchLag {
+    fn new(delay: Duration) -> Self {
+        SearchLag {
+            unindexed: 0,
+            since: None,
+            delay,
+        }
+    }
+
+    /// The index holds everything accepted.
+    fn caught_up(&mut self) {
+        *self = SearchLag::new(self.delay);
+    }
+
     fn lag(&mut self, accepted: usize) {
         if accepted > 0 {
             self.unindexed += accepted;
@@ -94,7 +108,7 @@ impl SearchLag {
     /// How long until the waiting invocations are due, if any wait.
     fn due_in(&self) -> Option<Duration> {
         self.since
-            .map(|since| SEARCH_DELAY.saturating_sub(since.elapsed()))
+            .map(|since| self.delay.saturating_sub(since.elapsed()))
     }
 }
 
@@ -179,6 +193,9 @@ pub struct JournalOptions {
     /// so a journal cut together with its checkpoint rows and witness file still fails
     /// verification against it.
     pub anchor: Option<PathBuf>,
+    /// How long accepted invocations may wait for the text search index
+    /// ([`SEARCH_DELAY`]; see [`SEARCH_BATCH`]).
+    pub search_delay: Duration,
 }
 
 impl JournalOptions {
@@ -187,6 +204,7 @@ impl JournalOptions {
             clock,
             signing_key,
             anchor: None,
+            search_delay: SEARCH_DELAY,
         }
     }
 }
@@ -622,7 +640,7 @@ impl Journal {
         // Invocations accepted before a crash that the search index had not taken in:
         // searches match them without the index, so a failure here (a full disk) only
         // leaves it to the writer.
-        let mut search = SearchLag::default();
+        let mut search = SearchLag::new(options.search_delay);
         if index_for_search(&conn).is_err() {
             search.lag(1);
         }
@@ -2092,7 +2110,7 @@ impl WriterState {
             && index_for_search(&self.conn).is_ok()
             && run_cached(&self.conn, "COMMIT").is_ok();
         if indexed {
-            self.search = SearchLag::default();
+            self.search.caught_up();
         } else {
             let _ = self.conn.execute_batch("ROLLBACK");
             // Tried again after another delay.
@@ -2349,7 +2367,7 @@ impl WriterState {
         match sealed.and_then(|s| run_cached(&self.conn, "COMMIT").map(|_| s)) {
             Ok(sealed) => {
                 if index_now {
-                    self.search = SearchLag::default();
+                    self.search.caught_up();
                 } else {
                     self.search.lag(accepted);
                 }

@@ -7,6 +7,8 @@ use postern_broker::invocation::Recorder;
 use postern_broker::journal::NewInvocation;
 use postern_broker::journal::events::Channel;
 use postern_broker::journal::query::{self, Filter, InvocationRow};
+use std::time::Duration;
+
 use rusqlite::{Connection, OpenFlags};
 
 use crate::support::*;
@@ -479,31 +481,21 @@ fn text_search_finds_substrings_of_target_and_url_newest_first() {
 
 #[test]
 fn the_search_index_is_rebuilt_for_journals_written_before_it() {
-    let Fixture {
-        dir,
-        clock,
-        journal,
-    } = populated();
-    journal.close().unwrap();
-    let db = dir.path().join("journal.db");
     // Undo migrations 8, 7 and 6 and the summary column's contents, as a journal
     // written by an older build would be; reopening migrates it again.
-    let conn = Connection::open(&db).unwrap();
-    conn.execute_batch(
-        "DROP INDEX invocations_by_parent; ALTER TABLE invocations DROP COLUMN parent_id;
-         ALTER TABLE invocations DROP COLUMN relation;
-         DROP TABLE merkle; DROP TABLE cosignatures;
-         ALTER TABLE checkpoints DROP COLUMN root; ALTER TABLE checkpoints DROP COLUMN note;
-         DROP TABLE invocation_search; UPDATE invocations SET summary = NULL;
-         PRAGMA user_version = 5;",
-    )
-    .unwrap();
-    drop(conn);
-    let f = Fixture {
-        journal: open(&db, &clock),
-        dir,
-        clock,
-    };
+    let f = populated().reopen_after(|db| {
+        Connection::open(db)
+            .unwrap()
+            .execute_batch(
+                "DROP INDEX invocations_by_parent; ALTER TABLE invocations DROP COLUMN parent_id;
+                 ALTER TABLE invocations DROP COLUMN relation;
+                 DROP TABLE merkle; DROP TABLE cosignatures;
+                 ALTER TABLE checkpoints DROP COLUMN root; ALTER TABLE checkpoints DROP COLUMN note;
+                 DROP TABLE invocation_search; UPDATE invocations SET summary = NULL;
+                 PRAGMA user_version = 5;",
+            )
+            .unwrap()
+    });
     let conn = read_only(&f);
     assert_eq!(search(&conn, "test/inv_3", Filter::default()), ["inv_3"]);
     assert_eq!(search(&conn, "_5", Filter::default()), ["inv_5"]);
@@ -518,19 +510,9 @@ fn indexed_for_search(conn: &Connection) -> i64 {
 
 #[test]
 fn a_search_matches_invocations_the_index_has_not_taken_in_yet() {
-    let Fixture {
-        dir,
-        clock,
-        journal,
-    } = populated();
-    // Closing feeds the index everything accepted; reopening finds nothing to add.
-    journal.close().unwrap();
-    let db = dir.path().join("journal.db");
-    let f = Fixture {
-        journal: open(&db, &clock),
-        dir,
-        clock,
-    };
+    // Closing feeds the index everything accepted; reopening finds nothing to add. The
+    // index waits an hour here, so what follows stays above it however slow the run.
+    let f = populated().reopen_with(|_| {}, |o| o.search_delay = Duration::from_secs(3600));
     accept(&f, "inv_6", "payments", None);
     accept(&f, "inv_7", "search", None);
     let conn = read_only(&f);
@@ -560,17 +542,7 @@ fn a_search_matches_invocations_the_index_has_not_taken_in_yet() {
     drop(conn);
 
     // Closing takes the rest in, and the answers do not change.
-    let Fixture {
-        dir,
-        clock,
-        journal,
-    } = f;
-    journal.close().unwrap();
-    let f = Fixture {
-        journal: open(&db, &clock),
-        dir,
-        clock,
-    };
+    let f = f.reopen();
     let conn = read_only(&f);
     assert_eq!(indexed_for_search(&conn), 7);
     assert_eq!(
@@ -581,31 +553,20 @@ fn a_search_matches_invocations_the_index_has_not_taken_in_yet() {
 
 #[test]
 fn the_search_index_takes_in_what_a_crash_left_out_when_the_journal_opens() {
-    let Fixture {
-        dir,
-        clock,
-        journal,
-    } = populated();
-    journal.close().unwrap();
-    let db = dir.path().join("journal.db");
     // As a process killed before it fed the index would leave it: the newest two
     // invocations are not in it.
-    let conn = Connection::open(&db).unwrap();
-    conn.execute_batch(
-        "DROP TABLE invocation_search;
-         CREATE VIRTUAL TABLE invocation_search USING fts5(text, tokenize = 'trigram', content = '');
-         INSERT INTO invocation_search (rowid, text)
-         SELECT accepted_seq, target || ' ' || summary FROM invocations
-         ORDER BY accepted_seq LIMIT 3;",
-    )
-    .unwrap();
-    assert_eq!(indexed_for_search(&conn), 3);
-    drop(conn);
-    let f = Fixture {
-        journal: open(&db, &clock),
-        dir,
-        clock,
-    };
+    let f = populated().reopen_after(|db| {
+        let conn = Connection::open(db).unwrap();
+        conn.execute_batch(
+            "DROP TABLE invocation_search;
+             CREATE VIRTUAL TABLE invocation_search USING fts5(text, tokenize = 'trigram', content = '');
+             INSERT INTO invocation_search (rowid, text)
+             SELECT accepted_seq, target || ' ' || summary FROM invocations
+             ORDER BY accepted_seq LIMIT 3;",
+        )
+        .unwrap();
+        assert_eq!(indexed_for_search(&conn), 3);
+    });
     let conn = read_only(&f);
     assert_eq!(indexed_for_search(&conn), 5);
     assert_eq!(search(&conn, "test/inv_5", Filter::default()), ["inv_5"]);

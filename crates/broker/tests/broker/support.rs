@@ -45,13 +45,33 @@ impl Fixture {
 
     /// Closes the journal and opens it again.
     pub fn reopen(self) -> Fixture {
+        self.reopen_with(|_| {}, |_| {})
+    }
+
+    /// Closes the journal, lets `edit` change the closed database (at the path it is
+    /// given), and opens it again.
+    pub fn reopen_after(self, edit: impl FnOnce(&Path)) -> Fixture {
+        self.reopen_with(edit, |_| {})
+    }
+
+    /// Closes the journal, lets `edit` change the closed database, and opens it again
+    /// with the options `adjust` leaves.
+    pub fn reopen_with(
+        self,
+        edit: impl FnOnce(&Path),
+        adjust: impl FnOnce(&mut JournalOptions),
+    ) -> Fixture {
         let Fixture {
             dir,
             clock,
             journal,
         } = self;
         journal.close().unwrap();
-        let journal = open(&dir.path().join("journal.db"), &clock);
+        let db = dir.path().join("journal.db");
+        edit(&db);
+        let mut options = JournalOptions::new(Arc::new(clock.clone()), signing_key());
+        adjust(&mut options);
+        let journal = Journal::open(&db, options).unwrap();
         Fixture {
             dir,
             clock,

@@ -279,6 +279,24 @@ impl Daemon {
         printed["key"].as_str().unwrap().to_string()
     }
 
+    /// `postern operator ARGS` against the daemon's operator socket, which must succeed:
+    /// what it printed, as JSON (null if it printed none).
+    pub fn operator(&self, args: &[&str]) -> Value {
+        let out = Command::new(POSTERN)
+            .arg("operator")
+            .arg("--socket")
+            .arg(self.dir.path().join("run").join("operator.sock"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<Value>(&out.stdout).unwrap_or(Value::Null)
+    }
+
     /// Replaces the daemon's configuration file with `config_text` and restarts it.
     pub fn reconfigure(&mut self, config_text: &str) {
         std::fs::write(self.dir.path().with_extension("toml"), config_text).unwrap();
