@@ -18,6 +18,17 @@ use postern_tests::fixture::test_service;
 pub const POSTERN: &str = env!("CARGO_BIN_EXE_postern");
 pub const SECRET: &str = "pstn-bridge-canary-7d2e";
 
+/// Runs `command` to its end, which must succeed; what it printed.
+pub fn succeeded(command: &mut Command) -> std::process::Output {
+    let out = command.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{command:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// A running `postern daemon`, killed (by PID) on drop, its keychain entries removed.
 pub struct Daemon {
     child: Child,
@@ -264,16 +275,11 @@ impl Daemon {
     /// The daemon's broker key, as `postern audit key --json` prints it (what a peer or
     /// a manifest checker pins).
     pub fn audit_key(&self) -> String {
-        let out = Command::new(POSTERN)
-            .args(["audit", "key", "--json", "--data-dir"])
-            .arg(self.dir.path())
-            .args(["--keychain-service", self.service()])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = succeeded(
+            Command::new(POSTERN)
+                .args(["audit", "key", "--json", "--data-dir"])
+                .arg(self.dir.path())
+                .args(["--keychain-service", self.service()]),
         );
         let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
         printed["key"].as_str().unwrap().to_string()
@@ -282,17 +288,12 @@ impl Daemon {
     /// `postern operator ARGS` against the daemon's operator socket, which must succeed:
     /// what it printed, as JSON (null if it printed none).
     pub fn operator(&self, args: &[&str]) -> Value {
-        let out = Command::new(POSTERN)
-            .arg("operator")
-            .arg("--socket")
-            .arg(self.dir.path().join("run").join("operator.sock"))
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = succeeded(
+            Command::new(POSTERN)
+                .arg("operator")
+                .arg("--socket")
+                .arg(self.dir.path().join("run").join("operator.sock"))
+                .args(args),
         );
         serde_json::from_slice::<Value>(&out.stdout).unwrap_or(Value::Null)
     }
