@@ -368,6 +368,9 @@ async def phase(load: Load, daemon_pid: int, origin_pid: int, db: Path, name: st
 PHASES = {
     # name: (tool, sessions, in flight per session)
     "list_targets_32": ("list_targets", 32, 1),
+    # One call at a time of a tool that runs nothing: the MCP round trip alone (client,
+    # bridge, framing), to tell it apart from what an action adds in `serial`.
+    "list_targets_serial": ("list_targets", 1, 1),
     "serial": ("http_request", 1, 1),
     "one_session_8": ("http_request", 1, 8),
     "one_session_32": ("http_request", 1, 32),
