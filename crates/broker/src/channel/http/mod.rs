@@ -587,22 +587,6 @@ impl Pipeline<Http> {
         Box::pin(self.execute_following(&child, &child_ctx, redirects + 1)).await
     }
 
-    /// `retry_invocation`: the stored request, retried if the record's decision allows.
-    pub async fn retry(&self, invocation_id: &str, ctx: &CallContext) -> HttpOutcome {
-        let stored = match self.journal().load_request(invocation_id) {
-            Ok(Some(stored)) => stored,
-            Ok(None) => {
-                return match Recorder::resume(self.journal(), invocation_id) {
-                    Ok(rec) => self.outcome_of(&rec),
-                    Err(e) => unrecorded(invocation_id, &e),
-                };
-            }
-            Err(e) => return unrecorded(invocation_id, &e),
-        };
-        let request = stored_request(stored);
-        self.retry_request(invocation_id, &request, ctx).await
-    }
-
     /// Runs the target's configured reconcile query for an unknown outcome (with the
     /// credential, as its own invocation) and records what it proves as `remote_query`
     /// evidence on the original. Returns the original's outcome afterwards.
@@ -845,6 +829,30 @@ impl Pipeline<Http> {
         };
         let mut rec = rec;
         self.attempt(&mut rec, &bound, ctx).await
+    }
+}
+
+/// What the channels whose requests are HTTP requests (this one, and calls through a
+/// peer) share.
+impl<T> Pipeline<T>
+where
+    T: Channel<Request = HttpRequest, Result = HttpResponse>,
+{
+    /// `retry_invocation`: the stored request, retried if the record's decision allows
+    /// (through a peer, the peer answers a repeat of this invocation from its record).
+    pub async fn retry(&self, invocation_id: &str, ctx: &CallContext) -> HttpOutcome {
+        let stored = match self.journal().load_request(invocation_id) {
+            Ok(Some(stored)) => stored,
+            Ok(None) => {
+                return match Recorder::resume(self.journal(), invocation_id) {
+                    Ok(rec) => self.outcome_of(&rec),
+                    Err(e) => unrecorded(invocation_id, &e),
+                };
+            }
+            Err(e) => return unrecorded(invocation_id, &e),
+        };
+        let request = stored_request(stored);
+        self.retry_request(invocation_id, &request, ctx).await
     }
 }
 

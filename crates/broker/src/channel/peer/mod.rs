@@ -973,23 +973,6 @@ impl Pipeline<Peer> {
         self.run(&request, ctx).await
     }
 
-    /// `retry_invocation`: the stored request, retried if the record's decision
-    /// allows. The peer answers a repeat of this invocation from its record.
-    pub async fn retry(&self, invocation_id: &str, ctx: &CallContext) -> HttpOutcome {
-        let stored = match self.journal().load_request(invocation_id) {
-            Ok(Some(stored)) => stored,
-            Ok(None) => {
-                return match Recorder::resume(self.journal(), invocation_id) {
-                    Ok(rec) => self.outcome_of(&rec),
-                    Err(e) => unrecorded(invocation_id, &e),
-                };
-            }
-            Err(e) => return unrecorded(invocation_id, &e),
-        };
-        let request = stored_request(stored);
-        self.retry_request(invocation_id, &request, ctx).await
-    }
-
     /// Reconciles an unknown outcome on the peer: `peer_reconcile` with the peer's
     /// invocation when a verified answer named it, otherwise `peer_call` again with
     /// the same caller invocation (the peer answers its record; one that never reached
