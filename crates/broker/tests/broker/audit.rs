@@ -1407,3 +1407,19 @@ fn a_recorded_cosignature_is_kept_and_read_back() {
         .unwrap();
     assert_eq!(n, 1);
 }
+
+#[test]
+fn an_operators_pause_is_a_journal_record_the_chain_covers_and_a_reopen_reads() {
+    let f = Fixture::new();
+    assert!(!f.journal.agent_pause().unwrap(), "never paused");
+    f.journal.record_agent_pause(true, "alice").unwrap();
+    assert!(f.journal.agent_pause().unwrap());
+    f.journal.record_agent_pause(false, "alice").unwrap();
+    f.journal.record_agent_pause(true, "bob").unwrap();
+    let f = f.reopen();
+    assert!(f.journal.agent_pause().unwrap(), "the newest record wins");
+    let db = f.db();
+    f.journal.close().unwrap();
+    let report = verified(&db);
+    assert_eq!(report.events, 3);
+}
