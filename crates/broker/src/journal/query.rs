@@ -267,7 +267,7 @@ fn scan(
     Ok(())
 }
 
-/// Runs `sql` with `clauses` joined by AND, newest `order` first, calling `each` per row
+/// Runs `base` with `clauses` joined by AND, newest `order` first, calling `each` per row
 /// until it returns `false`. Returns whether `each` wants more.
 fn query(
     conn: &Connection,
