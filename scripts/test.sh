@@ -10,7 +10,7 @@ source scripts/lib.sh
 
 ensure_apt_packages build-essential pkg-config libdbus-1-dev dbus dbus-bin gnome-keyring keyutils \
     util-linux passwd \
-    openssh-server openssh-client "${DESKTOP_PACKAGES[@]}" xvfb xauth webkit2gtk-driver
+    openssh-server openssh-client "${DESKTOP_PACKAGES[@]}" xvfb xauth webkit2gtk-driver rpm
 ensure_rust_tools
 ensure_tauri_driver
 
@@ -25,17 +25,19 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo build (tests)"
 cargo test --workspace --locked --no-run
 
-# The package test (tests/tests/package.rs) installs the .deb with dpkg, starts the
-# daemon from its user unit, makes one MCP call and purges it: it needs root, so the
-# package is built here only then, from the debug build the tests already use (a
-# release build would compile everything again). Set POSTERN_SKIP_PACKAGE=1 to leave it
-# out (the test then says it did not run).
+# The package tests (tests/tests/package.rs) install the .deb with dpkg, start the
+# daemon from its user unit, make one MCP call and purge it, and install and erase the
+# RPM in a scratch root: they need root, so the packages are built here only then, from
+# the debug build the tests already use (a release build would compile everything
+# again). Set POSTERN_SKIP_PACKAGE=1 to leave them out (the tests then say they did not
+# run).
 if [ "$(id -u)" -eq 0 ] && [ "${POSTERN_SKIP_PACKAGE:-0}" != 1 ]; then
     step "building the packages (scripts/package.sh --debug)"
     bash scripts/package.sh --debug
     # Absolute: the test runs in its own crate's directory.
     POSTERN_DEB="$PWD/$(ls -t target/debug/bundle/deb/*.deb | head -n 1)"
-    export POSTERN_DEB
+    POSTERN_RPM="$PWD/$(ls -t target/debug/bundle/rpm/*.rpm | head -n 1)"
+    export POSTERN_DEB POSTERN_RPM
     export POSTERN_REQUIRE_PACKAGE_TEST=1
 fi
 

@@ -60,27 +60,37 @@ fn installed() -> bool {
 
 /// The .deb to test, or `None` (said loudly) when this test cannot run here.
 fn deb_under_test() -> Option<PathBuf> {
+    package_under_test("POSTERN_DEB", "dpkg")
+}
+
+/// The package `variable` names, or `None` (said loudly) when this test cannot run
+/// here: not root (`installer` cannot install), or no package named.
+fn package_under_test(variable: &str, installer: &str) -> Option<PathBuf> {
     if !running_as_root() {
         eprintln!(
-            "\n*** the package test SKIPPED: not root, so dpkg cannot install; the .deb is \
-             NOT tested here ***\n"
+            "\n*** the package test SKIPPED: not root, so {installer} cannot install; \
+             {variable} is NOT tested here ***\n"
         );
         return None;
     }
-    match std::env::var_os("POSTERN_DEB").filter(|v| !v.is_empty()) {
+    match std::env::var_os(variable).filter(|v| !v.is_empty()) {
         // A relative path is read from the workspace root, where scripts run; the test
         // itself runs in its crate's directory.
-        Some(deb) => Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(deb)),
+        Some(package) => Some(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("..")
+                .join(package),
+        ),
         None => {
             let required =
                 std::env::var_os("POSTERN_REQUIRE_PACKAGE_TEST").is_some_and(|v| v == "1");
             assert!(
                 !required,
-                "POSTERN_REQUIRE_PACKAGE_TEST=1 but POSTERN_DEB is not set: build the package \
-                 with scripts/package.sh and name it in POSTERN_DEB"
+                "POSTERN_REQUIRE_PACKAGE_TEST=1 but {variable} is not set: build the package \
+                 with scripts/package.sh and name it in {variable}"
             );
             eprintln!(
-                "\n*** the package test SKIPPED: POSTERN_DEB is not set (scripts/package.sh \
+                "\n*** the package test SKIPPED: {variable} is not set (scripts/package.sh \
                  builds it; scripts/test.sh sets it) ***\n"
             );
             None
@@ -339,4 +349,75 @@ async fn the_deb_installs_serves_an_agent_from_its_user_unit_and_purges_cleanly(
     }
     assert!(!Path::new("/usr/lib/postern").exists());
     assert!(!Path::new("/usr/share/icons/hicolor/128x128/apps/postern-console.png").exists());
+}
+
+/// The RPM's payload and scriptlets. CI runs Debian, so the RPM is installed with `rpm`
+/// into a scratch root (`--root`, its own database, no dependency check) without its
+/// scriptlets (a scratch root has no shell to run them in); what they do is checked by
+/// reading them.
+#[test]
+fn the_rpm_holds_what_the_deb_installs_and_its_payload_installs_and_erases_cleanly() {
+    let Some(rpm) = package_under_test("POSTERN_RPM", "rpm") else {
+        return;
+    };
+    assert!(rpm.is_file(), "{} is not a file", rpm.display());
+    let rpm = rpm.to_str().unwrap();
+    let query = |format: &str| {
+        let out = run("rpm", &["-qp", "--qf", format, rpm]);
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert_eq!(query("%{NAME}"), PACKAGE);
+    // The same files as the .deb, executables executable.
+    let listed = query("[%{FILEMODES:perms} %{FILENAMES}\\n]");
+    let modes: std::collections::HashMap<&str, &str> = listed
+        .lines()
+        .filter_map(|l| l.split_once(' ').map(|(mode, path)| (path, mode)))
+        .collect();
+    for file in FILES {
+        assert!(
+            modes.contains_key(file),
+            "{file} is not in the RPM:\n{listed}"
+        );
+    }
+    for binary in [
+        "/usr/bin/postern",
+        "/usr/bin/postern-console",
+        "/usr/lib/postern/install-system",
+    ] {
+        assert_eq!(modes[binary], "-rwxr-xr-x", "{binary}");
+    }
+    // Erasing stops the privilege-separated service first and removes the package's
+    // own directories (the bundler lists files, not directories).
+    let scripts = String::from_utf8(run("rpm", &["-qp", "--scripts", rpm]).stdout).unwrap();
+    assert!(scripts.contains("preuninstall scriptlet"), "{scripts}");
+    assert!(
+        scripts.contains("systemctl disable --now postern.service"),
+        "{scripts}"
+    );
+    assert!(scripts.contains("postuninstall scriptlet"), "{scripts}");
+    assert!(scripts.contains("rmdir"), "{scripts}");
+
+    let root = tempfile::tempdir().unwrap();
+    let root_arg = root.path().to_str().unwrap();
+    let rpm_in_root = |args: &[&str]| {
+        let mut all = vec!["--root", root_arg, "--dbpath", "/var/lib/rpm"];
+        all.extend_from_slice(args);
+        let out = run("rpm", &all);
+        assert!(out.status.success(), "rpm {all:?}: {out:?}");
+        out
+    };
+    rpm_in_root(&["--initdb"]);
+    rpm_in_root(&["-i", "--nodeps", "--noscripts", rpm]);
+    for file in FILES {
+        let at = root.path().join(file.trim_start_matches('/'));
+        assert!(at.is_file(), "{file} was not installed");
+    }
+    let version = rpm_in_root(&["-q", PACKAGE]);
+    assert!(String::from_utf8_lossy(&version.stdout).starts_with("postern-"));
+    rpm_in_root(&["-e", "--noscripts", PACKAGE]);
+    for file in FILES {
+        let at = root.path().join(file.trim_start_matches('/'));
+        assert!(!at.exists(), "{file} stayed after erase");
+    }
 }
