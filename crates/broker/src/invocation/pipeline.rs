@@ -429,16 +429,7 @@ impl<T: Channel> Pipeline<T> {
             // An indexed read of non-secret metadata: microseconds, fine inline.
             let meta = match self.inner.vault.meta(target.credential()) {
                 Ok(meta) => meta,
-                Err(e) => {
-                    return Err(Box::new(self.fail(
-                        rec,
-                        Phase::CredentialInjection,
-                        e.code(),
-                        e.code().spec().retry,
-                        &e.agent_message(),
-                        None,
-                    )));
-                }
+                Err(e) => return Err(Box::new(self.vault_failed(rec, &e))),
             };
             ConfigSnapshot::of(target, meta.version.as_str(), v.idempotency_key.clone())
         } else {
@@ -629,14 +620,7 @@ impl<T: Channel> Pipeline<T> {
                     let e = crate::vault::VaultError::Missing {
                         credential: bound.snapshot.credential_id.clone(),
                     };
-                    return self.fail(
-                        rec,
-                        Phase::CredentialInjection,
-                        e.code(),
-                        e.code().spec().retry,
-                        &e.agent_message(),
-                        None,
-                    );
+                    return self.vault_failed(rec, &e);
                 }
                 Err(e) => return self.journal_failed(rec, &e),
             }
@@ -834,6 +818,20 @@ impl<T: Channel> Pipeline<T> {
     /// The journal failed mid-invocation: see [`journal_failure`].
     pub fn journal_failed(&self, rec: &Recorder, e: &JournalError) -> Outcome<T::Result> {
         Outcome::of_envelope(journal_failure(rec, e, self.now()))
+    }
+
+    /// Records a keychain failure before anything was sent (credential injection), with
+    /// the agent-safe message and the code's own retry.
+    fn vault_failed(&self, rec: &Recorder, e: &crate::vault::VaultError) -> Outcome<T::Result> {
+        let code = e.code();
+        self.fail(
+            rec,
+            Phase::CredentialInjection,
+            code,
+            code.spec().retry,
+            &e.agent_message(),
+            None,
+        )
     }
 }
 
