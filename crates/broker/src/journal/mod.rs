@@ -101,8 +101,9 @@ impl SearchLag {
         }
     }
 
-    fn due(&self, unindexed: usize) -> bool {
-        unindexed >= SEARCH_BATCH || self.due_in().is_some_and(|d| d.is_zero())
+    /// Whether the waiting invocations should be indexed now.
+    fn due(&self) -> bool {
+        self.unindexed >= SEARCH_BATCH || self.due_in().is_some_and(|d| d.is_zero())
     }
 
     /// How long until the waiting invocations are due, if any wait.
@@ -2098,7 +2099,7 @@ impl WriterState {
 
     /// Idle: feeds the search index if what waits for it is due.
     fn index_search_when_due(&mut self) {
-        if self.search.due_in().is_some_and(|d| d.is_zero()) {
+        if self.search.due() {
             self.index_search();
         }
     }
@@ -2350,8 +2351,10 @@ impl WriterState {
 
         // The search index when enough is waiting, then a checkpoint over every event
         // the commit adds.
-        let unindexed = self.search.unindexed + accepted;
-        let index_now = unindexed > 0 && self.search.due(unindexed);
+        // (Counted before the commit: if it fails, the count only brings the next feed
+        // forward; the feed reads what `invocations` holds.)
+        self.search.lag(accepted);
+        let index_now = self.search.due();
         let indexed = if index_now {
             index_for_search(&self.conn)
         } else {
@@ -2368,8 +2371,6 @@ impl WriterState {
             Ok(sealed) => {
                 if index_now {
                     self.search.caught_up();
-                } else {
-                    self.search.lag(accepted);
                 }
                 if let Some((cp, retention)) = sealed {
                     self.retention = retention;
