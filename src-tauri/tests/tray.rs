@@ -14,7 +14,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -262,6 +262,14 @@ impl TrayView {
             .unwrap();
     }
 
+    /// Waits up to 20 s for the menu to hold an entry `label`.
+    async fn wait_for_entry(&self, label: &str) {
+        self.wait_until(&format!("the entry {label:?}"), async |t: &TrayView| {
+            t.entry(label).await.is_some()
+        })
+        .await;
+    }
+
     /// Waits up to 20 s for `check` to hold.
     async fn wait_until<F: AsyncFn(&TrayView) -> bool>(&self, what: &str, check: F) {
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -446,20 +454,15 @@ async fn the_tray_counts_approvals_pauses_agents_and_keeps_serving_with_the_wind
 
     // The credential, stored before the console starts (kernel keyring: the private
     // bus has no Secret Service).
-    let mut set = Command::new(postern_bin())
-        .args(["vault", "set", "api-key", "--data-dir"])
-        .arg(&data)
-        .args(keychain)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    set.stdin
-        .take()
-        .unwrap()
-        .write_all(CANARY.as_bytes())
-        .unwrap();
-    assert!(set.wait().unwrap().success());
+    let set = postern_tests::run_with_stdin(
+        Command::new(postern_bin())
+            .args(["vault", "set", "api-key", "--data-dir"])
+            .arg(&data)
+            .args(keychain),
+        CANARY.as_bytes(),
+    )
+    .unwrap();
+    assert!(set.status.success(), "{set:?}");
 
     // The desktop: a private bus with a notification server and a tray host.
     let (_bus_daemon, address) = private_bus();
@@ -607,14 +610,16 @@ async fn the_tray_counts_approvals_pauses_agents_and_keeps_serving_with_the_wind
                 .is_some()
     })
     .await;
-    let refused = agent::call(
-        &client,
-        "http_request",
-        json!({"url": ok.url("/open/a"), "method": "GET"}),
-    )
-    .await
-    .unwrap();
-    let refused = structured(&refused);
+    let get = async |path: &str| {
+        agent::call(
+            &client,
+            "http_request",
+            json!({"url": ok.url(path), "method": "GET"}),
+        )
+        .await
+        .unwrap()
+    };
+    let refused = structured(&get("/open/a").await);
     assert_eq!(code(&refused), "AGENTS_PAUSED", "{refused}");
     assert_eq!(refused["error"]["outcome"], "not_attempted");
     assert_eq!(refused["error"]["retry"], "backoff");
@@ -625,17 +630,8 @@ async fn the_tray_counts_approvals_pauses_agents_and_keeps_serving_with_the_wind
         .unwrap();
     assert!(listed.is_error != Some(true), "{listed:?}");
     tray.click("Resume agents").await;
-    tray.wait_until("agents resumed", async |t: &TrayView| {
-        t.entry("Pause agents").await.is_some()
-    })
-    .await;
-    let ran = agent::call(
-        &client,
-        "http_request",
-        json!({"url": ok.url("/open/b"), "method": "GET"}),
-    )
-    .await
-    .unwrap();
+    tray.wait_for_entry("Pause agents").await;
+    let ran = get("/open/b").await;
     assert!(ran.is_error != Some(true), "{ran:?}");
     assert_eq!(ok.requests().len(), 1);
 
@@ -643,15 +639,9 @@ async fn the_tray_counts_approvals_pauses_agents_and_keeps_serving_with_the_wind
     // person's click: its Pause agents button (at the foot of the 1180x780 window's
     // sidebar) pauses agents, and the tray follows.
     window.click_at(104, 754);
-    tray.wait_until("agents paused from the page", async |t: &TrayView| {
-        t.entry("Resume agents").await.is_some()
-    })
-    .await;
+    tray.wait_for_entry("Resume agents").await;
     tray.click("Resume agents").await;
-    tray.wait_until("agents resumed", async |t: &TrayView| {
-        t.entry("Pause agents").await.is_some()
-    })
-    .await;
+    tray.wait_for_entry("Pause agents").await;
 
     // 3. Closing the window hides it; the broker goes on serving; Open shows it again.
     window.close();
@@ -660,13 +650,7 @@ async fn the_tray_counts_approvals_pauses_agents_and_keeps_serving_with_the_wind
         std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok(),
         "the app ended when its window closed"
     );
-    let served = agent::call(
-        &client,
-        "http_request",
-        json!({"url": ok.url("/open/c"), "method": "GET"}),
-    )
-    .await
-    .unwrap();
+    let served = get("/open/c").await;
     assert!(served.is_error != Some(true), "{served:?}");
     assert_eq!(ok.requests().len(), 2);
     tray.click("Open Postern").await;

@@ -44,6 +44,25 @@ pub fn files_containing(dir: &Path, needle: &[u8]) -> Vec<std::path::PathBuf> {
 }
 
 /// The audit key the crash tests sign with (a fixed test key, not a user's).
+/// Runs `command` with `input` on its standard input (closed after it), and returns what
+/// it printed: how a person hands a secret to `postern vault set`.
+pub fn run_with_stdin(
+    command: &mut std::process::Command,
+    input: &[u8],
+) -> std::io::Result<std::process::Output> {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(input)?;
+    }
+    child.wait_with_output()
+}
+
 pub fn test_signing_key() -> SigningKey {
     SigningKey::from_bytes(&[42u8; 32])
 }

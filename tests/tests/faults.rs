@@ -201,9 +201,16 @@ async fn a_full_disk_refuses_new_requests_as_not_attempted_and_recovers_when_spa
 fn written_journal(dir: &Path) -> PathBuf {
     let db = dir.join("journal.db");
     let journal = open_journal(&db).unwrap();
-    run_lifecycle(&journal, |_| {}).unwrap();
+    write_invocations(&journal);
+    journal.close().unwrap();
+    db
+}
+
+/// A complete invocation, then 40 commits of a stored request large enough to grow the
+/// file by several pages.
+fn write_invocations(journal: &postern_broker::journal::Journal) {
+    run_lifecycle(journal, |_| {}).unwrap();
     for _ in 0..40 {
-        journal.flush().unwrap();
         journal
             .store_request(
                 "inv_crash",
@@ -211,10 +218,8 @@ fn written_journal(dir: &Path) -> PathBuf {
                 vec![7; 4000],
             )
             .unwrap();
+        journal.flush().unwrap();
     }
-    journal.flush().unwrap();
-    journal.close().unwrap();
-    db
 }
 
 fn page_size(db: &Path) -> u64 {
@@ -266,17 +271,7 @@ fn a_checkpoint_killed_after_its_first_page_is_completed_from_the_wal_not_refuse
     std::fs::create_dir(&live).unwrap();
     let db = live.join("journal.db");
     let journal = open_journal(&db).unwrap();
-    run_lifecycle(&journal, |_| {}).unwrap();
-    for _ in 0..40 {
-        journal
-            .store_request(
-                "inv_crash",
-                serde_json::json!({"pad": "x".repeat(2000)}),
-                vec![7; 4000],
-            )
-            .unwrap();
-        journal.flush().unwrap();
-    }
+    write_invocations(&journal);
     // The files as a SIGKILL would leave them, before any checkpoint of these commits;
     // and the same files checkpointed, for the page 1 a checkpoint writes first.
     let snapshot = |name: &str| {

@@ -12,7 +12,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -251,19 +250,14 @@ async fn the_deb_installs_serves_an_agent_from_its_user_unit_and_purges_cleanly(
             .env("XDG_STATE_HOME", home.path().join(".local/state"));
         c
     };
-    let mut set = as_user("/usr/bin/postern")
-        .args(["vault", "set", "api-key"])
-        .args(keychain)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    set.stdin
-        .take()
-        .unwrap()
-        .write_all(CANARY.as_bytes())
-        .unwrap();
-    assert!(set.wait().unwrap().success());
+    let set = postern_tests::run_with_stdin(
+        as_user("/usr/bin/postern")
+            .args(["vault", "set", "api-key"])
+            .args(keychain),
+        CANARY.as_bytes(),
+    )
+    .unwrap();
+    assert!(set.status.success(), "{set:?}");
     let line = exec_start(&user);
     let daemon = Process(
         as_user(&line[0])

@@ -14,7 +14,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -50,24 +50,16 @@ fn keychain_enabled() -> bool {
 /// `postern vault …` over the data dir `data` and keychain service `service` (the
 /// platform's default keychain), with `stdin` piped in.
 fn vault(data: &Path, service: &str, args: &[&str], stdin: &str) -> std::process::Output {
-    let mut child = Command::new(POSTERN)
-        .arg("vault")
-        .args(args)
-        .arg("--data-dir")
-        .arg(data)
-        .args(["--keychain-service", service])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
+    postern_tests::run_with_stdin(
+        Command::new(POSTERN)
+            .arg("vault")
+            .args(args)
+            .arg("--data-dir")
+            .arg(data)
+            .args(["--keychain-service", service]),
+        stdin.as_bytes(),
+    )
+    .unwrap()
 }
 
 /// The daemon, killed on drop, and its keychain entries removed.

@@ -963,23 +963,15 @@ async fn the_file_keychain_serves_the_offline_commands_and_refuses_an_open_key()
     let verified = postern(&["audit", "verify"], &key);
     assert!(verified.status.success(), "{verified:?}");
     // The CLI stores into the same sealed store.
-    let mut child = Command::new(POSTERN)
-        .args(["vault", "set", "other-key", "--data-dir"])
-        .arg(&data)
-        .args(["--keychain", "file", "--vault-key-file"])
-        .arg(&key)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"pstn-second-canary\n")
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = postern_tests::run_with_stdin(
+        Command::new(POSTERN)
+            .args(["vault", "set", "other-key", "--data-dir"])
+            .arg(&data)
+            .args(["--keychain", "file", "--vault-key-file"])
+            .arg(&key),
+        b"pstn-second-canary\n",
+    )
+    .unwrap();
     assert!(out.status.success(), "{out:?}");
     assert!(postern_tests::files_containing(&data, b"pstn-second-canary").is_empty());
     // A key others can read is refused; so is the wrong key.
