@@ -993,7 +993,14 @@ pub mod meta {
 
     use super::{CredentialId, CredentialMeta, VersionTag};
 
-    const COLUMNS: &str = "id, kind, version, created_at_ms, rotated_at_ms, last_used_at_ms";
+    /// The columns [`from_row`] reads, in its order (a macro, so a query can be one
+    /// literal and be cached).
+    macro_rules! columns {
+        () => {
+            "id, kind, version, created_at_ms, rotated_at_ms, last_used_at_ms"
+        };
+    }
+    const COLUMNS: &str = columns!();
 
     fn from_row(row: &Row<'_>) -> rusqlite::Result<CredentialMeta> {
         Ok(CredentialMeta {
@@ -1026,10 +1033,11 @@ pub mod meta {
     /// The credential named `id`, if any.
     pub fn get(conn: &Connection, id: &CredentialId) -> rusqlite::Result<Option<CredentialMeta>> {
         // Read on every invocation (binding and injection): a cached statement.
-        conn.prepare_cached(
-            "SELECT id, kind, version, created_at_ms, rotated_at_ms, last_used_at_ms \
-             FROM credentials WHERE id = ?1",
-        )?
+        conn.prepare_cached(concat!(
+            "SELECT ",
+            columns!(),
+            " FROM credentials WHERE id = ?1"
+        ))?
         .query_row([id], from_row)
         .optional()
     }
@@ -1068,12 +1076,7 @@ pub mod meta {
         id: &CredentialId,
         now_ms: i64,
     ) -> rusqlite::Result<bool> {
-        let changed = conn.execute(
-            "UPDATE credentials \
-             SET last_used_at_ms = max(coalesce(last_used_at_ms, ?2), ?2) WHERE id = ?1",
-            params![id, now_ms],
-        )?;
-        Ok(changed == 1)
+        touch_last_used_raw(conn, id.as_ref(), now_ms)
     }
 
     /// [`touch_last_used`] by the id's text, for a caller inside the journal's own
