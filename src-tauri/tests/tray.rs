@@ -116,6 +116,49 @@ impl Notifications {
 }
 
 /// `org.kde.StatusNotifierWatcher` with a host registered: a tray that shows icons.
+/// The desktop's side of a private session bus: a notification server and a tray host
+/// (StatusNotifierWatcher), and what reached each.
+struct Desktop {
+    connection: zbus::Connection,
+    notices: Arc<Mutex<Vec<Notice>>>,
+    items: Arc<Mutex<Vec<(String, String)>>>,
+}
+
+impl Desktop {
+    async fn serve(address: &str) -> Desktop {
+        let notices = Arc::new(Mutex::new(Vec::new()));
+        let items = Arc::new(Mutex::new(Vec::new()));
+        let connection = zbus::connection::Builder::address(address)
+            .unwrap()
+            .serve_at(
+                "/org/freedesktop/Notifications",
+                Notifications {
+                    seen: notices.clone(),
+                },
+            )
+            .unwrap()
+            .serve_at(
+                "/StatusNotifierWatcher",
+                Watcher {
+                    items: items.clone(),
+                },
+            )
+            .unwrap()
+            .name("org.freedesktop.Notifications")
+            .unwrap()
+            .name("org.kde.StatusNotifierWatcher")
+            .unwrap()
+            .build()
+            .await
+            .unwrap();
+        Desktop {
+            connection,
+            notices,
+            items,
+        }
+    }
+}
+
 struct Watcher {
     /// (bus name, object path) of each registered item.
     items: Arc<Mutex<Vec<(String, String)>>>,
@@ -466,31 +509,11 @@ async fn the_tray_counts_approvals_pauses_agents_and_keeps_serving_with_the_wind
 
     // The desktop: a private bus with a notification server and a tray host.
     let (_bus_daemon, address) = private_bus();
-    let notices = Arc::new(Mutex::new(Vec::<Notice>::new()));
-    let items = Arc::new(Mutex::new(Vec::new()));
-    let desktop = zbus::connection::Builder::address(address.as_str())
-        .unwrap()
-        .serve_at(
-            "/org/freedesktop/Notifications",
-            Notifications {
-                seen: notices.clone(),
-            },
-        )
-        .unwrap()
-        .serve_at(
-            "/StatusNotifierWatcher",
-            Watcher {
-                items: items.clone(),
-            },
-        )
-        .unwrap()
-        .name("org.freedesktop.Notifications")
-        .unwrap()
-        .name("org.kde.StatusNotifierWatcher")
-        .unwrap()
-        .build()
-        .await
-        .unwrap();
+    let Desktop {
+        connection: desktop,
+        notices,
+        items,
+    } = Desktop::serve(&address).await;
 
     let socket = data.join("run").join("postern.sock");
     let app = Process(
@@ -779,21 +802,11 @@ async fn a_start_at_login_stays_in_the_tray_until_opened() {
     );
     let dir = tempfile::tempdir().unwrap();
     let (_bus_daemon, address) = private_bus();
-    let items = Arc::new(Mutex::new(Vec::new()));
-    let desktop = zbus::connection::Builder::address(address.as_str())
-        .unwrap()
-        .serve_at(
-            "/StatusNotifierWatcher",
-            Watcher {
-                items: items.clone(),
-            },
-        )
-        .unwrap()
-        .name("org.kde.StatusNotifierWatcher")
-        .unwrap()
-        .build()
-        .await
-        .unwrap();
+    let Desktop {
+        connection: desktop,
+        items,
+        ..
+    } = Desktop::serve(&address).await;
     let service = test_service();
     let app = Process(
         Command::new(APP)
