@@ -290,7 +290,7 @@ fn notify_new_cards<R: Runtime>(
                     .body(body)
                     .show();
             }
-            if let Some(window) = app.get_webview_window("main") {
+            if let Some(window) = app.get_webview_window(webview::MAIN) {
                 let _ =
                     window.request_user_attention(Some(tauri::UserAttentionType::Informational));
             }
@@ -455,18 +455,14 @@ pub async fn watch_attached<R: Runtime>(app: tauri::AppHandle<R>, backend: Arc<B
     }
 }
 
-/// The webview's memory settings, the tray (when one can be made), and the window
-/// hidden at start for `--background` when a tray shows the icon to open it from.
+/// The tray (when one can be made), and the main window, unless the console starts in
+/// the tray (`--background`) and a tray shows the icon to open it from.
 fn setup_desktop<R: Runtime>(
     app: &tauri::AppHandle<R>,
     backend: Arc<Backend>,
     login: Option<LoginCommand>,
     background: bool,
-) {
-    if let Some(window) = app.get_webview_window("main") {
-        let settings = std::env::var("POSTERN_WEBVIEW_SETTINGS").ok();
-        webview::apply(&window, webview::chosen(settings.as_deref()));
-    }
+) -> tauri::Result<()> {
     match Tray::build(app, login.as_ref()) {
         Ok(tray) => {
             app.manage(tray);
@@ -478,25 +474,29 @@ fn setup_desktop<R: Runtime>(
         // closing it quits as before.
         Err(e) => eprintln!("postern-console: no tray icon: {e}"),
     }
-    if background
-        && app.try_state::<Tray<R>>().is_some()
-        && tray::tray_is_shown()
-        && let Some(window) = app.get_webview_window("main")
-    {
-        let _ = window.hide();
+    if !(background && in_tray(app)) {
+        webview::open_main(app)?;
     }
+    Ok(())
 }
 
-/// Closing the main window hides it while a tray shows the icon (the broker goes on
-/// serving; Quit in the tray ends it); without a tray it closes, and the app ends.
-fn on_window_event<R: Runtime>(window: &tauri::Window<R>, event: &tauri::WindowEvent) {
-    if let tauri::WindowEvent::CloseRequested { api, .. } = event
-        && window.label() == "main"
-        && window.app_handle().try_state::<Tray<R>>().is_some()
-        && tray::tray_is_shown()
+/// Whether the app has a tray icon that a desktop shows, to open the window from.
+fn in_tray<R: Runtime>(app: &tauri::AppHandle<R>) -> bool {
+    app.try_state::<Tray<R>>().is_some() && tray::tray_is_shown()
+}
+
+/// With a tray shown, closing the window does not end the app: the window and its
+/// webview go (WebKit's processes with them, most of the console's idle memory) and the
+/// broker goes on serving; Open in the tray builds the window again. Without a tray,
+/// closing the last window ends the app as usual. An explicit exit (Quit, a signal)
+/// always ends it.
+fn keep_serving_in_tray<R: Runtime>(app: &tauri::AppHandle<R>, event: &tauri::RunEvent) {
+    if let tauri::RunEvent::ExitRequested {
+        code: None, api, ..
+    } = event
+        && in_tray(app)
     {
-        api.prevent_close();
-        let _ = window.hide();
+        api.prevent_exit();
     }
 }
 
@@ -552,9 +552,8 @@ fn main_attached(args: &Args, socket: PathBuf, instance: Option<instance::Instan
     let background = args.background;
     let app = with_backend(tauri::Builder::<tauri::Wry>::new(), backend.clone())
         .plugin(tauri_plugin_notification::init())
-        .on_window_event(on_window_event)
         .setup(move |app| {
-            setup_desktop(app.handle(), backend.clone(), login, background);
+            setup_desktop(app.handle(), backend.clone(), login, background)?;
             serve_instance(app.handle(), instance);
             eprintln!(
                 "postern-console: attached to the broker's operator socket {}",
@@ -580,6 +579,7 @@ fn main_attached(args: &Args, socket: PathBuf, instance: Option<instance::Instan
     match app {
         Ok(app) => {
             app.run(|app, event| {
+                keep_serving_in_tray(app, &event);
                 if let tauri::RunEvent::Exit = event {
                     on_exit(app);
                 }
@@ -621,7 +621,6 @@ pub fn main_entry() -> i32 {
     let backend = Arc::new(Backend::InProcess(console.clone()));
     let app = with_backend(tauri::Builder::<tauri::Wry>::new(), backend.clone())
         .plugin(tauri_plugin_notification::init())
-        .on_window_event(on_window_event)
         .on_page_load(move |webview, payload| {
             // For the startup benchmark: when the main page has loaded (the UI mounts
             // synchronously from its module script), print the wall-clock time.
@@ -638,7 +637,7 @@ pub fn main_entry() -> i32 {
         })
         .setup(move |app| {
             let handle = app.handle().clone();
-            setup_desktop(&handle, backend.clone(), login, background);
+            setup_desktop(&handle, backend.clone(), login, background)?;
             serve_instance(&handle, instance);
             let broker = console.broker.clone();
             let sessions = console.sessions.clone();
@@ -683,6 +682,7 @@ pub fn main_entry() -> i32 {
     let journal = started.console.broker.journal.clone();
     let socket = started.daemon_args.socket.clone();
     app.run(move |app, event| {
+        keep_serving_in_tray(app, &event);
         if let tauri::RunEvent::Exit = event {
             on_exit(app);
             if let Some(socket) = &socket {

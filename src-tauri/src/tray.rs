@@ -1,7 +1,8 @@
 //! The tray icon: how many approvals wait (the label beside the icon, a dot on the icon,
 //! the first line of the menu), and a menu to open the window, pause or resume agents,
-//! start at login, and quit. With a tray shown, closing the window hides it and the
-//! broker goes on serving agents; Quit ends both.
+//! start at login, and quit. With a tray shown, closing the window ends it (and with it
+//! the webview and WebKit's processes, most of the console's memory) while the broker
+//! goes on serving agents; Open builds it again; Quit ends both.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -15,6 +16,7 @@ use tauri::{AppHandle, Emitter, Manager, Runtime};
 use crate::autostart::Autostart;
 use crate::commands::Backend;
 use crate::dto::{AgentPauseState, PAUSE_CHANGED};
+use crate::webview;
 
 /// Menu item ids (what the tray's D-Bus menu exposes, and what tests click).
 pub const OPEN: &str = "open";
@@ -203,13 +205,22 @@ impl<R: Runtime> Tray<R> {
     }
 }
 
-/// Shows the main window and brings it forward.
+/// Shows the main window and brings it forward, building it again if closing it (to the
+/// tray) ended it.
 pub fn show_main<R: Runtime>(app: &AppHandle<R>) {
-    if let Some(window) = app.get_webview_window("main") {
-        let _ = window.unminimize();
-        let _ = window.show();
-        let _ = window.set_focus();
-    }
+    let window = match app.get_webview_window(webview::MAIN) {
+        Some(window) => window,
+        None => match webview::open_main(app) {
+            Ok(window) => window,
+            Err(e) => {
+                eprintln!("postern-console: opening the window: {e}");
+                return;
+            }
+        },
+    };
+    let _ = window.unminimize();
+    let _ = window.show();
+    let _ = window.set_focus();
 }
 
 /// What a click in the tray's menu does.

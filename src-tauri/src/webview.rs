@@ -51,6 +51,30 @@ pub fn chosen(value: Option<&str>) -> Vec<Setting> {
     }
 }
 
+/// Builds the main window (and so its webview and WebKit's processes) from its entry in
+/// `tauri.conf.json`, which the app does not create by itself (`create: false`): at start
+/// unless it starts in the tray, and again whenever the operator opens a window that
+/// closing ended. The webview gets the settings `POSTERN_WEBVIEW_SETTINGS` chooses.
+pub fn open_main<R: tauri::Runtime>(
+    app: &tauri::AppHandle<R>,
+) -> tauri::Result<tauri::WebviewWindow<R>> {
+    let config = app
+        .config()
+        .app
+        .windows
+        .iter()
+        .find(|w| w.label == MAIN)
+        .cloned()
+        .ok_or_else(|| tauri::Error::WindowNotFound)?;
+    let window = tauri::WebviewWindowBuilder::from_config(app, &config)?.build()?;
+    let settings = std::env::var("POSTERN_WEBVIEW_SETTINGS").ok();
+    apply(&window, chosen(settings.as_deref()));
+    Ok(window)
+}
+
+/// The console's one window.
+pub const MAIN: &str = "main";
+
 /// Applies `settings` to the main window's webview.
 #[cfg(target_os = "linux")]
 pub fn apply<R: tauri::Runtime>(window: &tauri::WebviewWindow<R>, settings: Vec<Setting>) {

@@ -7,17 +7,16 @@
 //!
 //! It checks: a desktop notification per new approval card, without the secret; the
 //! waiting count in the tray; Pause agents refusing agent calls with AGENTS_PAUSED until
-//! Resume; closing the window hides it while the broker goes on serving, Open shows it,
-//! and so does starting the console again (which then exits); Start at login writes and
+//! Resume; closing the window ends it and its WebKit web process while the broker goes
+//! on serving, Open builds it again, and so does starting the console again (which then
+//! exits); a start at login makes no window until Open; Start at login writes and
 //! removes the autostart entry; Quit ends the app.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -25,6 +24,7 @@ use zbus::zvariant::{OwnedValue, Value as ZValue};
 
 use postern_tests::adversary::{Adversary, Behavior};
 use postern_tests::agent::{self, structured};
+use postern_tests::desktop::{Desktop, Process, Window, has_web_process, private_bus};
 use postern_tests::fixture::test_service;
 
 const APP: &str = env!("CARGO_BIN_EXE_postern-console");
@@ -36,172 +36,6 @@ fn postern_bin() -> PathBuf {
     let bin = exe.parent().and_then(Path::parent).unwrap().join("postern");
     assert!(bin.exists(), "{} is missing: build it first", bin.display());
     bin
-}
-
-/// A child process killed (by PID) on drop.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A private session bus for the app and this test.
-fn private_bus() -> (Process, String) {
-    let mut child = Command::new("dbus-daemon")
-        .args(["--session", "--nofork", "--print-address=1"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("dbus-daemon (package dbus-daemon / dbus)");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let address = line.trim().to_string();
-    assert!(address.starts_with("unix:"), "dbus-daemon said {line:?}");
-    (Process(child), address)
-}
-
-#[derive(Debug, Clone)]
-struct Notice {
-    app_name: String,
-    summary: String,
-    body: String,
-}
-
-/// `org.freedesktop.Notifications`, recording what it is asked to show.
-struct Notifications {
-    seen: Arc<Mutex<Vec<Notice>>>,
-}
-
-#[zbus::interface(name = "org.freedesktop.Notifications")]
-impl Notifications {
-    fn get_capabilities(&self) -> Vec<String> {
-        vec!["body".into()]
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn notify(
-        &self,
-        app_name: String,
-        _replaces_id: u32,
-        _app_icon: String,
-        summary: String,
-        body: String,
-        _actions: Vec<String>,
-        _hints: HashMap<String, OwnedValue>,
-        _expire_timeout: i32,
-    ) -> u32 {
-        let mut seen = self.seen.lock().unwrap();
-        seen.push(Notice {
-            app_name,
-            summary,
-            body,
-        });
-        seen.len() as u32
-    }
-
-    fn close_notification(&self, _id: u32) {}
-
-    fn get_server_information(&self) -> (String, String, String, String) {
-        (
-            "postern-test".into(),
-            "postern".into(),
-            "1".into(),
-            "1.2".into(),
-        )
-    }
-}
-
-/// `org.kde.StatusNotifierWatcher` with a host registered: a tray that shows icons.
-/// The desktop's side of a private session bus: a notification server and a tray host
-/// (StatusNotifierWatcher), and what reached each.
-struct Desktop {
-    connection: zbus::Connection,
-    notices: Arc<Mutex<Vec<Notice>>>,
-    items: Arc<Mutex<Vec<(String, String)>>>,
-}
-
-impl Desktop {
-    async fn serve(address: &str) -> Desktop {
-        let notices = Arc::new(Mutex::new(Vec::new()));
-        let items = Arc::new(Mutex::new(Vec::new()));
-        let connection = zbus::connection::Builder::address(address)
-            .unwrap()
-            .serve_at(
-                "/org/freedesktop/Notifications",
-                Notifications {
-                    seen: notices.clone(),
-                },
-            )
-            .unwrap()
-            .serve_at(
-                "/StatusNotifierWatcher",
-                Watcher {
-                    items: items.clone(),
-                },
-            )
-            .unwrap()
-            .name("org.freedesktop.Notifications")
-            .unwrap()
-            .name("org.kde.StatusNotifierWatcher")
-            .unwrap()
-            .build()
-            .await
-            .unwrap();
-        Desktop {
-            connection,
-            notices,
-            items,
-        }
-    }
-}
-
-struct Watcher {
-    /// (bus name, object path) of each registered item.
-    items: Arc<Mutex<Vec<(String, String)>>>,
-}
-
-#[zbus::interface(name = "org.kde.StatusNotifierWatcher")]
-impl Watcher {
-    fn register_status_notifier_item(
-        &self,
-        service: String,
-        #[zbus(header)] header: zbus::message::Header<'_>,
-    ) {
-        let sender = header.sender().map(|s| s.to_string()).unwrap_or_default();
-        // An item names its object path (libayatana-appindicator) or its bus name.
-        let item = if service.starts_with('/') {
-            (sender, service)
-        } else {
-            (service, "/StatusNotifierItem".to_string())
-        };
-        self.items.lock().unwrap().push(item);
-    }
-
-    fn register_status_notifier_host(&self, _service: String) {}
-
-    #[zbus(property)]
-    fn registered_status_notifier_items(&self) -> Vec<String> {
-        self.items
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(name, path)| format!("{name}{path}"))
-            .collect()
-    }
-
-    #[zbus(property)]
-    fn is_status_notifier_host_registered(&self) -> bool {
-        true
-    }
-
-    #[zbus(property)]
-    fn protocol_version(&self) -> i32 {
-        0
-    }
 }
 
 /// One entry of the item's D-Bus menu (com.canonical.dbusmenu).
@@ -328,127 +162,57 @@ impl TrayView {
     }
 }
 
-/// The app's main window on the X display, found by its process id, driven as a
-/// window manager would.
-struct Window {
-    conn: x11rb::rust_connection::RustConnection,
-    window: u32,
+/// The app's main window, waiting up to 20 s for it to appear.
+fn find_window(pid: u32) -> Window {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(window) = Window::try_find(pid).unwrap() {
+            return window;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no window named Postern for pid {pid}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
-impl Window {
-    fn find(pid: u32) -> Window {
-        use x11rb::connection::Connection;
-        use x11rb::protocol::xproto::{AtomEnum, ConnectionExt};
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let (conn, screen) = x11rb::connect(None).expect("an X display ($DISPLAY)");
-            let root = conn.setup().roots[screen].root;
-            let atom = |name: &[u8]| conn.intern_atom(false, name).unwrap().reply().unwrap().atom;
-            let (pid_atom, utf8, net_name) = (
-                atom(b"_NET_WM_PID"),
-                atom(b"UTF8_STRING"),
-                atom(b"_NET_WM_NAME"),
-            );
-            let children = conn.query_tree(root).unwrap().reply().unwrap().children;
-            let found = children.into_iter().find(|&w| {
-                let owner = conn
-                    .get_property(false, w, pid_atom, AtomEnum::CARDINAL, 0, 1)
-                    .unwrap()
-                    .reply()
-                    .ok()
-                    .and_then(|p| p.value32().and_then(|mut v| v.next()));
-                let name = conn
-                    .get_property(false, w, net_name, utf8, 0, 64)
-                    .unwrap()
-                    .reply()
-                    .map(|p| p.value)
-                    .unwrap_or_default();
-                owner == Some(pid) && name == b"Postern"
-            });
-            if let Some(window) = found {
-                return Window { conn, window };
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no window named Postern for pid {pid}"
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-
-    fn mapped(&self) -> bool {
-        use x11rb::protocol::xproto::{ConnectionExt, MapState};
-        self.conn
-            .get_window_attributes(self.window)
-            .unwrap()
-            .reply()
-            .map(|a| a.map_state == MapState::VIEWABLE)
-            .unwrap_or(false)
-    }
-
-    fn wait_mapped(&self, mapped: bool) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while self.mapped() != mapped {
-            assert!(
-                Instant::now() < deadline,
-                "the window never became {}",
-                if mapped { "visible" } else { "hidden" }
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// A real mouse click (XTEST) at `(x, y)` inside the window: input as a person's
-    /// pointer gives it, through the X server, GTK and WebKit.
-    fn click_at(&self, x: i16, y: i16) {
-        use x11rb::connection::Connection;
-        use x11rb::protocol::xproto::{
-            BUTTON_PRESS_EVENT, BUTTON_RELEASE_EVENT, ConnectionExt, MOTION_NOTIFY_EVENT,
-        };
-        use x11rb::protocol::xtest::ConnectionExt as _;
-        let root = self.conn.setup().roots[0].root;
-        let at = self
-            .conn
-            .translate_coordinates(self.window, root, x, y)
-            .unwrap()
-            .reply()
-            .unwrap();
-        let (rx, ry) = (at.dst_x, at.dst_y);
-        for (kind, detail) in [
-            (MOTION_NOTIFY_EVENT, 0),
-            (BUTTON_PRESS_EVENT, 1),
-            (BUTTON_RELEASE_EVENT, 1),
-        ] {
-            self.conn
-                .xtest_fake_input(kind, detail, 0, root, rx, ry, 0)
-                .unwrap();
-            self.conn.flush().unwrap();
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// WM_DELETE_WINDOW (ICCCM 4.2.8.1): what the title bar's close button sends.
-    fn close(&self) {
-        use x11rb::connection::Connection;
-        use x11rb::protocol::xproto::{ClientMessageEvent, ConnectionExt, EventMask};
-        let atom = |name: &[u8]| {
-            self.conn
-                .intern_atom(false, name)
-                .unwrap()
-                .reply()
-                .unwrap()
-                .atom
-        };
-        let event = ClientMessageEvent::new(
-            32,
-            self.window,
-            atom(b"WM_PROTOCOLS"),
-            [atom(b"WM_DELETE_WINDOW"), 0, 0, 0, 0],
+/// Waits up to 20 s for `window` to be shown or hidden.
+fn wait_mapped(window: &Window, mapped: bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while window.mapped() != mapped {
+        assert!(
+            Instant::now() < deadline,
+            "the window never became {}",
+            if mapped { "visible" } else { "hidden" }
         );
-        self.conn
-            .send_event(false, self.window, EventMask::NO_EVENT, event)
-            .unwrap();
-        self.conn.flush().unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits up to 20 s for `window` to be gone from the display (destroyed, not hidden).
+fn wait_destroyed(window: &Window) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while window.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "closing left the window on the display"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits up to 20 s until `pid` has (or no longer has) a WebKit web process: the page's
+/// renderer, which holds most of an open console's memory.
+fn wait_web_process(pid: u32, running: bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while has_web_process(pid) != running {
+        assert!(
+            Instant::now() < deadline,
+            "the web process never {}",
+            if running { "started" } else { "ended" }
+        );
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
@@ -508,12 +272,8 @@ async fn the_tray_counts_approvals_pauses_agents_and_keeps_serving_with_the_wind
     assert!(set.status.success(), "{set:?}");
 
     // The desktop: a private bus with a notification server and a tray host.
-    let (_bus_daemon, address) = private_bus();
-    let Desktop {
-        connection: desktop,
-        notices,
-        items,
-    } = Desktop::serve(&address).await;
+    let (_bus_daemon, address) = private_bus().unwrap();
+    let desktop = Desktop::serve(&address).await.unwrap();
 
     let socket = data.join("run").join("postern.sock");
     let app = Process(
@@ -538,7 +298,7 @@ async fn the_tray_counts_approvals_pauses_agents_and_keeps_serving_with_the_wind
     // The app's indicator registers with the tray host.
     let deadline = Instant::now() + Duration::from_secs(30);
     let (name, path) = loop {
-        if let Some(item) = items.lock().unwrap().first().cloned() {
+        if let Some(item) = desktop.first_item() {
             break item;
         }
         assert!(
@@ -548,7 +308,7 @@ async fn the_tray_counts_approvals_pauses_agents_and_keeps_serving_with_the_wind
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let tray = TrayView {
-        bus: desktop.clone(),
+        bus: desktop.connection.clone(),
         name,
         path,
     };
@@ -568,8 +328,8 @@ async fn the_tray_counts_approvals_pauses_agents_and_keeps_serving_with_the_wind
             "no {label:?} in the menu"
         );
     }
-    let window = Window::find(pid);
-    window.wait_mapped(true);
+    let window = find_window(pid);
+    wait_mapped(&window, true);
 
     let deadline = Instant::now() + Duration::from_secs(30);
     while !socket.exists() {
@@ -595,7 +355,7 @@ async fn the_tray_counts_approvals_pauses_agents_and_keeps_serving_with_the_wind
     .await;
     let deadline = Instant::now() + Duration::from_secs(20);
     let notice = loop {
-        if let Some(n) = notices.lock().unwrap().first().cloned() {
+        if let Some(n) = desktop.notices().first().cloned() {
             break n;
         }
         assert!(Instant::now() < deadline, "no desktop notification arrived");
@@ -614,7 +374,7 @@ async fn the_tray_counts_approvals_pauses_agents_and_keeps_serving_with_the_wind
     })
     .await;
     assert_eq!(
-        notices.lock().unwrap().len(),
+        desktop.notices().len(),
         1,
         "one notification per card"
     );
@@ -661,14 +421,17 @@ async fn the_tray_counts_approvals_pauses_agents_and_keeps_serving_with_the_wind
     // The page itself, as shipped (WebKit without accelerated compositing), takes a
     // person's click: its Pause agents button (at the foot of the 1180x780 window's
     // sidebar) pauses agents, and the tray follows.
-    window.click_at(104, 754);
+    window.click_at(104, 754).unwrap();
     tray.wait_for_entry("Resume agents").await;
     tray.click("Resume agents").await;
     tray.wait_for_entry("Pause agents").await;
 
-    // 3. Closing the window hides it; the broker goes on serving; Open shows it again.
-    window.close();
-    window.wait_mapped(false);
+    // 3. Closing the window ends it and its web process (the memory an open console
+    //    holds); the broker goes on serving; Open builds the window again.
+    wait_web_process(pid, true);
+    window.close().unwrap();
+    wait_destroyed(&window);
+    wait_web_process(pid, false);
     assert!(
         std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok(),
         "the app ended when its window closed"
@@ -677,12 +440,14 @@ async fn the_tray_counts_approvals_pauses_agents_and_keeps_serving_with_the_wind
     assert!(served.is_error != Some(true), "{served:?}");
     assert_eq!(ok.requests().len(), 2);
     tray.click("Open Postern").await;
-    window.wait_mapped(true);
+    let window = find_window(pid);
+    wait_mapped(&window, true);
+    wait_web_process(pid, true);
 
     // Starting the console again (its menu entry) shows this one's window and exits,
     // rather than opening a second broker on the same journal.
-    window.close();
-    window.wait_mapped(false);
+    window.close().unwrap();
+    wait_destroyed(&window);
     let second = Command::new(APP)
         .arg("--data-dir")
         .arg(&data)
@@ -700,7 +465,8 @@ async fn the_tray_counts_approvals_pauses_agents_and_keeps_serving_with_the_wind
         String::from_utf8_lossy(&second.stderr).contains("already running"),
         "{second:?}"
     );
-    window.wait_mapped(true);
+    let window = find_window(pid);
+    wait_mapped(&window, true);
 
     // 4. Start at login writes the autostart entry (this console, in the tray, with its
     //    options); clicking again removes it.
@@ -750,9 +516,9 @@ async fn the_tray_counts_approvals_pauses_agents_and_keeps_serving_with_the_wind
     };
     assert!(status.success(), "{status:?}");
     assert!(!socket.exists(), "the agent socket outlived the app");
-    let notices = notices.lock().unwrap();
     assert!(
-        notices
+        desktop
+            .notices()
             .iter()
             .all(|n| !n.body.contains(CANARY) && !n.summary.contains(CANARY)),
         "a notification carried the secret"
@@ -801,12 +567,8 @@ async fn a_start_at_login_stays_in_the_tray_until_opened() {
         "DISPLAY is not set: run the tests with ./scripts/test.sh, which starts Xvfb"
     );
     let dir = tempfile::tempdir().unwrap();
-    let (_bus_daemon, address) = private_bus();
-    let Desktop {
-        connection: desktop,
-        items,
-        ..
-    } = Desktop::serve(&address).await;
+    let (_bus_daemon, address) = private_bus().unwrap();
+    let desktop = Desktop::serve(&address).await.unwrap();
     let service = test_service();
     let app = Process(
         Command::new(APP)
@@ -824,7 +586,7 @@ async fn a_start_at_login_stays_in_the_tray_until_opened() {
     );
     let deadline = Instant::now() + Duration::from_secs(30);
     let (name, path) = loop {
-        if let Some(item) = items.lock().unwrap().first().cloned() {
+        if let Some(item) = desktop.first_item() {
             break item;
         }
         assert!(Instant::now() < deadline, "no tray item registered");
@@ -835,15 +597,24 @@ async fn a_start_at_login_stays_in_the_tray_until_opened() {
         assert!(Instant::now() < deadline, "the broker never served");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // The broker serves, and the window stays hidden until Open.
-    let window = Window::find(app.0.id());
+    // The broker serves, and there is no window (nor a web process to render one)
+    // until Open.
+    let pid = app.0.id();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!window.mapped(), "a background start showed the window");
+    assert!(
+        Window::try_find(pid).unwrap().is_none(),
+        "a background start made the window"
+    );
+    assert!(
+        !has_web_process(pid),
+        "a background start started a web process"
+    );
     let tray = TrayView {
-        bus: desktop.clone(),
+        bus: desktop.connection.clone(),
         name,
         path,
     };
     tray.click("Open Postern").await;
-    window.wait_mapped(true);
+    wait_mapped(&find_window(pid), true);
+    wait_web_process(pid, true);
 }

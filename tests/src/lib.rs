@@ -4,6 +4,8 @@
 pub mod adversary;
 pub mod agent;
 pub mod calls;
+#[cfg(target_os = "linux")]
+pub mod desktop;
 pub mod disk;
 pub mod peer;
 pub mod proxy;
