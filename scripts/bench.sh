@@ -21,4 +21,8 @@ if [ $# -eq 0 ]; then
     step "console idle memory by WebKit setting (docs/benchmarks.md)"
     dbus-run-session -- bash scripts/with-keyring.sh bash scripts/with-display.sh \
         bash scripts/console-memory.sh "$PWD/target/release/postern-console" 3
+    step "console idle memory with the window open, closed to the tray, started in the tray"
+    cargo build --release --locked -p postern-tests --bin console_tray_memory
+    dbus-run-session -- keyctl session - bash scripts/with-keyring.sh bash scripts/with-display.sh \
+        target/release/console_tray_memory "$PWD/target/release/postern-console" 3
 fi

@@ -38,8 +38,7 @@ measure "JSC_useJIT=0 (no JavaScript JIT)" "${base[@]}" JSC_useJIT=0
 measure "MALLOC_ARENA_MAX=2 (glibc arenas)" "${base[@]}" MALLOC_ARENA_MAX=2
 measure "cache model DOCUMENT_VIEWER (API)" POSTERN_WEBVIEW_SETTINGS=cache-model
 measure "hardware acceleration NEVER (API)" POSTERN_WEBVIEW_SETTINGS=no-acceleration
+measure "acceleration NEVER + WEBKIT_DISABLE_DMABUF_RENDERER=1" \
+    POSTERN_WEBVIEW_SETTINGS=no-acceleration WEBKIT_DISABLE_DMABUF_RENDERER=1
 measure "as shipped (src-tauri/src/webview.rs SHIPPED)" POSTERN_WEBVIEW_SETTINGS=shipped
-measure "shipped + WEBKIT_DISABLE_DMABUF_RENDERER=1" POSTERN_WEBVIEW_SETTINGS=shipped \
-    WEBKIT_DISABLE_DMABUF_RENDERER=1
-measure "shipped + DMABUF off + JSC_useJIT=0" POSTERN_WEBVIEW_SETTINGS=shipped \
-    WEBKIT_DISABLE_DMABUF_RENDERER=1 JSC_useJIT=0
+measure "shipped + JSC_useJIT=0" POSTERN_WEBVIEW_SETTINGS=shipped JSC_useJIT=0

@@ -599,6 +599,7 @@ pub fn main_entry() -> i32 {
     if let Some(action) = args.autostart {
         return autostart_command(&args, action);
     }
+    webview::reexec_with_environment();
     let instance = match claim_instance(&args) {
         Ok(instance) => instance,
         Err(code) => return code,

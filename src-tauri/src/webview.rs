@@ -16,15 +16,25 @@ pub enum Setting {
     CacheModel,
     /// No accelerated compositing (WEBKIT_HARDWARE_ACCELERATION_POLICY_NEVER).
     NoAcceleration,
+    /// No DMABUF renderer (`WEBKIT_DISABLE_DMABUF_RENDERER=1`): without compositing
+    /// there is nothing for it to carry, but it still opens an EGL display (Mesa, and
+    /// under Xvfb libLLVM) in the app's process. WebKit reads it only from the
+    /// environment, before any webview exists: see [`reexec_with_environment`].
+    NoDmabufRenderer,
 }
 
 impl Setting {
-    pub const ALL: &'static [Setting] = &[Setting::CacheModel, Setting::NoAcceleration];
+    pub const ALL: &'static [Setting] = &[
+        Setting::CacheModel,
+        Setting::NoAcceleration,
+        Setting::NoDmabufRenderer,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Setting::CacheModel => "cache-model",
             Setting::NoAcceleration => "no-acceleration",
+            Setting::NoDmabufRenderer => "no-dmabuf-renderer",
         }
     }
 }
@@ -32,11 +42,56 @@ impl Setting {
 /// What the console ships with: no accelerated compositing, which took the idle
 /// console from 316 to 239 MiB PSS under Xvfb (the web process from 189 to 111 MiB)
 /// and holds on a real GPU too: WebKit then paints on the CPU, which a page of forms and
-/// tables does not notice. The cache model measured no difference, so it is not applied.
-/// Without compositing WebKitWebDriver's clicks and screenshots never complete
-/// (WebKitGTK 2.50), so the WebDriver test runs with `none`; the tray test clicks the
-/// console as shipped with real X input.
-pub const SHIPPED: &[Setting] = &[Setting::NoAcceleration];
+/// tables does not notice; and, since nothing is composited, no DMABUF renderer (about
+/// 10 MiB more, most of it in the app's own process, which stays resident in the tray).
+/// The cache model measured no difference, so it is not applied. Without compositing
+/// WebKitWebDriver's clicks and screenshots never complete (WebKitGTK 2.50), so the
+/// WebDriver test runs with `none`; the tray test clicks the console as shipped with
+/// real X input.
+pub const SHIPPED: &[Setting] = &[Setting::NoAcceleration, Setting::NoDmabufRenderer];
+
+/// The chosen settings WebKit reads from the environment, as (variable, value).
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+fn environment(settings: &[Setting]) -> Vec<(&'static str, &'static str)> {
+    settings
+        .iter()
+        .filter_map(|s| match s {
+            Setting::NoDmabufRenderer => Some(("WEBKIT_DISABLE_DMABUF_RENDERER", "1")),
+            Setting::CacheModel | Setting::NoAcceleration => None,
+        })
+        .collect()
+}
+
+/// Applies the chosen settings that WebKit reads from the environment by executing the
+/// console again (same process id, same arguments) with them set, before anything else
+/// has started: changing this process's own environment would need `unsafe` (other
+/// threads may read it). A variable the caller already set is left as it is, which also
+/// ends the re-execution. Returns only when there is nothing to set or the new image
+/// could not be executed (the console then runs without those settings).
+#[cfg(target_os = "linux")]
+pub fn reexec_with_environment() {
+    use std::os::unix::process::CommandExt;
+    let settings = chosen(std::env::var("POSTERN_WEBVIEW_SETTINGS").ok().as_deref());
+    let missing: Vec<_> = environment(&settings)
+        .into_iter()
+        .filter(|(name, _)| std::env::var_os(name).is_none())
+        .collect();
+    if missing.is_empty() {
+        return;
+    }
+    let Ok(exe) = std::env::current_exe() else {
+        return;
+    };
+    let error = std::process::Command::new(exe)
+        .args(std::env::args_os().skip(1))
+        .envs(missing)
+        .exec();
+    eprintln!("postern-console: starting with the webview's environment: {error}");
+}
+
+/// Elsewhere the platform's webview reads none of these.
+#[cfg(not(target_os = "linux"))]
+pub fn reexec_with_environment() {}
 
 /// The settings to apply, from `POSTERN_WEBVIEW_SETTINGS` (`value`).
 pub fn chosen(value: Option<&str>) -> Vec<Setting> {
@@ -98,6 +153,8 @@ pub fn apply<R: tauri::Runtime>(window: &tauri::WebviewWindow<R>, settings: Vec<
                         s.set_hardware_acceleration_policy(HardwareAccelerationPolicy::Never);
                     }
                 }
+                // Set in the environment at start (reexec_with_environment).
+                Setting::NoDmabufRenderer => {}
             }
         }
     });
@@ -110,6 +167,16 @@ pub fn apply<R: tauri::Runtime>(_window: &tauri::WebviewWindow<R>, _settings: Ve
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_dmabuf_setting_goes_through_the_environment() {
+        assert_eq!(
+            environment(SHIPPED),
+            vec![("WEBKIT_DISABLE_DMABUF_RENDERER", "1")]
+        );
+        assert!(environment(&chosen(Some("none"))).is_empty());
+        assert!(environment(&[Setting::NoAcceleration, Setting::CacheModel]).is_empty());
+    }
 
     #[test]
     fn the_benchmark_variable_picks_none_some_or_the_shipped_set() {

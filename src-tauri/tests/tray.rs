@@ -330,6 +330,15 @@ async fn the_tray_counts_approvals_pauses_agents_and_keeps_serving_with_the_wind
     }
     let window = find_window(pid);
     wait_mapped(&window, true);
+    // The shipped webview settings WebKit reads from the environment: the console
+    // executed itself again with them, under the same process id.
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    assert!(
+        environ
+            .split(|&b| b == 0)
+            .any(|v| v == b"WEBKIT_DISABLE_DMABUF_RENDERER=1"),
+        "the console runs without its webview environment"
+    );
 
     let deadline = Instant::now() + Duration::from_secs(30);
     while !socket.exists() {
@@ -373,11 +382,7 @@ async fn the_tray_counts_approvals_pauses_agents_and_keeps_serving_with_the_wind
         t.label().await.is_empty() && t.entry("No approvals waiting").await.is_some()
     })
     .await;
-    assert_eq!(
-        desktop.notices().len(),
-        1,
-        "one notification per card"
-    );
+    assert_eq!(desktop.notices().len(), 1, "one notification per card");
     assert!(
         ok.requests().is_empty(),
         "nothing was sent without approval"

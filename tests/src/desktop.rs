@@ -57,7 +57,9 @@ pub struct Notice {
 type Shared<T> = Arc<Mutex<Vec<T>>>;
 
 fn lock<T>(shared: &Mutex<T>) -> MutexGuard<'_, T> {
-    shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    shared
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// `org.freedesktop.Notifications`, recording what it is asked to show.
@@ -257,7 +259,9 @@ impl Window {
     /// A real mouse click (XTEST) at `(x, y)` inside the window: input as a person's
     /// pointer gives it, through the X server, GTK and WebKit.
     pub fn click_at(&self, x: i16, y: i16) -> Result<(), Error> {
-        use x11rb::protocol::xproto::{BUTTON_PRESS_EVENT, BUTTON_RELEASE_EVENT, MOTION_NOTIFY_EVENT};
+        use x11rb::protocol::xproto::{
+            BUTTON_PRESS_EVENT, BUTTON_RELEASE_EVENT, MOTION_NOTIFY_EVENT,
+        };
         let root = self
             .conn
             .setup()
