@@ -693,19 +693,27 @@ impl Keychain {
         if let Some(done) = self.with_sealed(id, version, |s, svc, user| s.get(svc, user)) {
             return done;
         }
+        self.with_entry(id, version, |entry| entry.get_secret().map(Secret::new))
+    }
+
+    /// The Secret Service's one-round-trip read of version `version` of credential `id`
+    /// ([`reads`]), awaited on the caller's runtime: no thread blocks while the bus
+    /// answers. `None` when it does not answer (another backend; an entry missing, locked
+    /// or not unique; a bus error): [`Keychain::get`] then reads it the keyring store's
+    /// way, which unlocks and says what went wrong.
+    pub async fn get_fast(&self, id: &CredentialId, version: &VersionTag) -> Option<Secret> {
         #[cfg(all(
             unix,
             not(any(target_os = "macos", target_os = "ios", target_os = "android"))
         ))]
-        if self.backend == KeychainBackend::SecretService
-            && let Some(secret) = self.reads.get(&self.service, &format!("{id}@{version}"))
-        {
-            return Ok(secret);
+        if self.backend == KeychainBackend::SecretService {
+            return self
+                .reads
+                .get(&self.service, &format!("{id}@{version}"))
+                .await;
         }
-        // Everything the fast path does not answer (an entry missing, locked or not
-        // unique; a bus error) goes the keyring store's way, which unlocks and says what
-        // went wrong.
-        self.with_entry(id, version, |entry| entry.get_secret().map(Secret::new))
+        let _ = (id, version);
+        None
     }
 
     /// Deletes version `version` of credential `id`.
@@ -902,7 +910,7 @@ fn open_store(backend: KeychainBackend) -> keyring_core::Result<Arc<CredentialSt
     }
 }
 
-/// Secret Service reads in one round trip.
+/// Secret Service reads in one round trip, awaited on the caller's runtime.
 ///
 /// The keyring store finds an entry by its attributes (SearchItems) and then reads it
 /// (GetSecret): two calls through the bus per read, over a connection it locks for both.
@@ -920,40 +928,37 @@ fn open_store(backend: KeychainBackend) -> keyring_core::Result<Arc<CredentialSt
 ))]
 mod reads {
     use std::collections::HashMap;
-    use std::sync::Mutex;
+    use std::sync::{Arc, Mutex};
 
-    use secret_service::EncryptionType;
-    use secret_service::blocking::SecretService;
+    use secret_service::{EncryptionType, SecretService};
     use zbus::zvariant::OwnedObjectPath;
 
     use super::Secret;
 
     #[derive(Default)]
-    pub(super) struct Reads(Mutex<Option<Open>>);
+    pub(super) struct Reads {
+        /// The open connection and session; locked only to open or drop them, so
+        /// concurrent reads share one connection side by side.
+        open: tokio::sync::Mutex<Option<Arc<Open>>>,
+    }
 
     struct Open {
         service: SecretService<'static>,
         /// `user` → the item's object path (one map per keychain service).
-        paths: HashMap<String, OwnedObjectPath>,
+        paths: Mutex<HashMap<String, OwnedObjectPath>>,
     }
 
     impl Reads {
         /// The secret of the entry (`service`, `user`), or `None` when the keyring store
         /// should answer instead.
-        pub(super) fn get(&self, service: &str, user: &str) -> Option<Secret> {
-            let mut slot = self.0.lock().ok()?;
-            if slot.is_none() {
-                *slot = Some(Open {
-                    service: SecretService::connect(EncryptionType::Dh).ok()?,
-                    paths: HashMap::new(),
-                });
-            }
-            let open = slot.as_mut()?;
-            let path = match open.paths.get(user) {
-                Some(path) => path.clone(),
+        pub(super) async fn get(&self, service: &str, user: &str) -> Option<Secret> {
+            let open = self.open().await?;
+            let known = open.paths.lock().ok()?.get(user).cloned();
+            let path = match known {
+                Some(path) => path,
                 None => {
                     let attributes = HashMap::from([("service", service), ("username", user)]);
-                    let found = open.service.search_items(attributes).ok()?;
+                    let found = open.service.search_items(attributes).await.ok()?;
                     let [item] = found.unlocked.as_slice() else {
                         return None;
                     };
@@ -961,23 +966,52 @@ mod reads {
                         return None;
                     }
                     let path = item.item_path.clone();
-                    open.paths.insert(user.to_string(), path.clone());
+                    open.paths
+                        .lock()
+                        .ok()?
+                        .insert(user.to_string(), path.clone());
                     path
                 }
             };
-            let read = open
-                .service
-                .get_item_by_path(path)
-                .and_then(|item| item.get_secret());
+            let read = match open.service.get_item_by_path(path).await {
+                Ok(item) => item.get_secret().await,
+                Err(e) => Err(e),
+            };
             match read {
                 Ok(bytes) => Some(Secret::new(bytes)),
                 Err(_) => {
                     // The item may be gone (removed, rotated away) or locked, or the bus
                     // or session broken: start over next time; the keyring store decides
                     // this read.
-                    *slot = None;
+                    self.forget(&open).await;
                     None
                 }
+            }
+        }
+
+        /// The open connection and session, opening them if none is.
+        async fn open(&self) -> Option<Arc<Open>> {
+            let mut slot = self.open.lock().await;
+            if let Some(open) = slot.as_ref() {
+                return Some(open.clone());
+            }
+            let service = SecretService::connect(EncryptionType::Dh).await.ok()?;
+            let open = Arc::new(Open {
+                service,
+                paths: Mutex::default(),
+            });
+            *slot = Some(open.clone());
+            Some(open)
+        }
+
+        /// Drops `open` if it is still the current one: the next read opens anew.
+        async fn forget(&self, open: &Arc<Open>) {
+            let mut slot = self.open.lock().await;
+            if slot
+                .as_ref()
+                .is_some_and(|current| Arc::ptr_eq(current, open))
+            {
+                *slot = None;
             }
         }
     }
@@ -1313,6 +1347,42 @@ impl Vault {
         Ok((meta, secret))
     }
 
+    /// [`Vault::read_secret`] for async callers. The Secret Service's one-round-trip read
+    /// is awaited on the caller's runtime ([`Keychain::get_fast`]); whatever it does not
+    /// answer, and every other keychain, is read on the blocking pool.
+    ///
+    /// # Errors
+    ///
+    /// As [`Vault::read_secret`]; [`VaultError::Locked`] if the blocking read did not
+    /// finish.
+    pub async fn read_secret_async(
+        self: Arc<Self>,
+        id: String,
+    ) -> Result<(CredentialMeta, Secret), VaultError> {
+        let id = CredentialId::new(&id)?;
+        // An indexed read of non-secret metadata: microseconds, fine inline.
+        let meta = self.with_conn(|conn| {
+            meta::get(conn, &id)?.ok_or_else(|| VaultError::Missing {
+                credential: id.to_string(),
+            })
+        })?;
+        if let Some(secret) = self.keychain.get_fast(&id, &meta.version).await {
+            return Ok((meta, secret));
+        }
+        let backend = self.keychain.backend();
+        tokio::task::spawn_blocking(move || {
+            let secret = self.keychain.get(&id, &meta.version)?;
+            Ok((meta, secret))
+        })
+        .await
+        .unwrap_or_else(|_| {
+            Err(VaultError::Locked {
+                backend,
+                reason: "the keychain read did not finish".to_owned(),
+            })
+        })
+    }
+
     fn read_in(
         &self,
         conn: &Connection,
@@ -1386,14 +1456,15 @@ pub struct CredentialRead {
 }
 
 impl CredentialRead {
-    /// Starts reading the credential `snapshot` bound, on the blocking pool: the
-    /// caller goes on (recording the binding) while the keychain answers. Dropping it
-    /// drops the secret unused once the read ends.
+    /// Starts reading the credential `snapshot` bound, in a task of its own: the caller
+    /// goes on (recording the binding) while the keychain answers. Dropping it drops the
+    /// secret unused once the read ends.
     pub fn start(vault: &Arc<Vault>, snapshot: &crate::action::ConfigSnapshot) -> Self {
-        let vault = vault.clone();
-        let credential_id = snapshot.credential_id.clone();
+        let read = vault
+            .clone()
+            .read_secret_async(snapshot.credential_id.clone());
         CredentialRead {
-            read: tokio::task::spawn_blocking(move || vault.read_secret(&credential_id)),
+            read: tokio::spawn(read),
             version: snapshot.credential_version.clone(),
         }
     }

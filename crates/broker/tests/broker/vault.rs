@@ -20,6 +20,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 
 use postern_broker::contract::*;
 use postern_broker::vault::*;
@@ -67,7 +68,7 @@ fn keyutils_enabled() -> bool {
 struct Fixture {
     dir: TempDir,
     conn: Connection,
-    vault: Vault,
+    vault: Arc<Vault>,
 }
 
 impl Fixture {
@@ -75,10 +76,10 @@ impl Fixture {
         let dir = tempfile::tempdir().unwrap();
         let conn = Connection::open(dir.path().join("journal.db")).unwrap();
         conn.execute_batch(SCHEMA_SQL).unwrap();
-        let vault = Vault::over(
+        let vault = Arc::new(Vault::over(
             Keychain::new(backend, test_service()).unwrap(),
             Connection::open(dir.path().join("journal.db")).unwrap(),
-        );
+        ));
         Self { dir, conn, vault }
     }
 
@@ -216,6 +217,51 @@ fn rotation_writes_a_new_version_and_deletes_the_old_entry() {
     let (meta, read) = f.vault.read_for_injection(&cred, 6_000).unwrap();
     assert_eq!(meta.version, second.version);
     assert_eq!(read.expose(), CANARY_2.as_bytes());
+}
+
+/// The injection read (the Secret Service's one round trip, awaited, with the entry's
+/// object path remembered) follows the entry: the new secret after a rotation,
+/// CREDENTIAL_MISSING once the entry was deleted behind the broker's back (the path it
+/// remembered is stale), and the new entry's secret once the same version is stored
+/// again (under a new object path).
+#[tokio::test]
+async fn the_injection_read_follows_rotation_and_an_entry_deleted_behind_its_back() {
+    if !secret_service_enabled() {
+        return;
+    }
+    let f = Fixture::secret_service();
+    let cred = id("async-read");
+    let read = async || f.vault.clone().read_secret_async(cred.to_string()).await;
+
+    let first = f
+        .vault
+        .set(&cred, CredentialKind::Token, &secret(CANARY), 1)
+        .unwrap();
+    for _ in 0..2 {
+        let (meta, bytes) = read().await.unwrap();
+        assert_eq!(meta.version, first.version);
+        assert_eq!(bytes.expose(), CANARY.as_bytes());
+    }
+
+    let second = f
+        .vault
+        .set(&cred, CredentialKind::Token, &secret(CANARY_2), 2)
+        .unwrap();
+    let (meta, bytes) = read().await.unwrap();
+    assert_eq!(meta.version, second.version);
+    assert_eq!(bytes.expose(), CANARY_2.as_bytes());
+
+    f.keychain().delete(&cred, &second.version).unwrap();
+    let err = read().await.unwrap_err();
+    assert_eq!(err.code(), Code::CredentialMissing);
+    assert_error_is_clean(&err);
+
+    f.keychain()
+        .put(&cred, &second.version, &secret(CANARY))
+        .unwrap();
+    let (meta, bytes) = read().await.unwrap();
+    assert_eq!(meta.version, second.version);
+    assert_eq!(bytes.expose(), CANARY.as_bytes());
 }
 
 #[test]
