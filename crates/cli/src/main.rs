@@ -567,7 +567,14 @@ fn run(cli: Cli) -> common::Outcome {
                         .map(PathBuf::from)
                 })
                 .unwrap_or_else(|| postern_mcp::default_socket(&common::default_data_dir()));
-            let runtime = runtime()?;
+            // One thread: the bridge relays one session, and its tasks hand each message
+            // to one another; on one thread that is no wake-up of another.
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| {
+                    Failure::unavailable(format!("cannot start the async runtime: {e}"))
+                })?;
             let result =
                 runtime.block_on(postern_mcp::run_bridge(postern_mcp::BridgeArgs { socket }));
             // A read of stdin may still be blocked in the runtime's blocking pool (the

@@ -143,6 +143,64 @@ fn a_response_still_owed_when_stdin_closes_is_relayed_and_acknowledged() {
     }
 }
 
+/// An agent whose stdio are regular files, not pipes (the bridge reads pipes without
+/// blocking; anything else through tokio's stdin and stdout): the session runs all the
+/// same, every answer reaches the file, and the call's result is recorded delivered.
+#[test]
+fn a_bridge_whose_stdio_are_files_not_pipes_serves_the_session_and_acknowledges_it() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let server = runtime
+        .block_on(Adversary::start(Behavior::ok_json("{\"ok\":true}")))
+        .unwrap();
+    let daemon = start_daemon(&server.base_url());
+    let dir = tempfile::tempdir().unwrap();
+    let messages = [
+        json!({"jsonrpc": "2.0", "id": "init", "method": "initialize",
+               "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                          "clientInfo": {"name": "files", "version": "1"}}}),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+               "params": {"name": "http_request",
+                          "arguments": {"url": server.url("/v1/items"), "method": "GET"}}}),
+    ];
+    let input = dir.path().join("in.jsonl");
+    let text: String = messages.iter().map(|m| format!("{m}\n")).collect();
+    std::fs::write(&input, text).unwrap();
+    let output = dir.path().join("out.jsonl");
+    let status = Command::new(POSTERN)
+        .args(["mcp", "--socket"])
+        .arg(&daemon.socket)
+        .stdin(std::fs::File::open(&input).unwrap())
+        .stdout(std::fs::File::create(&output).unwrap())
+        .status()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    let answers: Vec<Value> = std::fs::read_to_string(&output)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        answers
+            .iter()
+            .any(|a| a["id"] == "init" && a["result"].is_object())
+    );
+    let call = answers
+        .iter()
+        .find(|a| a["id"] == 1)
+        .expect("the call is answered");
+    let value = &call["result"]["structuredContent"];
+    assert_eq!(value["outcome"], "committed", "{call}");
+    assert_eq!(server.requests().len(), 1);
+    let id = value["invocation_id"].as_str().unwrap().to_string();
+    let conn = daemon.journal();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !deliveries(&conn).0.contains(&id) {
+        assert!(Instant::now() < deadline, "RESULT_DELIVERED for {id}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn running_as_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .unwrap()

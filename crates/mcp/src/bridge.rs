@@ -89,12 +89,49 @@ pub enum BridgeError {
 /// Connects to the broker and relays, or serves the unavailable answer.
 pub async fn run(socket: &Path) -> Result<(), BridgeError> {
     match postern_broker::platform::connect(socket).await {
-        Ok(stream) => match relay(stream, tokio::io::stdin(), tokio::io::stdout(), true).await {
+        Ok(stream) => match relay(stream, agent_input(), agent_output(), true).await {
             End::BrokerClosed => Err(BridgeError::BrokerClosed(socket.display().to_string())),
             End::AgentDone | End::AgentGone => Ok(()),
         },
         Err(error) => unavailable(unreachable_message(socket, &error)).await,
     }
+}
+
+/// The agent's messages: stdin. When it is a pipe (how MCP clients start the bridge) it
+/// is read on the runtime's own thread, without blocking it; otherwise (a terminal, a
+/// file) through tokio's stdin, which reads on the blocking pool: a hand-off to another
+/// thread and back for every read.
+fn agent_input() -> Box<dyn AsyncRead + Unpin + Send> {
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsFd;
+        if let Some(pipe) = std::io::stdin()
+            .as_fd()
+            .try_clone_to_owned()
+            .ok()
+            .and_then(|fd| tokio::net::unix::pipe::Receiver::from_owned_fd(fd).ok())
+        {
+            return Box::new(pipe);
+        }
+    }
+    Box::new(tokio::io::stdin())
+}
+
+/// Where the agent reads its answers: stdout, written like [`agent_input`] reads.
+fn agent_output() -> Box<dyn AsyncWrite + Unpin + Send> {
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsFd;
+        if let Some(pipe) = std::io::stdout()
+            .as_fd()
+            .try_clone_to_owned()
+            .ok()
+            .and_then(|fd| tokio::net::unix::pipe::Sender::from_owned_fd(fd).ok())
+        {
+            return Box::new(pipe);
+        }
+    }
+    Box::new(tokio::io::stdout())
 }
 
 /// What an agent is told when the socket cannot be reached, by cause: nothing listening
