@@ -103,16 +103,11 @@ pub async fn run(socket: &Path) -> Result<(), BridgeError> {
 /// thread and back for every read.
 fn agent_input() -> Box<dyn AsyncRead + Unpin + Send> {
     #[cfg(unix)]
-    {
-        use std::os::fd::AsFd;
-        if let Some(pipe) = std::io::stdin()
-            .as_fd()
-            .try_clone_to_owned()
-            .ok()
-            .and_then(|fd| tokio::net::unix::pipe::Receiver::from_owned_fd(fd).ok())
-        {
-            return Box::new(pipe);
-        }
+    if let Some(pipe) = as_pipe(
+        std::io::stdin(),
+        tokio::net::unix::pipe::Receiver::from_owned_fd,
+    ) {
+        return Box::new(pipe);
     }
     Box::new(tokio::io::stdin())
 }
@@ -120,18 +115,24 @@ fn agent_input() -> Box<dyn AsyncRead + Unpin + Send> {
 /// Where the agent reads its answers: stdout, written like [`agent_input`] reads.
 fn agent_output() -> Box<dyn AsyncWrite + Unpin + Send> {
     #[cfg(unix)]
-    {
-        use std::os::fd::AsFd;
-        if let Some(pipe) = std::io::stdout()
-            .as_fd()
-            .try_clone_to_owned()
-            .ok()
-            .and_then(|fd| tokio::net::unix::pipe::Sender::from_owned_fd(fd).ok())
-        {
-            return Box::new(pipe);
-        }
+    if let Some(pipe) = as_pipe(
+        std::io::stdout(),
+        tokio::net::unix::pipe::Sender::from_owned_fd,
+    ) {
+        return Box::new(pipe);
     }
     Box::new(tokio::io::stdout())
+}
+
+/// A copy of `stdio`'s descriptor opened as a non-blocking pipe end by `open`; `None` when
+/// it is not a pipe (or cannot be copied).
+#[cfg(unix)]
+fn as_pipe<T>(
+    stdio: impl std::os::fd::AsFd,
+    open: impl FnOnce(std::os::fd::OwnedFd) -> std::io::Result<T>,
+) -> Option<T> {
+    let fd = stdio.as_fd().try_clone_to_owned().ok()?;
+    open(fd).ok()
 }
 
 /// What an agent is told when the socket cannot be reached, by cause: nothing listening
