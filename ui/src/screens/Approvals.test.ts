@@ -205,6 +205,34 @@ describe("Approvals", () => {
     expect(screen.getAllByTestId("approval-card")).toHaveLength(1);
   });
 
+  test("a load answered after a newer approvals-changed does not hide its card", async () => {
+    // Both loads (at mount, and once listening) are computed before the card exists, and
+    // their answers arrive after the event that carries it: the event is newer and wins.
+    const answers: ((cards: unknown[]) => void)[] = [];
+    mockBackend({ list_approvals: () => new Promise((resolve) => answers.push(resolve)) });
+    render(Approvals);
+    await settle();
+    expect(answers).toHaveLength(2);
+    await emitEvent("approvals-changed", { pending: [approvalCard()] });
+    expect(screen.getAllByTestId("approval-card")).toHaveLength(1);
+    for (const answer of answers) answer([]);
+    await settle();
+    expect(screen.getAllByTestId("approval-card")).toHaveLength(1);
+  });
+
+  test("of two loads, the later one's answer stands even when it arrives first", async () => {
+    const answers: ((cards: unknown[]) => void)[] = [];
+    mockBackend({ list_approvals: () => new Promise((resolve) => answers.push(resolve)) });
+    render(Approvals);
+    await settle();
+    expect(answers).toHaveLength(2);
+    answers[1]([approvalCard()]);
+    await settle();
+    answers[0]([]);
+    await settle();
+    expect(screen.getAllByTestId("approval-card")).toHaveLength(1);
+  });
+
   test("an expired request says so and cannot be approved", async () => {
     await renderWith([approvalCard({ expires_at_ms: Date.now() - 1000 })]);
     expect(screen.getByTestId("countdown").textContent?.trim()).toBe("expired");
