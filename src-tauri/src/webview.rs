@@ -71,8 +71,7 @@ fn environment(settings: &[Setting]) -> Vec<(&'static str, &'static str)> {
 #[cfg(target_os = "linux")]
 pub fn reexec_with_environment() {
     use std::os::unix::process::CommandExt;
-    let settings = chosen(std::env::var("POSTERN_WEBVIEW_SETTINGS").ok().as_deref());
-    let missing: Vec<_> = environment(&settings)
+    let missing: Vec<_> = environment(&configured())
         .into_iter()
         .filter(|(name, _)| std::env::var_os(name).is_none())
         .collect();
@@ -92,6 +91,11 @@ pub fn reexec_with_environment() {
 /// Elsewhere the platform's webview reads none of these.
 #[cfg(not(target_os = "linux"))]
 pub fn reexec_with_environment() {}
+
+/// The settings this process applies: what `POSTERN_WEBVIEW_SETTINGS` chooses.
+pub fn configured() -> Vec<Setting> {
+    chosen(std::env::var("POSTERN_WEBVIEW_SETTINGS").ok().as_deref())
+}
 
 /// The settings to apply, from `POSTERN_WEBVIEW_SETTINGS` (`value`).
 pub fn chosen(value: Option<&str>) -> Vec<Setting> {
@@ -122,8 +126,7 @@ pub fn open_main<R: tauri::Runtime>(
         .cloned()
         .ok_or_else(|| tauri::Error::WindowNotFound)?;
     let window = tauri::WebviewWindowBuilder::from_config(app, &config)?.build()?;
-    let settings = std::env::var("POSTERN_WEBVIEW_SETTINGS").ok();
-    apply(&window, chosen(settings.as_deref()));
+    apply(&window, configured());
     Ok(window)
 }
 

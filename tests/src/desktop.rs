@@ -154,9 +154,9 @@ impl Watcher {
 /// and what reached each.
 pub struct Desktop {
     pub connection: zbus::Connection,
-    pub notices: Shared<Notice>,
+    notices: Shared<Notice>,
     /// (bus name, object path) of each tray item registered.
-    pub items: Shared<(String, String)>,
+    items: Shared<(String, String)>,
 }
 
 impl Desktop {

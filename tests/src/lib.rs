@@ -45,7 +45,6 @@ pub fn files_containing(dir: &Path, needle: &[u8]) -> Vec<std::path::PathBuf> {
     found
 }
 
-/// The audit key the crash tests sign with (a fixed test key, not a user's).
 /// Runs `command` with `input` on its standard input (closed after it), and returns what
 /// it printed: how a person hands a secret to `postern vault set`.
 pub fn run_with_stdin(
@@ -65,6 +64,7 @@ pub fn run_with_stdin(
     child.wait_with_output()
 }
 
+/// The audit key the crash tests sign with (a fixed test key, not a user's).
 pub fn test_signing_key() -> SigningKey {
     SigningKey::from_bytes(&[42u8; 32])
 }

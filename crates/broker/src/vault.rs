@@ -639,7 +639,7 @@ impl Keychain {
                 reason: "the file keychain was opened without its vault key".to_owned(),
             }));
         };
-        let user = format!("{id}@{version}");
+        let user = entry_user(id, version);
         Some(op(store, &self.service, &user).map_err(|e| match e {
             StoreError::Missing => VaultError::Missing {
                 credential: id.to_string(),
@@ -709,7 +709,7 @@ impl Keychain {
         if self.backend == KeychainBackend::SecretService {
             return self
                 .reads
-                .get(&self.service, &format!("{id}@{version}"))
+                .get(&self.service, &entry_user(id, version))
                 .await;
         }
         let _ = (id, version);
@@ -738,7 +738,7 @@ impl Keychain {
         op: impl FnOnce(&Entry) -> keyring_core::Result<T>,
     ) -> Result<T, VaultError> {
         let result = self.store().and_then(|store| {
-            let user = format!("{id}@{version}");
+            let user = entry_user(id, version);
             let entry = match self.backend {
                 // A readable label for keyring UIs such as Seahorse; the Secret Service
                 // store would otherwise label items `keyring:<user>@<service>`.
@@ -908,6 +908,12 @@ fn open_store(backend: KeychainBackend) -> keyring_core::Result<Arc<CredentialSt
             "the file keychain has no OS store".to_owned(),
         )),
     }
+}
+
+/// The keychain entry's user name for version `version` of credential `id`: each
+/// version is its own entry under the keychain's service.
+fn entry_user(id: &CredentialId, version: &VersionTag) -> String {
+    format!("{id}@{version}")
 }
 
 /// Secret Service reads in one round trip, awaited on the caller's runtime.
@@ -1331,41 +1337,22 @@ impl Vault {
     /// the use: the caller records it in the transaction that authorizes the attempt
     /// ([`crate::journal::Journal::authorize_and_start`]), which refuses a credential
     /// removed in between. The metadata connection is not held while the keychain
-    /// answers, so concurrent injections read the keychain side by side.
+    /// answers, so concurrent injections read the keychain side by side. The Secret
+    /// Service's one-round-trip read is awaited on the caller's runtime
+    /// ([`Keychain::get_fast`]); whatever it does not answer, and every other keychain,
+    /// is read on the blocking pool.
     ///
     /// # Errors
     ///
-    /// [`VaultError::Missing`], [`VaultError::Locked`], [`VaultError::Storage`].
-    pub fn read_secret(&self, id: impl AsRef<str>) -> Result<(CredentialMeta, Secret), VaultError> {
-        let id = CredentialId::new(id.as_ref())?;
-        let meta = self.with_conn(|conn| {
-            meta::get(conn, &id)?.ok_or_else(|| VaultError::Missing {
-                credential: id.to_string(),
-            })
-        })?;
-        let secret = self.keychain.get(&id, &meta.version)?;
-        Ok((meta, secret))
-    }
-
-    /// [`Vault::read_secret`] for async callers. The Secret Service's one-round-trip read
-    /// is awaited on the caller's runtime ([`Keychain::get_fast`]); whatever it does not
-    /// answer, and every other keychain, is read on the blocking pool.
-    ///
-    /// # Errors
-    ///
-    /// As [`Vault::read_secret`]; [`VaultError::Locked`] if the blocking read did not
-    /// finish.
+    /// [`VaultError::Missing`], [`VaultError::Locked`] (also when the blocking read did
+    /// not finish), [`VaultError::Storage`].
     pub async fn read_secret_async(
         self: Arc<Self>,
         id: String,
     ) -> Result<(CredentialMeta, Secret), VaultError> {
         let id = CredentialId::new(&id)?;
         // An indexed read of non-secret metadata: microseconds, fine inline.
-        let meta = self.with_conn(|conn| {
-            meta::get(conn, &id)?.ok_or_else(|| VaultError::Missing {
-                credential: id.to_string(),
-            })
-        })?;
+        let meta = self.meta(&id)?;
         if let Some(secret) = self.keychain.get_fast(&id, &meta.version).await {
             return Ok((meta, secret));
         }

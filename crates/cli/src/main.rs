@@ -513,7 +513,16 @@ enum ConfigCmd {
 }
 
 pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
-    tokio::runtime::Builder::new_multi_thread()
+    built(tokio::runtime::Builder::new_multi_thread())
+}
+
+/// A runtime on the calling thread alone.
+fn runtime_on_this_thread() -> Result<tokio::runtime::Runtime, Failure> {
+    built(tokio::runtime::Builder::new_current_thread())
+}
+
+fn built(mut builder: tokio::runtime::Builder) -> Result<tokio::runtime::Runtime, Failure> {
+    builder
         .enable_all()
         .build()
         .map_err(|e| Failure::unavailable(format!("cannot start the async runtime: {e}")))
@@ -569,12 +578,7 @@ fn run(cli: Cli) -> common::Outcome {
                 .unwrap_or_else(|| postern_mcp::default_socket(&common::default_data_dir()));
             // One thread: the bridge relays one session, and its tasks hand each message
             // to one another; on one thread that is no wake-up of another.
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| {
-                    Failure::unavailable(format!("cannot start the async runtime: {e}"))
-                })?;
+            let runtime = runtime_on_this_thread()?;
             let result =
                 runtime.block_on(postern_mcp::run_bridge(postern_mcp::BridgeArgs { socket }));
             // A read of stdin may still be blocked in the runtime's blocking pool (the

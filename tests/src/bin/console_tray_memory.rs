@@ -58,9 +58,10 @@ mod measure {
 
     fn read(pid: u32) -> Reading {
         let others = descendants(pid);
+        let app = pss_kib(pid);
         Reading {
-            app: pss_kib(pid),
-            total: pss_kib(pid) + others.iter().map(|&p| pss_kib(p)).sum::<u64>(),
+            app,
+            total: app + others.iter().map(|&p| pss_kib(p)).sum::<u64>(),
             processes: 1 + others.len(),
         }
     }
