@@ -12,6 +12,17 @@ async function renderWith(cards = [approvalCard()], answer: unknown = null) {
   return backend;
 }
 
+/** Renders the screen with both of its loads (at mount, once listening) held: answer
+ * each with the returned functions, in any order. */
+async function renderWithHeldLoads() {
+  const answers: ((cards: unknown[]) => void)[] = [];
+  mockBackend({ list_approvals: () => new Promise((resolve) => answers.push(resolve)) });
+  render(Approvals);
+  await settle();
+  expect(answers).toHaveLength(2);
+  return answers;
+}
+
 describe("Approvals", () => {
   test("a card shows everything the decision is about", async () => {
     await renderWith();
@@ -208,11 +219,7 @@ describe("Approvals", () => {
   test("a load answered after a newer approvals-changed does not hide its card", async () => {
     // Both loads (at mount, and once listening) are computed before the card exists, and
     // their answers arrive after the event that carries it: the event is newer and wins.
-    const answers: ((cards: unknown[]) => void)[] = [];
-    mockBackend({ list_approvals: () => new Promise((resolve) => answers.push(resolve)) });
-    render(Approvals);
-    await settle();
-    expect(answers).toHaveLength(2);
+    const answers = await renderWithHeldLoads();
     await emitEvent("approvals-changed", { pending: [approvalCard()] });
     expect(screen.getAllByTestId("approval-card")).toHaveLength(1);
     for (const answer of answers) answer([]);
@@ -221,11 +228,7 @@ describe("Approvals", () => {
   });
 
   test("of two loads, the later one's answer stands even when it arrives first", async () => {
-    const answers: ((cards: unknown[]) => void)[] = [];
-    mockBackend({ list_approvals: () => new Promise((resolve) => answers.push(resolve)) });
-    render(Approvals);
-    await settle();
-    expect(answers).toHaveLength(2);
+    const answers = await renderWithHeldLoads();
     answers[1]([approvalCard()]);
     await settle();
     answers[0]([]);
