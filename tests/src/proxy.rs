@@ -63,6 +63,9 @@ struct Shared {
     connections: AtomicU64,
     tunnels: AtomicU64,
     seen: Mutex<Vec<SeenConnect>>,
+    /// With [`TestProxy::start_held`]: a CONNECT waits here, after it is read and
+    /// before the behavior applies, until [`TestProxy::release`] lets one through.
+    hold: Option<tokio::sync::Semaphore>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -94,7 +97,22 @@ impl Drop for TestProxy {
 impl TestProxy {
     /// Starts a proxy that needs no credentials. Must be called inside a tokio runtime.
     pub async fn start(behavior: ProxyBehavior) -> io::Result<TestProxy> {
-        TestProxy::launch(behavior, None).await
+        TestProxy::launch(behavior, None, false).await
+    }
+
+    /// Starts a proxy that holds every CONNECT once it has read it (it shows in
+    /// [`TestProxy::connects`]) until [`TestProxy::release`], then does what
+    /// `behavior` says: a window, inside the client's connection setup, for a test to
+    /// act in.
+    pub async fn start_held(behavior: ProxyBehavior) -> io::Result<TestProxy> {
+        TestProxy::launch(behavior, None, true).await
+    }
+
+    /// Lets one held CONNECT go on (see [`TestProxy::start_held`]).
+    pub fn release(&self) {
+        if let Some(hold) = &self.shared.hold {
+            hold.add_permits(1);
+        }
     }
 
     /// Starts a proxy that answers `407` unless CONNECT carries
@@ -106,10 +124,14 @@ impl TestProxy {
     ) -> io::Result<TestProxy> {
         use base64::Engine;
         let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
-        TestProxy::launch(behavior, Some(format!("Basic {token}"))).await
+        TestProxy::launch(behavior, Some(format!("Basic {token}")), false).await
     }
 
-    async fn launch(behavior: ProxyBehavior, required: Option<String>) -> io::Result<TestProxy> {
+    async fn launch(
+        behavior: ProxyBehavior,
+        required: Option<String>,
+        held: bool,
+    ) -> io::Result<TestProxy> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
@@ -119,6 +141,7 @@ impl TestProxy {
             connections: AtomicU64::new(0),
             tunnels: AtomicU64::new(0),
             seen: Mutex::new(Vec::new()),
+            hold: held.then(|| tokio::sync::Semaphore::new(0)),
         });
         let task = tokio::spawn(accept_loop(listener, Arc::clone(&shared)));
         Ok(TestProxy { addr, shared, task })
@@ -227,6 +250,12 @@ async fn handle(mut tcp: TcpStream, shared: Arc<Shared>) {
     });
     if method != "CONNECT" {
         return answer(&mut tcp, 405, "").await;
+    }
+    if let Some(hold) = &shared.hold {
+        match hold.acquire().await {
+            Ok(permit) => permit.forget(),
+            Err(_) => return,
+        }
     }
     match shared.behavior {
         ProxyBehavior::CloseMidConnect => return,

@@ -15,6 +15,7 @@ use postern_broker::clock::SystemClock;
 use postern_broker::config::proxy::ProxyEnv;
 use postern_broker::contract::{Code, Outcome, Phase, Retry, Stage};
 use postern_broker::invocation::CallContext;
+use postern_broker::journal::events::EventBody;
 use postern_broker::vault::KeychainBackend;
 use postern_tests::adversary::{Adversary, Behavior, TestCert, TestPki, refused_addr};
 use postern_tests::calls::{assert_error, error, get, post};
@@ -672,4 +673,150 @@ async fn curl_tunnels_through_the_test_proxy() {
     assert_eq!(String::from_utf8_lossy(&output.stdout), "{\"ok\":true}");
     assert_eq!(proxy.tunnels(), 1);
     assert_eq!(origin.requests()[0].target, "/v1/curl");
+}
+
+/// The kinds of `id`'s events, in order.
+fn kinds(f: &Fixture, id: &str) -> Vec<&'static str> {
+    let events = f.broker.journal.events(id).unwrap();
+    events.iter().map(|e| e.body.kind()).collect()
+}
+
+/// Waits until the held proxy has read a CONNECT, then returns the invocation in flight.
+async fn held_invocation(f: &Fixture, proxy: &TestProxy) -> String {
+    for _ in 0..500 {
+        if !proxy.connects().is_empty() {
+            return f.broker.journal.newest_invocation().unwrap().unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the proxy never read a CONNECT");
+}
+
+/// The credential's authorization and the attempt's lease wait for the dispatch gate and
+/// are recorded in DISPATCH_STARTED's own transaction: while the tunnel is being set up
+/// the record has neither, and afterwards the three records are one commit (consecutive,
+/// one timestamp) naming the generation the connection was named after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_authorization_and_lease_are_recorded_with_dispatch_started_after_connection_setup() {
+    let origin = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let proxy = TestProxy::start_held(ProxyBehavior::Tunnel).await.unwrap();
+    let text = config(&origin.base_url(), &format!("proxy = \"{}\"", proxy.url()));
+    let f = fixture(&text, None);
+    let during = async {
+        let id = held_invocation(&f, &proxy).await;
+        let seen = kinds(&f, &id);
+        proxy.release();
+        (id, seen)
+    };
+    let (out, (id, during)) = tokio::join!(run(&f, get(origin.url("/v1/items"))), during);
+    assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
+    assert_eq!(during, ["ACTION_ACCEPTED", "PREFLIGHT_VALIDATED"]);
+    let events = f.broker.journal.events(&id).unwrap();
+    let at = events
+        .iter()
+        .position(|e| e.body.kind() == "CREDENTIAL_AUTHORIZED")
+        .unwrap();
+    let three = &events[at..at + 3];
+    assert_eq!(
+        three.iter().map(|e| e.body.kind()).collect::<Vec<_>>(),
+        [
+            "CREDENTIAL_AUTHORIZED",
+            "ATTEMPT_STARTED",
+            "DISPATCH_STARTED"
+        ]
+    );
+    assert!(three.windows(2).all(|w| w[1].seq == w[0].seq + 1));
+    assert!(
+        three
+            .iter()
+            .all(|e| e.recorded_at_ms == three[0].recorded_at_ms)
+    );
+    match &three[2].body {
+        EventBody::DispatchStarted {
+            generation,
+            connection_id,
+            ..
+        } => {
+            assert_eq!(*generation, 1);
+            assert_eq!(
+                connection_id.as_deref(),
+                Some(format!("{id}/g1/c1").as_str())
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(origin.requests().len(), 1);
+}
+
+/// A credential removed while the connection is being set up is honoured up to the first
+/// byte: the secret read before is dropped unused, the invocation ends
+/// CREDENTIAL_MISSING, not_attempted, and the origin gets no request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credential_removed_while_the_tunnel_opens_is_missing_and_nothing_is_sent() {
+    let origin = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let proxy = TestProxy::start_held(ProxyBehavior::Tunnel).await.unwrap();
+    let text = config(&origin.base_url(), &format!("proxy = \"{}\"", proxy.url()));
+    let f = fixture(&text, None);
+    let during = async {
+        let id = held_invocation(&f, &proxy).await;
+        f.broker.vault.remove("api-key").unwrap();
+        proxy.release();
+        id
+    };
+    let (out, id) = tokio::join!(run(&f, post(origin.url("/v1/payments"), PAYMENT)), during);
+    assert_error(
+        &out,
+        Phase::CredentialInjection,
+        Outcome::NotAttempted,
+        Retry::AfterCorrection,
+        Code::CredentialMissing,
+    );
+    assert!(!error(&out).evidence.dispatch_started);
+    assert_eq!(
+        kinds(&f, &id),
+        ["ACTION_ACCEPTED", "PREFLIGHT_VALIDATED", "FAILED"]
+    );
+    assert!(origin.requests().is_empty(), "nothing reached the origin");
+    assert_eq!(origin.effects(), 0);
+}
+
+/// An attempt that ends in connection setup, before the gate, records the deferred
+/// authorization and lease first: the record reads as it always did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_setup_failure_before_the_gate_records_the_authorization_and_lease_first() {
+    let origin = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let proxy = TestProxy::start_held(ProxyBehavior::Answer(403))
+        .await
+        .unwrap();
+    let text = config(&origin.base_url(), &format!("proxy = \"{}\"", proxy.url()));
+    let f = fixture(&text, None);
+    let during = async {
+        let id = held_invocation(&f, &proxy).await;
+        let seen = kinds(&f, &id);
+        proxy.release();
+        (id, seen)
+    };
+    let (out, (id, during)) =
+        tokio::join!(run(&f, post(origin.url("/v1/payments"), PAYMENT)), during);
+    assert_error(
+        &out,
+        Phase::ConnectionSetup,
+        Outcome::NotAttempted,
+        Retry::AfterCorrection,
+        Code::ProxyRefused,
+    );
+    assert_eq!(during, ["ACTION_ACCEPTED", "PREFLIGHT_VALIDATED"]);
+    assert_eq!(
+        kinds(&f, &id),
+        [
+            "ACTION_ACCEPTED",
+            "PREFLIGHT_VALIDATED",
+            "CREDENTIAL_AUTHORIZED",
+            "ATTEMPT_STARTED",
+            "CONNECTION_ATTEMPT",
+            "FAILED"
+        ]
+    );
+    assert_eq!(error(&out).evidence.attempt_generation, 1);
+    assert_eq!(origin.connections(), 0);
 }

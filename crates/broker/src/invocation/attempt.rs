@@ -89,6 +89,7 @@ impl<'a, T: Channel> Attempt<'a, T> {
         code: Code,
         via: Option<String>,
     ) -> Result<(), Box<Outcome<T::Result>>> {
+        self.settle_deferred().map_err(Box::new)?;
         self.rec
             .connection_attempt_via(n, stage, code, via)
             .map(|_| ())
@@ -104,6 +105,9 @@ impl<'a, T: Channel> Attempt<'a, T> {
         retry: Retry,
         message: &str,
     ) -> Outcome<T::Result> {
+        if let Err(stopped) = self.settle_deferred() {
+            return stopped;
+        }
         self.pipeline
             .fail(self.rec, phase, code, retry, message, None)
     }
@@ -117,6 +121,9 @@ impl<'a, T: Channel> Attempt<'a, T> {
         message: &str,
         field: &str,
     ) -> Outcome<T::Result> {
+        if let Err(stopped) = self.settle_deferred() {
+            return stopped;
+        }
         self.pipeline
             .fail(self.rec, phase, code, retry, message, Some(field))
     }
@@ -128,7 +135,21 @@ impl<'a, T: Channel> Attempt<'a, T> {
 
     /// What the record says now.
     pub fn recorded(&self) -> Outcome<T::Result> {
+        if let Err(stopped) = self.settle_deferred() {
+            return stopped;
+        }
         self.pipeline.outcome_of(self.rec)
+    }
+
+    /// Records the credential authorization and lease this attempt deferred to its
+    /// dispatch gate ([`Recorder::defer_authorization`]) before anything else of the
+    /// attempt is recorded, when the attempt ends before the gate opened. The outcome
+    /// it ends with instead when that cannot be recorded (the credential was removed
+    /// since it was read, or the journal refused).
+    fn settle_deferred(&self) -> Result<(), Outcome<T::Result>> {
+        self.rec
+            .settle_deferred()
+            .map_err(|e| self.pipeline.stopped(self.rec, e))
     }
 
     /// Records one answer from a peer broker (PEER_ANSWER).
@@ -180,6 +201,10 @@ impl<'a, T: Channel> Attempt<'a, T> {
         result: Option<T::Result>,
     ) -> Outcome<T::Result> {
         let (outcome, retry) = (settle.outcome, settle.retry);
+        // A result comes only after the gate opened, which recorded any deferred start.
+        if let Err(stopped) = self.settle_deferred() {
+            return stopped;
+        }
         match self
             .rec
             .commit_exchange_async(exchange.clone(), stored, settle)

@@ -35,7 +35,7 @@ use crate::config::{ApprovalMode, Config, ConfigHandle};
 use crate::contract::{Code, Phase, Retry};
 use crate::journal::events::{Channel as ChannelKind, EventBody, OperationFacts, ParentLink};
 use crate::journal::projection::Projection;
-use crate::journal::{Journal, JournalError, NewInvocation, StoredResult};
+use crate::journal::{Authorization, Journal, JournalError, NewInvocation, StoredResult};
 use crate::retry::{Decision, RetryRequest};
 use crate::vault::{CredentialRead, Secret, Vault};
 
@@ -186,6 +186,14 @@ pub trait Channel: Send + Sync + Sized + 'static {
 
     /// A stored result read back (a fetch, a retry that is not allowed to run).
     fn stored_result(stored: &StoredResult) -> Option<Self::Result>;
+
+    /// Whether the credential is first used in the request the dispatch gate releases,
+    /// so its authorization and the attempt's lease can wait for that gate and be
+    /// recorded in DISPATCH_STARTED's own transaction (one commit instead of two, with
+    /// the connection set up in between; see [`Recorder::defer_authorization`]). A
+    /// channel that uses it earlier (SSH authenticates with it in the handshake)
+    /// records them before connecting.
+    const DEFER_AUTHORIZATION: bool = false;
 
     /// Whether an attempt reads a credential from the keychain. A channel that has none
     /// (the peer holds it) binds with [`Channel::bind_bare`], is armed with
@@ -605,24 +613,18 @@ impl<T: Channel> Pipeline<T> {
                 Ok(armed) => armed,
                 Err(f) => return self.fail(rec, f.phase, f.code, f.retry, &f.message, None),
             };
-            match rec
-                .authorize_and_start_async(
-                    &bound.snapshot.credential_id,
-                    meta.version.as_str(),
-                    &self.inner.holder,
-                    ttl,
-                )
-                .await
-            {
-                Ok(Some(_)) => {}
-                Ok(None) => {
-                    // Removed since it was read: the secret is dropped unused.
-                    let e = crate::vault::VaultError::Missing {
-                        credential: bound.snapshot.credential_id.clone(),
-                    };
-                    return self.vault_failed(rec, &e);
-                }
-                Err(e) => return self.journal_failed(rec, &e),
+            let authorization = Authorization {
+                credential_id: bound.snapshot.credential_id.clone(),
+                version: meta.version.as_str().to_string(),
+                holder: self.inner.holder.clone(),
+                ttl_ms: ttl,
+            };
+            if T::DEFER_AUTHORIZATION {
+                rec.defer_authorization(authorization);
+            } else if let Err(e) = rec.authorize_and_start_async(authorization).await {
+                // A credential removed since it was read is recorded as missing, and
+                // the secret is dropped unused.
+                return self.stopped(rec, e);
             }
             armed
         } else {

@@ -12,7 +12,9 @@ use crate::action::ConfigSnapshot;
 use crate::contract::{Code, ConfidenceSource, Envelope, Outcome, Phase, Retry, Stage};
 use crate::journal::events::{EventBody, OperationFacts, Settlement};
 use crate::journal::projection::Projection;
-use crate::journal::{Appended, Journal, JournalError, NewInvocation, ResultToStore, Settle};
+use crate::journal::{
+    Appended, Authorization, Dispatch, Journal, JournalError, NewInvocation, ResultToStore, Settle,
+};
 use crate::provenance::ApprovalCard;
 use crate::retry::{self, Decision, RetryManifest, RetryRequest};
 
@@ -65,6 +67,10 @@ pub struct Recorder {
     /// When the journal fails so badly that the record cannot be read back, this is what
     /// tells "nothing was sent" from "the remote may have acted".
     may_have_dispatched: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The credential authorization and lease of the next attempt, not recorded yet: they
+    /// go with its DISPATCH_STARTED, or on their own before anything else of the attempt
+    /// is recorded ([`Recorder::defer_authorization`]). Shared with the attempt's gates.
+    deferred: std::sync::Arc<std::sync::Mutex<Option<Authorization>>>,
 }
 
 /// What the journal's markers record of a complete exchange, committed with its result:
@@ -182,6 +188,7 @@ impl Recorder {
             may_have_dispatched: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(
                 dispatched,
             )),
+            deferred: std::sync::Arc::default(),
         }
     }
 
@@ -426,24 +433,65 @@ impl Recorder {
     }
 
     /// [`Recorder::authorize_and_start`], awaited without blocking a runtime thread, that
-    /// also records the credential's use in the same transaction; `None` (nothing
-    /// recorded) when the credential was removed since it was read
-    /// ([`Journal::authorize_and_start`]).
+    /// also records the credential's use in the same transaction. A credential removed
+    /// since it was read ends the invocation with CREDENTIAL_MISSING instead
+    /// (`StepError::Stopped`; [`Journal::authorize_and_start`]).
     pub async fn authorize_and_start_async(
         &mut self,
-        credential_id: &str,
-        version: &str,
-        holder: &str,
-        ttl_ms: i64,
-    ) -> Result<Option<Appended>, JournalError> {
-        let appended = self
+        authorization: Authorization,
+    ) -> Result<Appended, StepError> {
+        match self
             .journal
-            .authorize_and_start(&self.id, credential_id, version, holder, ttl_ms)
-            .await?;
-        if let Some(appended) = &appended {
-            self.generation = appended.projection.attempt.generation;
+            .authorize_and_start(&self.id, authorization)
+            .await
+        {
+            Ok(appended) => {
+                self.generation = appended.projection.attempt.generation;
+                Ok(appended)
+            }
+            Err(JournalError::RecordedInstead(failed)) => Err(self.stopped(&failed)),
+            Err(e) => Err(e.into()),
         }
-        Ok(appended)
+    }
+
+    /// Defers the credential's authorization and the next attempt's lease to the
+    /// attempt's first record: DISPATCH_STARTED takes them into its own transaction
+    /// ([`Journal::authorize_and_dispatch`]), and anything recorded of the attempt
+    /// before that settles them first ([`Recorder::settle_deferred`]), so the record
+    /// reads as if they had been recorded now. For a channel whose credential is first
+    /// used in the request the gate releases: until then nothing of it leaves the
+    /// process. The attempt is named as the next generation from here on.
+    pub fn defer_authorization(&mut self, authorization: Authorization) {
+        if let Ok(mut deferred) = self.deferred.lock() {
+            *deferred = Some(authorization);
+            self.generation += 1;
+        }
+    }
+
+    fn take_deferred(&self) -> Option<Authorization> {
+        self.deferred.lock().ok().and_then(|mut d| d.take())
+    }
+
+    /// Records a deferred authorization and lease on their own (see
+    /// [`Recorder::defer_authorization`]); nothing to do when none is pending. A
+    /// credential removed since it was read ends the invocation with CREDENTIAL_MISSING
+    /// instead (`StepError::Stopped`).
+    pub fn settle_deferred(&self) -> Result<(), StepError> {
+        let Some(authorization) = self.take_deferred() else {
+            return Ok(());
+        };
+        match self
+            .journal
+            .authorize_deferred(&self.id, authorization, self.generation)
+        {
+            Ok(_) => Ok(()),
+            Err(JournalError::RecordedInstead(failed)) => Err(self.stopped(&failed)),
+            // Another holder started the generation this attempt was named after.
+            Err(JournalError::LeaseLost { .. }) => {
+                Err(StepError::Stopped(Box::new(self.lease_lost_envelope()?)))
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// A connection-setup stage failed; it proves not_attempted for this attempt.
@@ -483,6 +531,7 @@ impl Recorder {
         connection_id: Option<String>,
         peer_identity: Option<String>,
     ) -> Result<Appended, StepError> {
+        self.settle_deferred()?;
         // Set before the append, not after: an append that fails may still have reached
         // the file, and a record that may say DISPATCH_STARTED must never be answered
         // with not_attempted.
@@ -508,16 +557,29 @@ impl Recorder {
         // Set before the append, as above.
         self.may_have_dispatched
             .store(true, std::sync::atomic::Ordering::SeqCst);
-        let recorded = self
-            .journal
-            .dispatch_started_async(
-                &self.id,
-                self.generation,
-                fingerprint_now,
-                connection_id,
-                peer_identity,
-            )
-            .await;
+        let dispatch = Dispatch {
+            fingerprint: fingerprint_now.to_string(),
+            connection_id,
+            peer_identity,
+        };
+        let recorded = match self.take_deferred() {
+            Some(authorization) => {
+                self.journal
+                    .authorize_and_dispatch(&self.id, authorization, self.generation, dispatch)
+                    .await
+            }
+            None => {
+                self.journal
+                    .dispatch_started_async(
+                        &self.id,
+                        self.generation,
+                        &dispatch.fingerprint,
+                        dispatch.connection_id,
+                        dispatch.peer_identity,
+                    )
+                    .await
+            }
+        };
         self.dispatch_recorded(recorded)
     }
 
@@ -527,7 +589,7 @@ impl Recorder {
     ) -> Result<Appended, StepError> {
         match recorded {
             Ok(a) => Ok(a),
-            Err(JournalError::FingerprintChanged(failed)) => Err(self.stopped(&failed)),
+            Err(JournalError::RecordedInstead(failed)) => Err(self.stopped(&failed)),
             Err(JournalError::LeaseLost { .. }) => {
                 // Another holder owns the invocation now. Record nothing on its record
                 // beyond what the generation check already refused.

@@ -159,8 +159,11 @@ pub enum JournalError {
     },
     #[error("invocation {invocation_id}: retry budget of {budget} dispatches is spent")]
     BudgetExhausted { invocation_id: String, budget: u32 },
-    #[error("invocation {}: the fingerprint changed before dispatch; nothing was sent", .0.projection.invocation_id)]
-    FingerprintChanged(Box<Appended>),
+    /// A step found it could not go ahead and recorded the failure that ends the
+    /// invocation instead (a changed fingerprint at dispatch, a credential removed since
+    /// it was read): the appended failure.
+    #[error("invocation {}: a failure was recorded instead; nothing was sent", .0.projection.invocation_id)]
+    RecordedInstead(Box<Appended>),
     #[error("invocation {0}: the stored result is missing or incomplete")]
     ResultIncomplete(String),
     #[error("event body in the journal does not parse at sequence {seq}: {detail}")]
@@ -283,6 +286,25 @@ pub struct NewInvocation {
     pub idempotency_key: Option<String>,
     /// The invocation the broker started this one for, if it did.
     pub parent: Option<events::ParentLink>,
+}
+
+/// What CREDENTIAL_AUTHORIZED and the attempt's lease record: the credential's id and
+/// non-secret version tag, and who takes the lease for how long.
+#[derive(Debug, Clone)]
+pub struct Authorization {
+    pub credential_id: String,
+    pub version: String,
+    pub holder: String,
+    pub ttl_ms: i64,
+}
+
+/// What DISPATCH_STARTED records of one connection: the fingerprint of what is about to
+/// be sent, the connection's id and the verified peer.
+#[derive(Debug, Clone)]
+pub struct Dispatch {
+    pub fingerprint: String,
+    pub connection_id: Option<String>,
+    pub peer_identity: Option<String>,
 }
 
 type Finish = Box<dyn FnOnce(Result<(), JournalError>) + Send>;
@@ -1206,34 +1228,63 @@ impl Journal {
         )
     }
 
-    /// CREDENTIAL_AUTHORIZED for `credential_id` at `version` and the next attempt's
-    /// lease, in one transaction that also records the credential's use (its last-used
-    /// time, in the same database: no second writer contends for it). `None`, with
-    /// nothing recorded, when the credential was removed since it was read: no secret is
-    /// handed out for a credential that no longer exists. Awaited without blocking a
-    /// runtime thread.
+    /// CREDENTIAL_AUTHORIZED and the next attempt's lease, in one transaction that also
+    /// records the credential's use (its last-used time, in the same database: no second
+    /// writer contends for it). When the credential was removed since it was read, no
+    /// secret is handed out for a credential that no longer exists: the invocation ends
+    /// with CREDENTIAL_MISSING, recorded in this transaction
+    /// (`Err(JournalError::RecordedInstead)`). Awaited without blocking a runtime thread.
     pub async fn authorize_and_start(
         &self,
         invocation_id: &str,
-        credential_id: &str,
-        version: &str,
-        holder: &str,
-        ttl_ms: i64,
-    ) -> Result<Option<Appended>, JournalError> {
-        let authorized = EventBody::CredentialAuthorized {
-            credential_id: credential_id.to_string(),
-            credential_version: version.to_string(),
-        };
-        let start = start_attempt_job(invocation_id, vec![authorized], holder, ttl_ms);
-        let credential = credential_id.to_string();
-        self.write_async(false, move |ctx| {
-            let now = ctx.now_ms();
-            if !crate::vault::meta::touch_last_used_raw(ctx.conn(), &credential, now)? {
-                return Ok(None);
-            }
-            start(ctx).map(Some)
-        })
-        .await
+        authorization: Authorization,
+    ) -> Result<Appended, JournalError> {
+        let job = authorize_job(invocation_id, authorization, None);
+        let started = self.write_async(false, job).await?;
+        started.map_err(|failed| JournalError::RecordedInstead(Box::new(failed)))
+    }
+
+    /// A start deferred to the dispatch gate ([`Journal::authorize_and_dispatch`]) that
+    /// is recorded on its own instead, because the attempt ends before the gate: what
+    /// [`Journal::authorize_and_start`] records. The attempt must start as generation
+    /// `expected`, the one its connections were named after; if another holder started
+    /// one first, nothing is recorded (`LeaseLost`).
+    pub fn authorize_deferred(
+        &self,
+        invocation_id: &str,
+        authorization: Authorization,
+        expected: u32,
+    ) -> Result<Appended, JournalError> {
+        let job = authorize_job(invocation_id, authorization, Some(expected));
+        let started = self.write(false, job)?;
+        started.map_err(|failed| JournalError::RecordedInstead(Box::new(failed)))
+    }
+
+    /// CREDENTIAL_AUTHORIZED, the attempt's lease and DISPATCH_STARTED in one fsynced
+    /// transaction, for a channel whose credential is first used in the request the gate
+    /// releases (HTTP): one commit where [`Journal::authorize_and_start`] and
+    /// [`Journal::dispatch_started_async`] take two, with the connection set up in
+    /// between. Every check of both is made, in the same order; a credential removed
+    /// since it was read ends the invocation with CREDENTIAL_MISSING instead, and a
+    /// changed fingerprint with FINGERPRINT_MISMATCH, both recorded in this transaction
+    /// (`Err(JournalError::RecordedInstead)`). The attempt must start as generation
+    /// `expected` (see [`Journal::authorize_deferred`]).
+    pub async fn authorize_and_dispatch(
+        &self,
+        invocation_id: &str,
+        authorization: Authorization,
+        expected: u32,
+        dispatch: Dispatch,
+    ) -> Result<Appended, JournalError> {
+        let start = authorize_job(invocation_id, authorization, Some(expected));
+        let dispatch = dispatch_job(invocation_id, expected, dispatch);
+        let dispatched = self
+            .write_async(true, move |ctx| match start(ctx)? {
+                Ok(_) => dispatch(ctx),
+                Err(failed) => Ok(Err(failed)),
+            })
+            .await?;
+        dispatched.map_err(|failed| JournalError::RecordedInstead(Box::new(failed)))
     }
 
     /// Closes the current attempt if its lease expired before it ended, recording what
@@ -1259,12 +1310,14 @@ impl Journal {
         let job = dispatch_job(
             invocation_id,
             generation,
-            fingerprint,
-            connection_id,
-            peer_identity,
+            Dispatch {
+                fingerprint: fingerprint.to_string(),
+                connection_id,
+                peer_identity,
+            },
         );
         let dispatched = self.write(true, job)?;
-        dispatched.map_err(|failed| JournalError::FingerprintChanged(Box::new(failed)))
+        dispatched.map_err(|failed| JournalError::RecordedInstead(Box::new(failed)))
     }
 
     /// [`Journal::dispatch_started`], awaited without blocking a runtime thread.
@@ -1279,12 +1332,14 @@ impl Journal {
         let job = dispatch_job(
             invocation_id,
             generation,
-            fingerprint,
-            connection_id,
-            peer_identity,
+            Dispatch {
+                fingerprint: fingerprint.to_string(),
+                connection_id,
+                peer_identity,
+            },
         );
         let dispatched = self.write_async(true, job).await?;
-        dispatched.map_err(|failed| JournalError::FingerprintChanged(Box::new(failed)))
+        dispatched.map_err(|failed| JournalError::RecordedInstead(Box::new(failed)))
     }
 
     /// Stores a settled result and appends RESULT_COMMITTED in one fsynced transaction,
@@ -1572,7 +1627,7 @@ fn start_attempt_job(
     preceding: Vec<EventBody>,
     holder: &str,
     ttl_ms: i64,
-) -> impl FnOnce(&mut WriteCtx<'_>) -> Result<Appended, JournalError> + Send + 'static {
+) -> impl FnOnce(&mut WriteCtx<'_>) -> Result<Appended, JournalError> + Send + use<> {
     let id = invocation_id.to_string();
     let holder = holder.to_string();
     move |ctx| {
@@ -1621,24 +1676,77 @@ fn start_attempt_job(
     }
 }
 
+/// The job that authorizes the credential and starts the next attempt
+/// ([`Journal::authorize_and_start`]): the appended ATTEMPT_STARTED, or, when the
+/// credential was removed since it was read, the CREDENTIAL_MISSING failure it recorded
+/// instead. With `expected`, an attempt that would start under another generation is
+/// refused with nothing recorded.
+fn authorize_job(
+    invocation_id: &str,
+    authorization: Authorization,
+    expected: Option<u32>,
+) -> impl FnOnce(&mut WriteCtx<'_>) -> Result<Result<Appended, Appended>, JournalError> + Send + 'static
+{
+    let id = invocation_id.to_string();
+    let Authorization {
+        credential_id,
+        version,
+        holder,
+        ttl_ms,
+    } = authorization;
+    let authorized = EventBody::CredentialAuthorized {
+        credential_id: credential_id.clone(),
+        credential_version: version,
+    };
+    let start = start_attempt_job(invocation_id, vec![authorized], &holder, ttl_ms);
+    move |ctx| {
+        let now = ctx.now_ms();
+        if !crate::vault::meta::touch_last_used_raw(ctx.conn(), &credential_id, now)? {
+            let removed = crate::vault::VaultError::Missing {
+                credential: credential_id,
+            };
+            let code = removed.code();
+            let failed = ctx.append_checked(
+                &id,
+                &EventBody::failed_before_dispatch(
+                    Phase::CredentialInjection,
+                    code,
+                    code.spec().retry,
+                    &removed.agent_message(),
+                ),
+            )?;
+            return Ok(Err(failed));
+        }
+        let started = start(ctx)?;
+        let generation = started.projection.attempt.generation;
+        if let Some(expected) = expected
+            && generation != expected
+        {
+            return Err(JournalError::LeaseLost {
+                invocation_id: id,
+                generation: expected,
+            });
+        }
+        Ok(Ok(started))
+    }
+}
+
 /// The job of [`Journal::dispatch_started`]: the appended DISPATCH_STARTED, or the
 /// FINGERPRINT_MISMATCH failure it recorded instead.
 fn dispatch_job(
     invocation_id: &str,
     generation: u32,
-    fingerprint: &str,
-    connection_id: Option<String>,
-    peer_identity: Option<String>,
+    dispatch: Dispatch,
 ) -> impl FnOnce(&mut WriteCtx<'_>) -> Result<Result<Appended, Appended>, JournalError> + Send + 'static
 {
     let id = invocation_id.to_string();
+    let bound = dispatch.fingerprint.clone();
     let body = EventBody::DispatchStarted {
         generation,
-        fingerprint: fingerprint.to_string(),
-        connection_id,
-        peer_identity,
+        fingerprint: dispatch.fingerprint,
+        connection_id: dispatch.connection_id,
+        peer_identity: dispatch.peer_identity,
     };
-    let bound = fingerprint.to_string();
     move |ctx| {
         let now = ctx.now_ms();
         let lease: Option<(u32, i64)> = ctx

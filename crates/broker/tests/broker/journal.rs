@@ -719,3 +719,149 @@ fn a_peer_call_row_survives_a_restart_and_an_attestation_verifies_with_the_journ
     };
     assert_eq!(attestation.verify(&key, &request), Ok(()));
 }
+
+/// Stores `payments-key`'s metadata, as `postern vault set` would: an authorization
+/// checks that the credential still exists.
+fn store_credential(f: &Fixture) {
+    let conn = rusqlite::Connection::open(f.db()).unwrap();
+    conn.busy_timeout(std::time::Duration::from_secs(5))
+        .unwrap();
+    conn.execute(
+        "INSERT INTO credentials (id, kind, version, created_at_ms, rotated_at_ms)
+         VALUES ('payments-key', 'token', 'v1-abcdef01', 0, 0)",
+        [],
+    )
+    .unwrap();
+}
+
+fn authorization(holder: &str) -> postern_broker::journal::Authorization {
+    postern_broker::journal::Authorization {
+        credential_id: "payments-key".into(),
+        version: "v1-abcdef01".into(),
+        holder: holder.into(),
+        ttl_ms: 1_000,
+    }
+}
+
+/// A deferred authorization is recorded with DISPATCH_STARTED, in one transaction, under
+/// the generation the attempt's connections were named after.
+#[tokio::test]
+async fn a_deferred_authorization_is_recorded_with_dispatch_started() {
+    let f = Fixture::new();
+    store_credential(&f);
+    let mut rec = Recorder::accept(&f.journal, new_invocation("inv_1", None)).unwrap();
+    rec.preflight(FP, snapshot(None), operation(false, None))
+        .unwrap();
+    rec.defer_authorization(authorization("worker-a"));
+    assert_eq!(rec.generation(), 1, "the attempt is named as generation 1");
+    let before = f.journal.events("inv_1").unwrap().len();
+    assert_eq!(before, 2, "nothing is recorded until the gate");
+    rec.dispatch_started_async(FP, Some("inv_1/g1/c1".into()), None)
+        .await
+        .unwrap();
+    let events = f.journal.events("inv_1").unwrap();
+    let kinds: Vec<_> = events[before..].iter().map(|e| e.body.kind()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "CREDENTIAL_AUTHORIZED",
+            "ATTEMPT_STARTED",
+            "DISPATCH_STARTED"
+        ]
+    );
+    let p = f.journal.projection("inv_1").unwrap();
+    assert_eq!((p.attempt.generation, p.dispatches), (1, 1));
+}
+
+/// A deferred attempt whose generation another holder took meanwhile (that attempt
+/// ended and a retry was planned, so the record would now start a later generation) is
+/// stopped with LEASE_LOST before any byte, and records nothing: its connection was
+/// named after a generation that is no longer the next one.
+#[tokio::test]
+async fn a_deferred_attempt_whose_generation_was_taken_records_nothing_and_is_lease_lost() {
+    let f = Fixture::new();
+    store_credential(&f);
+    let mut first = Recorder::accept(&f.journal, new_invocation("inv_1", None)).unwrap();
+    first
+        .preflight(FP, snapshot(None), operation(true, None))
+        .unwrap();
+    let mut second = Recorder::resume(&f.journal, "inv_1").unwrap();
+    let mut third = Recorder::resume(&f.journal, "inv_1").unwrap();
+    first.defer_authorization(authorization("worker-a"));
+    third.defer_authorization(authorization("worker-c"));
+    // Worker B runs generation 1 to a refused connection and plans a retry.
+    second
+        .credential_authorized("payments-key", "v1-abcdef01")
+        .unwrap();
+    second.start_attempt("worker-b", 1_000).unwrap();
+    assert_eq!(second.generation(), 1);
+    second
+        .fail(
+            Phase::ConnectionSetup,
+            Code::ConnectionRefused,
+            Retry::Backoff,
+            "refused",
+        )
+        .unwrap();
+    let plan = second
+        .plan_retry(&postern_broker::retry::RetryRequest {
+            fingerprint: FP.into(),
+        })
+        .unwrap();
+    assert_eq!(
+        plan.decision,
+        postern_broker::retry::Decision::RetryNewAttempt
+    );
+    // B's lease has run out; the invocation waits for its retry.
+    f.clock.advance_ms(5_000);
+    let before = f.journal.events("inv_1").unwrap();
+    let env = match first
+        .dispatch_started_async(FP, Some("inv_1/g1/c1".into()), None)
+        .await
+    {
+        Err(StepError::Stopped(env)) => env,
+        other => panic!("expected LEASE_LOST, got {other:?}"),
+    };
+    assert_eq!(env.error.code, Code::LeaseLost);
+    assert_eq!(env.error.outcome, Outcome::NotAttempted);
+    let after = f.journal.events("inv_1").unwrap();
+    assert_eq!(after.len(), before.len(), "nothing was recorded");
+    // The same when the attempt ends before its gate and settles the deferred start.
+    let env = match third.settle_deferred() {
+        Err(StepError::Stopped(env)) => env,
+        other => panic!("expected LEASE_LOST, got {other:?}"),
+    };
+    assert_eq!(env.error.code, Code::LeaseLost);
+    assert_eq!(f.journal.events("inv_1").unwrap().len(), before.len());
+    assert_eq!(f.journal.projection("inv_1").unwrap().dispatches, 0);
+}
+
+/// A credential removed between the read and the gate ends the invocation with
+/// CREDENTIAL_MISSING in the gate's own transaction: nothing authorized, no lease, no
+/// dispatch.
+#[tokio::test]
+async fn a_deferred_authorization_of_a_removed_credential_records_credential_missing() {
+    let f = Fixture::new();
+    let mut rec = Recorder::accept(&f.journal, new_invocation("inv_1", None)).unwrap();
+    rec.preflight(FP, snapshot(None), operation(false, None))
+        .unwrap();
+    rec.defer_authorization(authorization("worker-a"));
+    let StepError::Stopped(env) = rec
+        .dispatch_started_async(FP, Some("inv_1/g1/c1".into()), None)
+        .await
+        .unwrap_err()
+    else {
+        panic!("expected CREDENTIAL_MISSING")
+    };
+    assert_eq!(env.error.code, Code::CredentialMissing);
+    assert_eq!(env.error.phase, Phase::CredentialInjection);
+    assert_eq!(env.error.outcome, Outcome::NotAttempted);
+    let kinds: Vec<_> = f
+        .journal
+        .events("inv_1")
+        .unwrap()
+        .iter()
+        .map(|e| e.body.kind())
+        .collect();
+    assert_eq!(kinds, ["ACTION_ACCEPTED", "PREFLIGHT_VALIDATED", "FAILED"]);
+}

@@ -220,6 +220,9 @@ impl Channel for Http {
 
     const KIND: events::Channel = events::Channel::Http;
     const TARGET_FIELD: &'static str = "url";
+    /// The secret goes out in the request's headers, after the gate: a proxy's own
+    /// credentials come from its URL, not the keychain.
+    const DEFER_AUTHORIZATION: bool = true;
 
     fn accepted(&self, request: &HttpRequest, config: &Config) -> Accepted {
         Accepted {
