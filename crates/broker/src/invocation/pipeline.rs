@@ -362,8 +362,8 @@ impl<T: Channel> Pipeline<T> {
         self.attempt_with(&mut rec, &bound, ctx, read).await
     }
 
-    /// ACTION_ACCEPTED under a fresh invocation id. Pipelined: the preflight that follows
-    /// waits, and fails if the acceptance did.
+    /// ACTION_ACCEPTED under a fresh invocation id, recorded with the invocation's
+    /// first step ([`Recorder::accept_deferred`]): one commit fewer per invocation.
     pub fn accept(
         &self,
         request: &T::Request,
@@ -374,10 +374,10 @@ impl<T: Channel> Pipeline<T> {
             .inner
             .channel
             .accepted(request, &self.inner.config.current());
-        Recorder::accept_pipelined(
+        Ok(Recorder::accept_deferred(
             &self.inner.journal,
             NewInvocation {
-                invocation_id: id.clone(),
+                invocation_id: id,
                 channel: T::KIND,
                 target: accepted.target.unwrap_or_default(),
                 summary: accepted.summary,
@@ -385,8 +385,7 @@ impl<T: Channel> Pipeline<T> {
                 idempotency_key: accepted.idempotency_key,
                 parent: ctx.parent.clone(),
             },
-        )
-        .map_err(|e| Box::new(unrecorded(&id, &e)))
+        ))
     }
 
     /// Records a validation failure (nothing touched, nothing sent).

@@ -71,6 +71,9 @@ pub struct Recorder {
     /// go with its DISPATCH_STARTED, or on their own before anything else of the attempt
     /// is recorded ([`Recorder::defer_authorization`]). Shared with the attempt's gates.
     deferred: std::sync::Arc<std::sync::Mutex<Option<Authorization>>>,
+    /// ACTION_ACCEPTED, not recorded yet: it goes with the invocation's first step
+    /// ([`Recorder::accept_deferred`]).
+    deferred_accept: std::sync::Arc<std::sync::Mutex<Option<NewInvocation>>>,
 }
 
 /// What the journal's markers record of a complete exchange, committed with its result:
@@ -149,16 +152,24 @@ impl Recorder {
         Ok(Recorder::new(journal, id, 0, session, false))
     }
 
-    /// [`Recorder::accept`] without waiting for the commit; the next waited step
-    /// (preflight) fails if the acceptance did.
-    pub fn accept_pipelined(
-        journal: &Journal,
-        new: NewInvocation,
-    ) -> Result<Recorder, JournalError> {
+    /// [`Recorder::accept`], recorded in the transaction of the invocation's first
+    /// step instead of one of its own: the binding (PREFLIGHT_VALIDATED), or the failure
+    /// that ends the invocation before it (a validation error). Until then nothing of
+    /// the invocation is in the journal, and nothing of it has happened but the
+    /// request's validation.
+    pub fn accept_deferred(journal: &Journal, new: NewInvocation) -> Recorder {
         let id = new.invocation_id.clone();
         let session = new.session.clone();
-        journal.accept_pipelined(new)?;
-        Ok(Recorder::new(journal, id, 0, session, false))
+        let rec = Recorder::new(journal, id, 0, session, false);
+        if let Ok(mut deferred) = rec.deferred_accept.lock() {
+            *deferred = Some(new);
+        }
+        rec
+    }
+
+    /// The acceptance [`Recorder::accept_deferred`] left for the next step to record.
+    fn take_accept(&self) -> Option<NewInvocation> {
+        self.deferred_accept.lock().ok().and_then(|mut d| d.take())
     }
 
     /// Picks up an existing invocation (a retry, a reconciliation, a restart).
@@ -189,6 +200,7 @@ impl Recorder {
                 dispatched,
             )),
             deferred: std::sync::Arc::default(),
+            deferred_accept: std::sync::Arc::default(),
         }
     }
 
@@ -298,9 +310,13 @@ impl Recorder {
             operation,
         };
         let fingerprint = fingerprint.to_string();
+        let accept = self.take_accept();
         // The key check and the binding are one transaction, so two concurrent
         // invocations cannot both bind one key to different requests.
         move |ctx| {
+            if let Some(new) = accept {
+                ctx.accept(new)?;
+            }
             if let Some(key) = key {
                 let reused = ctx.other_fingerprints_for_key(&id, &key)?;
                 if reused.iter().any(|bound| *bound != fingerprint) {
@@ -797,8 +813,12 @@ impl Recorder {
         let id = self.id.clone();
         let message = message.to_string();
         let field = field.map(str::to_string);
+        let accept = self.take_accept();
         // Decided inside the writer, against the same state the append is checked on.
         self.journal.write(true, move |ctx| {
+            if let Some(new) = accept {
+                ctx.accept(new)?;
+            }
             let p = ctx.projection(&id)?;
             let body = if p.attempt.dispatched && !p.attempt.closed {
                 EventBody::Failed {

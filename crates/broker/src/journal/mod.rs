@@ -453,6 +453,12 @@ impl WriteCtx<'_> {
         self.append_raw(invocation_id, body)
     }
 
+    /// Records a new invocation (ACTION_ACCEPTED) and its identity row, inside another
+    /// step's transaction (see [`Journal::accept`]).
+    pub fn accept(&mut self, new: NewInvocation) -> Result<Appended, JournalError> {
+        accept_in(self, new)
+    }
+
     /// The invocation's current projection (cached, or folded from its events).
     pub fn projection(&mut self, invocation_id: &str) -> Result<Projection, JournalError> {
         if let Some(p) = self.cache.map.get(invocation_id) {
@@ -1151,12 +1157,6 @@ impl Journal {
     /// Records a new invocation (ACTION_ACCEPTED) and its identity row.
     pub fn accept(&self, new: NewInvocation) -> Result<Appended, JournalError> {
         self.write(false, move |ctx| accept_in(ctx, new))
-    }
-
-    /// [`Journal::accept`] without waiting: the preflight that follows waits, and is
-    /// refused (unknown invocation) if this was.
-    pub fn accept_pipelined(&self, new: NewInvocation) -> Result<(), JournalError> {
-        self.pipeline(move |ctx| accept_in(ctx, new).map(|_| ()))
     }
 
     /// Accepts `new` as the invocation that runs the peer call `call`, recording both in

@@ -865,3 +865,49 @@ async fn a_deferred_authorization_of_a_removed_credential_records_credential_mis
         .collect();
     assert_eq!(kinds, ["ACTION_ACCEPTED", "PREFLIGHT_VALIDATED", "FAILED"]);
 }
+
+/// A new invocation's ACTION_ACCEPTED waits for its first step and is recorded in that
+/// step's transaction: nothing of it is in the journal before its binding, then both are.
+#[test]
+fn a_deferred_acceptance_is_recorded_with_the_binding() {
+    let f = Fixture::new();
+    let rec = Recorder::accept_deferred(&f.journal, new_invocation("inv_1", None));
+    assert!(f.journal.events("inv_1").unwrap().is_empty());
+    assert!(f.journal.projection("inv_1").is_err());
+    rec.preflight(FP, snapshot(None), operation(false, None))
+        .unwrap();
+    let events = f.journal.events("inv_1").unwrap();
+    let kinds: Vec<_> = events.iter().map(|e| e.body.kind()).collect();
+    assert_eq!(kinds, ["ACTION_ACCEPTED", "PREFLIGHT_VALIDATED"]);
+    assert_eq!(events[1].seq, events[0].seq + 1);
+    assert_eq!(
+        f.journal.newest_invocation().unwrap().as_deref(),
+        Some("inv_1")
+    );
+}
+
+/// An invocation that fails before its binding (a validation error) is recorded as
+/// accepted and failed, in one transaction.
+#[test]
+fn a_deferred_acceptance_is_recorded_with_a_failure_before_the_binding() {
+    let f = Fixture::new();
+    let rec = Recorder::accept_deferred(&f.journal, new_invocation("inv_1", None));
+    let failed = rec
+        .fail_field(
+            Phase::Validation,
+            Code::InvalidRequest,
+            Retry::AfterCorrection,
+            "bad header",
+            Some("headers"),
+        )
+        .unwrap();
+    assert_eq!(failed.projection.outcome, Outcome::NotAttempted);
+    let kinds: Vec<_> = f
+        .journal
+        .events("inv_1")
+        .unwrap()
+        .iter()
+        .map(|e| e.body.kind())
+        .collect();
+    assert_eq!(kinds, ["ACTION_ACCEPTED", "FAILED"]);
+}
