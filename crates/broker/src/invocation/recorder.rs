@@ -429,27 +429,8 @@ impl Recorder {
         Ok(appended)
     }
 
-    /// CREDENTIAL_AUTHORIZED and the next attempt's lease in one transaction.
-    pub fn authorize_and_start(
-        &mut self,
-        credential_id: &str,
-        version: &str,
-        holder: &str,
-        ttl_ms: i64,
-    ) -> Result<Appended, JournalError> {
-        let authorized = EventBody::CredentialAuthorized {
-            credential_id: credential_id.to_string(),
-            credential_version: version.to_string(),
-        };
-        let appended =
-            self.journal
-                .start_attempt_after(&self.id, vec![authorized], holder, ttl_ms)?;
-        self.generation = appended.projection.attempt.generation;
-        Ok(appended)
-    }
-
-    /// [`Recorder::authorize_and_start`], awaited without blocking a runtime thread, that
-    /// also records the credential's use in the same transaction. A credential removed
+    /// CREDENTIAL_AUTHORIZED and the next attempt's lease in one transaction, awaited
+    /// without blocking a runtime thread, that also records the credential's use. A credential removed
     /// since it was read ends the invocation with CREDENTIAL_MISSING instead
     /// (`StepError::Stopped`; [`Journal::authorize_and_start`]).
     pub async fn authorize_and_start_async(

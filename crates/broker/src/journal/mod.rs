@@ -1210,21 +1210,9 @@ impl Journal {
         holder: &str,
         ttl_ms: i64,
     ) -> Result<Appended, JournalError> {
-        self.start_attempt_after(invocation_id, Vec::new(), holder, ttl_ms)
-    }
-
-    /// [`Journal::start_attempt`] after `preceding` events (the credential
-    /// authorization), in the same transaction.
-    pub fn start_attempt_after(
-        &self,
-        invocation_id: &str,
-        preceding: Vec<EventBody>,
-        holder: &str,
-        ttl_ms: i64,
-    ) -> Result<Appended, JournalError> {
         self.write(
             false,
-            start_attempt_job(invocation_id, preceding, holder, ttl_ms),
+            start_attempt_job(invocation_id, Vec::new(), holder, ttl_ms),
         )
     }
 
@@ -1621,7 +1609,8 @@ impl Drop for Inner {
     }
 }
 
-/// The job of [`Journal::start_attempt_after`].
+/// The job of [`Journal::start_attempt`], after `preceding` events (a credential's
+/// authorization) in the same transaction.
 fn start_attempt_job(
     invocation_id: &str,
     preceding: Vec<EventBody>,
