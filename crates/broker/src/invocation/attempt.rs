@@ -89,7 +89,7 @@ impl<'a, T: Channel> Attempt<'a, T> {
         code: Code,
         via: Option<String>,
     ) -> Result<(), Box<Outcome<T::Result>>> {
-        self.settle_deferred().map_err(Box::new)?;
+        self.settle_deferred()?;
         self.rec
             .connection_attempt_via(n, stage, code, via)
             .map(|_| ())
@@ -106,7 +106,7 @@ impl<'a, T: Channel> Attempt<'a, T> {
         message: &str,
     ) -> Outcome<T::Result> {
         if let Err(stopped) = self.settle_deferred() {
-            return stopped;
+            return *stopped;
         }
         self.pipeline
             .fail(self.rec, phase, code, retry, message, None)
@@ -122,7 +122,7 @@ impl<'a, T: Channel> Attempt<'a, T> {
         field: &str,
     ) -> Outcome<T::Result> {
         if let Err(stopped) = self.settle_deferred() {
-            return stopped;
+            return *stopped;
         }
         self.pipeline
             .fail(self.rec, phase, code, retry, message, Some(field))
@@ -136,7 +136,7 @@ impl<'a, T: Channel> Attempt<'a, T> {
     /// What the record says now.
     pub fn recorded(&self) -> Outcome<T::Result> {
         if let Err(stopped) = self.settle_deferred() {
-            return stopped;
+            return *stopped;
         }
         self.pipeline.outcome_of(self.rec)
     }
@@ -146,10 +146,10 @@ impl<'a, T: Channel> Attempt<'a, T> {
     /// attempt is recorded, when the attempt ends before the gate opened. The outcome
     /// it ends with instead when that cannot be recorded (the credential was removed
     /// since it was read, or the journal refused).
-    fn settle_deferred(&self) -> Result<(), Outcome<T::Result>> {
+    fn settle_deferred(&self) -> Result<(), Box<Outcome<T::Result>>> {
         self.rec
             .settle_deferred()
-            .map_err(|e| self.pipeline.stopped(self.rec, e))
+            .map_err(|e| Box::new(self.pipeline.stopped(self.rec, e)))
     }
 
     /// Records one answer from a peer broker (PEER_ANSWER).
@@ -203,7 +203,7 @@ impl<'a, T: Channel> Attempt<'a, T> {
         let (outcome, retry) = (settle.outcome, settle.retry);
         // A result comes only after the gate opened, which recorded any deferred start.
         if let Err(stopped) = self.settle_deferred() {
-            return stopped;
+            return *stopped;
         }
         match self
             .rec
