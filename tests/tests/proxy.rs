@@ -692,22 +692,33 @@ async fn held_invocation(f: &Fixture, proxy: &TestProxy) -> String {
     panic!("the proxy never read a CONNECT");
 }
 
+/// An origin, a proxy that holds each CONNECT until released, and a broker whose target
+/// goes through it.
+async fn held(behavior: ProxyBehavior) -> (Adversary, TestProxy, Fixture) {
+    let origin = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let proxy = TestProxy::start_held(behavior).await.unwrap();
+    let text = config(&origin.base_url(), &format!("proxy = \"{}\"", proxy.url()));
+    let f = fixture(&text, None);
+    (origin, proxy, f)
+}
+
+/// Once the held proxy has a CONNECT: the invocation in flight and its record's kinds
+/// at that moment; then lets the CONNECT go on.
+async fn record_while_held(f: &Fixture, proxy: &TestProxy) -> (String, Vec<&'static str>) {
+    let id = held_invocation(f, proxy).await;
+    let seen = kinds(f, &id);
+    proxy.release();
+    (id, seen)
+}
+
 /// The credential's authorization and the attempt's lease wait for the dispatch gate and
 /// are recorded in DISPATCH_STARTED's own transaction: while the tunnel is being set up
 /// the record has neither, and afterwards the three records are one commit (consecutive,
 /// one timestamp) naming the generation the connection was named after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_authorization_and_lease_are_recorded_with_dispatch_started_after_connection_setup() {
-    let origin = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
-    let proxy = TestProxy::start_held(ProxyBehavior::Tunnel).await.unwrap();
-    let text = config(&origin.base_url(), &format!("proxy = \"{}\"", proxy.url()));
-    let f = fixture(&text, None);
-    let during = async {
-        let id = held_invocation(&f, &proxy).await;
-        let seen = kinds(&f, &id);
-        proxy.release();
-        (id, seen)
-    };
+    let (origin, proxy, f) = held(ProxyBehavior::Tunnel).await;
+    let during = record_while_held(&f, &proxy);
     let (out, (id, during)) = tokio::join!(run(&f, get(origin.url("/v1/items"))), during);
     assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
     assert_eq!(during, ["ACTION_ACCEPTED", "PREFLIGHT_VALIDATED"]);
@@ -753,10 +764,7 @@ async fn the_authorization_and_lease_are_recorded_with_dispatch_started_after_co
 /// CREDENTIAL_MISSING, not_attempted, and the origin gets no request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_credential_removed_while_the_tunnel_opens_is_missing_and_nothing_is_sent() {
-    let origin = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
-    let proxy = TestProxy::start_held(ProxyBehavior::Tunnel).await.unwrap();
-    let text = config(&origin.base_url(), &format!("proxy = \"{}\"", proxy.url()));
-    let f = fixture(&text, None);
+    let (origin, proxy, f) = held(ProxyBehavior::Tunnel).await;
     let during = async {
         let id = held_invocation(&f, &proxy).await;
         f.broker.vault.remove("api-key").unwrap();
@@ -784,18 +792,8 @@ async fn a_credential_removed_while_the_tunnel_opens_is_missing_and_nothing_is_s
 /// authorization and lease first: the record reads as it always did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_setup_failure_before_the_gate_records_the_authorization_and_lease_first() {
-    let origin = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
-    let proxy = TestProxy::start_held(ProxyBehavior::Answer(403))
-        .await
-        .unwrap();
-    let text = config(&origin.base_url(), &format!("proxy = \"{}\"", proxy.url()));
-    let f = fixture(&text, None);
-    let during = async {
-        let id = held_invocation(&f, &proxy).await;
-        let seen = kinds(&f, &id);
-        proxy.release();
-        (id, seen)
-    };
+    let (origin, proxy, f) = held(ProxyBehavior::Answer(403)).await;
+    let during = record_while_held(&f, &proxy);
     let (out, (id, during)) =
         tokio::join!(run(&f, post(origin.url("/v1/payments"), PAYMENT)), during);
     assert_error(
