@@ -429,10 +429,10 @@ impl Recorder {
         Ok(appended)
     }
 
-    /// CREDENTIAL_AUTHORIZED and the next attempt's lease in one transaction, awaited
-    /// without blocking a runtime thread, that also records the credential's use. A credential removed
-    /// since it was read ends the invocation with CREDENTIAL_MISSING instead
-    /// (`StepError::Stopped`; [`Journal::authorize_and_start`]).
+    /// CREDENTIAL_AUTHORIZED and the next attempt's lease in one transaction, which also
+    /// records the credential's use, awaited without blocking a runtime thread. A
+    /// credential removed since it was read ends the invocation with CREDENTIAL_MISSING
+    /// instead (`StepError::Stopped`; [`Journal::authorize_and_start`]).
     pub async fn authorize_and_start_async(
         &mut self,
         authorization: Authorization,
