@@ -70,10 +70,37 @@ pub struct Recorder {
     /// The credential authorization and lease of the next attempt, not recorded yet: they
     /// go with its DISPATCH_STARTED, or on their own before anything else of the attempt
     /// is recorded ([`Recorder::defer_authorization`]). Shared with the attempt's gates.
-    deferred: std::sync::Arc<std::sync::Mutex<Option<Authorization>>>,
+    deferred_authorization: Deferred<Authorization>,
     /// ACTION_ACCEPTED, not recorded yet: it goes with the invocation's first step
     /// ([`Recorder::accept_deferred`]).
-    deferred_accept: std::sync::Arc<std::sync::Mutex<Option<NewInvocation>>>,
+    deferred_accept: Deferred<NewInvocation>,
+}
+
+/// A record left for a later step to take into its own transaction, shared by a
+/// recorder's clones: whichever takes it first records it, once.
+struct Deferred<T>(std::sync::Arc<std::sync::Mutex<Option<T>>>);
+
+impl<T> Deferred<T> {
+    /// Leaves `value` to be taken; false (and nothing left) if the slot is unusable.
+    fn put(&self, value: T) -> bool {
+        self.0.lock().map(|mut slot| *slot = Some(value)).is_ok()
+    }
+
+    fn take(&self) -> Option<T> {
+        self.0.lock().ok().and_then(|mut slot| slot.take())
+    }
+}
+
+impl<T> Default for Deferred<T> {
+    fn default() -> Self {
+        Deferred(std::sync::Arc::default())
+    }
+}
+
+impl<T> Clone for Deferred<T> {
+    fn clone(&self) -> Self {
+        Deferred(self.0.clone())
+    }
 }
 
 /// What the journal's markers record of a complete exchange, committed with its result:
@@ -161,15 +188,8 @@ impl Recorder {
         let id = new.invocation_id.clone();
         let session = new.session.clone();
         let rec = Recorder::new(journal, id, 0, session, false);
-        if let Ok(mut deferred) = rec.deferred_accept.lock() {
-            *deferred = Some(new);
-        }
+        rec.deferred_accept.put(new);
         rec
-    }
-
-    /// The acceptance [`Recorder::accept_deferred`] left for the next step to record.
-    fn take_accept(&self) -> Option<NewInvocation> {
-        self.deferred_accept.lock().ok().and_then(|mut d| d.take())
     }
 
     /// Picks up an existing invocation (a retry, a reconciliation, a restart).
@@ -199,8 +219,8 @@ impl Recorder {
             may_have_dispatched: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(
                 dispatched,
             )),
-            deferred: std::sync::Arc::default(),
-            deferred_accept: std::sync::Arc::default(),
+            deferred_authorization: Deferred::default(),
+            deferred_accept: Deferred::default(),
         }
     }
 
@@ -310,7 +330,7 @@ impl Recorder {
             operation,
         };
         let fingerprint = fingerprint.to_string();
-        let accept = self.take_accept();
+        let accept = self.deferred_accept.take();
         // The key check and the binding are one transaction, so two concurrent
         // invocations cannot both bind one key to different requests.
         move |ctx| {
@@ -459,14 +479,9 @@ impl Recorder {
     /// used in the request the gate releases: until then nothing of it leaves the
     /// process. The attempt is named as the next generation from here on.
     pub fn defer_authorization(&mut self, authorization: Authorization) {
-        if let Ok(mut deferred) = self.deferred.lock() {
-            *deferred = Some(authorization);
+        if self.deferred_authorization.put(authorization) {
             self.generation += 1;
         }
-    }
-
-    fn take_deferred(&self) -> Option<Authorization> {
-        self.deferred.lock().ok().and_then(|mut d| d.take())
     }
 
     /// Records a deferred authorization and lease on their own (see
@@ -474,7 +489,7 @@ impl Recorder {
     /// credential removed since it was read ends the invocation with CREDENTIAL_MISSING
     /// instead (`StepError::Stopped`).
     pub fn settle_deferred(&self) -> Result<(), StepError> {
-        let Some(authorization) = self.take_deferred() else {
+        let Some(authorization) = self.deferred_authorization.take() else {
             return Ok(());
         };
         match self
@@ -559,7 +574,7 @@ impl Recorder {
             connection_id,
             peer_identity,
         };
-        let recorded = match self.take_deferred() {
+        let recorded = match self.deferred_authorization.take() {
             Some(authorization) => {
                 self.journal
                     .authorize_and_dispatch(&self.id, authorization, self.generation, dispatch)
@@ -794,7 +809,7 @@ impl Recorder {
         let id = self.id.clone();
         let message = message.to_string();
         let field = field.map(str::to_string);
-        let accept = self.take_accept();
+        let accept = self.deferred_accept.take();
         // Decided inside the writer, against the same state the append is checked on.
         self.journal.write(true, move |ctx| {
             if let Some(new) = accept {
