@@ -44,16 +44,15 @@ use std::time::Duration;
 use rmcp::ErrorData as McpError;
 use rmcp::model::{ClientNotification, ClientRequest, ServerConfig, ServerResult};
 use rmcp::service::{NotificationContext, RequestContext, RoleServer, Service, ServiceExt};
-use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::sync::Notify;
 
 use postern_broker::approvals::Approver;
 use postern_broker::broker::{Broker, BrokerOptions, OpenError};
-use postern_broker::platform::{self, Accepted, AcceptedRead, Listener};
+use postern_broker::platform::{self, Accepted, Listener};
 use postern_broker::sealed_store::load_key;
 use postern_broker::vault::KeychainBackend;
 
-use crate::bridge::{Line, LineReader, MAX_DEPTH, MAX_LINE, nesting_exceeds};
+use crate::guard::GuardedInput;
 #[cfg(unix)]
 use crate::peer::own_uid;
 use crate::peer::{identify_agent, peer_allowed};
@@ -525,8 +524,9 @@ pub fn prepare_data_dir(dir: &Path) -> Result<(), DaemonError> {
 
 /// Delivery acknowledgements on one connection: passed on to the session, and handled.
 #[derive(Default)]
-struct Acks {
-    forwarded: AtomicUsize,
+pub(crate) struct Acks {
+    /// Read from the connection and passed on to the MCP layer ([`GuardedInput`]).
+    pub(crate) forwarded: AtomicUsize,
     handled: AtomicUsize,
     changed: Notify,
 }
@@ -596,43 +596,6 @@ impl Service<RoleServer> for Counted {
     }
 }
 
-/// Whether `line` is a delivery acknowledgement the MCP layer will hand to the session.
-fn is_ack(line: &[u8]) -> bool {
-    #[derive(serde::Deserialize)]
-    struct Head {
-        method: Option<String>,
-        id: Option<serde::de::IgnoredAny>,
-    }
-    serde_json::from_slice::<Head>(line)
-        .is_ok_and(|h| h.method.as_deref() == Some(DELIVERED) && h.id.is_none())
-        && serde_json::from_slice::<rmcp::model::ClientJsonRpcMessage>(line).is_ok()
-}
-
-/// Connection → MCP layer, line by line, counting the acknowledgements passed on. Lines
-/// longer than the limit or nested deeper than [`MAX_DEPTH`] are dropped here unparsed:
-/// the MCP layer would drop them too (its own line limit; serde_json's recursion limit),
-/// this only keeps them from being parsed at all. The bridge never sends either kind;
-/// clients that talk to the socket directly might.
-async fn guard_input(read: AcceptedRead, mut feed: tokio::io::DuplexStream, acks: Arc<Acks>) {
-    let mut lines = LineReader::new(BufReader::new(read), MAX_LINE);
-    while let Ok(Some(line)) = lines.next().await {
-        let Line::Complete(mut bytes) = line else {
-            continue;
-        };
-        if nesting_exceeds(&bytes, MAX_DEPTH) {
-            continue;
-        }
-        if is_ack(&bytes) {
-            acks.forwarded.fetch_add(1, Ordering::SeqCst);
-        }
-        bytes.push(b'\n');
-        if feed.write_all(&bytes).await.is_err() {
-            return;
-        }
-    }
-    let _ = feed.shutdown().await;
-}
-
 /// Which users may open MCP sessions on the agent socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AgentAccess {
@@ -676,20 +639,18 @@ pub async fn serve_connection_with(
     let undelivered = session.clone();
     let acks = Arc::new(Acks::default());
     let (read, write) = platform::split(stream);
-    let (session_side, feed) = tokio::io::duplex(64 * 1024);
-    let guard = tokio::spawn(guard_input(read, feed, acks.clone()));
+    let input = GuardedInput::new(read, acks.clone());
     let counted = Counted {
         session,
         acks: acks.clone(),
     };
     // A bridge that fails the MCP handshake simply ends its connection.
-    if let Ok(running) = counted.serve((session_side, write)).await {
+    if let Ok(running) = counted.serve((input, write)).await {
         let _ = running.waiting().await;
         // The bridge's last acknowledgements are recorded before anything is called
         // undelivered.
         acks.settled(ACK_GRACE).await;
     }
-    guard.abort();
     undelivered.connection_closed();
     sessions.disconnected(&identity, broker.journal.now_ms());
 }
@@ -931,20 +892,6 @@ mod tests {
             ),
             "{err}"
         );
-    }
-
-    #[test]
-    fn only_well_formed_delivery_acknowledgements_are_counted() {
-        assert!(is_ack(
-            br#"{"jsonrpc":"2.0","method":"notifications/postern/delivered","params":{"id":1}}"#
-        ));
-        assert!(!is_ack(
-            br#"{"jsonrpc":"2.0","id":3,"method":"notifications/postern/delivered","params":{}}"#
-        ));
-        assert!(!is_ack(
-            br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#
-        ));
-        assert!(!is_ack(b"not json"));
     }
 }
 

@@ -8,7 +8,8 @@
 //!   agent sessions, held beside the broker by whoever serves the socket.
 //! - [`daemon`]: the headless broker: socket (0600, in a directory others cannot write;
 //!   only its own stale socket replaced; a named pipe on Windows), peer user checked,
-//!   input lines guarded.
+//!   input lines guarded ([`guard`]: the reader the MCP layer reads a connection
+//!   through).
 //! - [`bridge`]: stdio ↔ socket relay that answers malformed input itself and delivers
 //!   what it owes before exiting; BROKER_UNAVAILABLE when no broker runs or may be reached.
 //! - [`peer`]: peer credentials and the agent process behind a bridge.
@@ -18,6 +19,7 @@
 
 pub mod bridge;
 pub mod daemon;
+mod guard;
 pub mod peer;
 pub mod peering;
 pub mod server;

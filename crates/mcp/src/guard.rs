@@ -1,0 +1,296 @@
+//! The daemon's input guard: what the MCP layer reads from an agent connection.
+//!
+//! Lines longer than [`MAX_LINE`] or nested deeper than [`MAX_DEPTH`] are dropped here
+//! unparsed: the MCP layer would drop them too (its own line limit; serde_json's
+//! recursion limit), this only keeps them from being parsed at all. The bridge never
+//! sends either kind; clients that talk to the socket directly might. Every delivery
+//! acknowledgement passed on is counted, so that a closing connection can wait until the
+//! session has handled each one.
+//!
+//! The guard is a reader the MCP layer reads through, not a task of its own: a line goes
+//! from the socket to the MCP layer's buffer in the same poll, with no pipe between two
+//! tasks and no wake-up to hand it across.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll, ready};
+
+use rmcp::model::{ClientJsonRpcMessage, ClientNotification, JsonRpcMessage};
+use tokio::io::{AsyncRead, ReadBuf};
+
+use crate::bridge::{MAX_DEPTH, MAX_LINE, nesting_exceeds};
+use crate::daemon::Acks;
+use crate::server::DELIVERED;
+
+/// Bytes read from the connection at a time.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// A connection's input as the MCP layer may see it: complete lines, each ending in a
+/// newline, with the over-long and over-nested ones left out.
+pub(crate) struct GuardedInput<R> {
+    inner: R,
+    /// Bytes read from the connection; `raw[at..filled]` is not looked at yet.
+    raw: Box<[u8]>,
+    at: usize,
+    filled: usize,
+    /// The line being gathered (never more than `max` bytes).
+    line: Vec<u8>,
+    max: usize,
+    /// Inside a line already found too long: bytes up to its newline are dropped.
+    discarding: bool,
+    /// A line that passed, with its newline; `out[sent..]` is still to be handed on.
+    out: Vec<u8>,
+    sent: usize,
+    /// The connection ended (or failed): nothing more will be read from it.
+    ended: bool,
+    acks: Arc<Acks>,
+}
+
+impl<R> GuardedInput<R> {
+    pub(crate) fn new(inner: R, acks: Arc<Acks>) -> Self {
+        Self::with_limit(inner, acks, MAX_LINE)
+    }
+
+    fn with_limit(inner: R, acks: Arc<Acks>, max: usize) -> Self {
+        GuardedInput {
+            inner,
+            raw: vec![0; READ_CHUNK].into_boxed_slice(),
+            at: 0,
+            filled: 0,
+            line: Vec::new(),
+            max,
+            discarding: false,
+            out: Vec::new(),
+            sent: 0,
+            ended: false,
+            acks,
+        }
+    }
+
+    /// Takes the unread bytes up to the end of the current line (or all of them).
+    fn scan(&mut self) {
+        let available = &self.raw[self.at..self.filled];
+        let newline = memchr::memchr(b'\n', available);
+        let content = newline.unwrap_or(available.len());
+        let consumed = newline.map_or(available.len(), |at| at + 1);
+        if self.discarding {
+            self.discarding = newline.is_none();
+        } else if self.line.len().saturating_add(content) > self.max {
+            self.line = Vec::new();
+            self.discarding = newline.is_none();
+        } else {
+            self.line.extend_from_slice(&available[..content]);
+            if newline.is_some() {
+                self.pass_line();
+            }
+        }
+        self.at += consumed;
+    }
+
+    /// The gathered line is complete: it goes on, unless it nests too deep.
+    fn pass_line(&mut self) {
+        if !nesting_exceeds(&self.line, MAX_DEPTH) {
+            if is_ack(&self.line) {
+                self.acks.forwarded.fetch_add(1, Ordering::SeqCst);
+            }
+            // `out` is empty here: its buffer is reused for the next line.
+            std::mem::swap(&mut self.line, &mut self.out);
+            self.out.push(b'\n');
+        }
+        self.line.clear();
+    }
+
+    /// The connection ended: a last line without its newline still goes on (as the
+    /// bridge's reader treats it); a read error drops it.
+    fn end(&mut self, failed: bool) {
+        self.ended = true;
+        if !failed && !self.discarding && !self.line.is_empty() {
+            self.pass_line();
+        }
+        self.line = Vec::new();
+        self.discarding = false;
+    }
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for GuardedInput<R> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            if this.sent < this.out.len() {
+                let n = buf.remaining().min(this.out.len() - this.sent);
+                buf.put_slice(&this.out[this.sent..this.sent + n]);
+                this.sent += n;
+                if this.sent == this.out.len() {
+                    this.out.clear();
+                    this.sent = 0;
+                }
+                return Poll::Ready(Ok(()));
+            }
+            if this.at < this.filled {
+                this.scan();
+                continue;
+            }
+            if this.ended {
+                return Poll::Ready(Ok(()));
+            }
+            let mut chunk = ReadBuf::new(&mut this.raw);
+            let read = ready!(Pin::new(&mut this.inner).poll_read(cx, &mut chunk));
+            let n = chunk.filled().len();
+            (this.at, this.filled) = (0, n);
+            match read {
+                Ok(()) if n > 0 => {}
+                // The end of the connection, or an error, which ends it the same way
+                // for the MCP layer.
+                Ok(()) => this.end(false),
+                Err(_) => this.end(true),
+            }
+        }
+    }
+}
+
+/// Whether `line` is a delivery acknowledgement the MCP layer will hand to the session:
+/// what it parses as is what [`crate::daemon`]'s session counts as handled.
+pub(crate) fn is_ack(line: &[u8]) -> bool {
+    // Without an escape, a method named DELIVERED is spelled out in the line's bytes:
+    // most lines (every tool call) are ruled out without being parsed.
+    if !line.contains(&b'\\') && memchr::memmem::find(line, DELIVERED.as_bytes()).is_none() {
+        return false;
+    }
+    matches!(
+        serde_json::from_slice::<ClientJsonRpcMessage>(line),
+        Ok(JsonRpcMessage::Notification(n))
+            if matches!(&n.notification, ClientNotification::CustomNotification(c) if c.method == DELIVERED)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    /// A connection that hands over its bytes `step` at a time, then fails or ends.
+    struct Trickle {
+        bytes: Vec<u8>,
+        at: usize,
+        step: usize,
+        fail_at_end: bool,
+    }
+
+    impl AsyncRead for Trickle {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            let this = self.get_mut();
+            if this.at == this.bytes.len() && this.fail_at_end {
+                return Poll::Ready(Err(std::io::ErrorKind::ConnectionReset.into()));
+            }
+            let n = this
+                .step
+                .min(buf.remaining())
+                .min(this.bytes.len() - this.at);
+            buf.put_slice(&this.bytes[this.at..this.at + n]);
+            this.at += n;
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// What the MCP layer reads from `bytes` sent `step` at a time, read `read` at a
+    /// time, and how many acknowledgements were counted.
+    fn guarded(bytes: &[u8], step: usize, read: usize, fail_at_end: bool) -> (String, usize) {
+        let acks = Arc::new(Acks::default());
+        let trickle = Trickle {
+            bytes: bytes.to_vec(),
+            at: 0,
+            step,
+            fail_at_end,
+        };
+        let mut input = GuardedInput::with_limit(trickle, acks.clone(), LIMIT);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let out = runtime.block_on(async {
+            let mut out = Vec::new();
+            let mut piece = vec![0u8; read];
+            loop {
+                let n = input.read(&mut piece).await.unwrap();
+                if n == 0 {
+                    return out;
+                }
+                out.extend_from_slice(&piece[..n]);
+            }
+        });
+        (
+            String::from_utf8(out).unwrap(),
+            acks.forwarded.load(Ordering::SeqCst),
+        )
+    }
+
+    /// The line limit of these tests: room for a line nested one level too deep.
+    const LIMIT: usize = 300;
+
+    const ACK: &str =
+        r#"{"jsonrpc":"2.0","method":"notifications/postern/delivered","params":{"id":1}}"#;
+    const PING: &str = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+
+    #[test]
+    fn complete_lines_pass_and_long_or_deep_ones_are_dropped_however_the_bytes_arrive() {
+        let long = format!("\"{}\"", "x".repeat(LIMIT + 1));
+        let deep = format!("{}{}", "[".repeat(MAX_DEPTH + 1), "]".repeat(MAX_DEPTH + 1));
+        assert!(deep.len() <= LIMIT);
+        let sent = format!("{PING}\n{long}\n{deep}\n\n{ACK}\n{long}{PING}\n{PING}");
+        for step in [1, 5, LIMIT, LIMIT + 1, 4096] {
+            for read in [1, 3, 8192] {
+                let (out, acks) = guarded(sent.as_bytes(), step, read, false);
+                assert_eq!(
+                    out,
+                    format!("{PING}\n\n{ACK}\n{PING}\n"),
+                    "step {step}, read {read}"
+                );
+                assert_eq!(acks, 1, "step {step}, read {read}");
+            }
+        }
+    }
+
+    #[test]
+    fn acknowledgements_are_counted_as_they_pass_even_spelled_with_escapes() {
+        let escaped = ACK.replace("postern/", r"postern\u002f");
+        let sent = format!("{ACK}\n{PING}\n{escaped}\n");
+        let acks = Arc::new(Acks::default());
+        let mut input = GuardedInput::new(sent.as_bytes(), acks.clone());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let mut out = String::new();
+        runtime.block_on(input.read_to_string(&mut out)).unwrap();
+        assert_eq!(out, sent);
+        assert_eq!(acks.forwarded.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn a_last_line_without_newline_passes_at_the_end_but_not_after_a_failure() {
+        let (out, _) = guarded(PING.as_bytes(), 7, 16, false);
+        assert_eq!(out, format!("{PING}\n"));
+        let (out, _) = guarded(format!("{PING}\n{PING}").as_bytes(), 7, 16, true);
+        assert_eq!(out, format!("{PING}\n"));
+    }
+
+    #[test]
+    fn only_well_formed_delivery_acknowledgements_are_counted() {
+        assert!(is_ack(ACK.as_bytes()));
+        assert!(!is_ack(
+            br#"{"jsonrpc":"2.0","id":3,"method":"notifications/postern/delivered","params":{}}"#
+        ));
+        assert!(!is_ack(
+            br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#
+        ));
+        assert!(!is_ack(b"not json"));
+        assert!(is_ack(ACK.replace("postern/", r"postern\u002f").as_bytes()));
+    }
+}
