@@ -474,10 +474,14 @@ impl WriteCtx<'_> {
         if let Some(p) = self.cache.map.get(invocation_id) {
             return Ok(p.clone());
         }
-        let events = load_events(self.conn, invocation_id)?;
-        let p = Projection::fold(invocation_id, &events)?;
+        let p = self.fold(invocation_id)?;
         self.cache.insert(invocation_id, p.clone());
         Ok(p)
+    }
+
+    fn fold(&self, invocation_id: &str) -> Result<Projection, JournalError> {
+        let events = load_events(self.conn, invocation_id)?;
+        Ok(Projection::fold(invocation_id, &events)?)
     }
 
     /// The fingerprints bound by other invocations of the same target under
@@ -510,7 +514,12 @@ impl WriteCtx<'_> {
         invocation_id: &str,
         body: &EventBody,
     ) -> Result<Appended, JournalError> {
-        let mut projection = self.projection(invocation_id)?;
+        // Taken out of the cache rather than copied: it goes back, updated, once the
+        // event is appended (until then a failure simply leaves it to be folded again).
+        let mut projection = match self.cache.map.remove(invocation_id) {
+            Some(p) => p,
+            None => self.fold(invocation_id)?,
+        };
         let accepting = matches!(body, EventBody::ActionAccepted { .. });
         if !projection.exists() && !accepting {
             return Err(JournalError::UnknownInvocation(invocation_id.to_string()));
