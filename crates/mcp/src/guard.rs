@@ -281,6 +281,52 @@ mod tests {
         assert_eq!(out, format!("{PING}\n"));
     }
 
+    /// What the guard should pass of `sent`, said line by line: every line (the last one
+    /// even without its newline) that is within the limit and not nested too deep, and
+    /// how many of them are acknowledgements.
+    fn model(sent: &[u8]) -> (Vec<u8>, usize) {
+        let mut lines: Vec<&[u8]> = sent.split(|b| *b == b'\n').collect();
+        if lines.last().is_some_and(|l| l.is_empty()) {
+            lines.pop();
+        }
+        let passed: Vec<&[u8]> = lines
+            .into_iter()
+            .filter(|l| l.len() <= LIMIT && !nesting_exceeds(l, MAX_DEPTH))
+            .collect();
+        let acks = passed.iter().filter(|l| is_ack(l)).count();
+        let mut out = Vec::new();
+        for line in passed {
+            out.extend_from_slice(line);
+            out.push(b'\n');
+        }
+        (out, acks)
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_guard_passes_what_a_line_by_line_reading_would(
+            pieces in proptest::collection::vec(0usize..7, 0..40),
+            step in 1usize..400,
+            read in 1usize..400,
+            fail_at_end: bool,
+        ) {
+            let deep = "[".repeat(MAX_DEPTH + 1);
+            let long = "x".repeat(LIMIT / 2 + 1);
+            let fragments: [&str; 7] = [PING, ACK, "\n", &deep, &long, "]", r"\u002f"];
+            let sent: String = pieces.iter().map(|&i| fragments[i]).collect();
+            let (out, acks) = guarded(sent.as_bytes(), step, read, fail_at_end);
+            // A read error drops the unfinished last line.
+            let kept = if fail_at_end {
+                &sent[..sent.rfind('\n').map_or(0, |at| at + 1)]
+            } else {
+                &sent[..]
+            };
+            let (expected, expected_acks) = model(kept.as_bytes());
+            proptest::prop_assert_eq!(out.as_bytes(), &expected[..]);
+            proptest::prop_assert_eq!(acks, expected_acks);
+        }
+    }
+
     #[test]
     fn only_well_formed_delivery_acknowledgements_are_counted() {
         assert!(is_ack(ACK.as_bytes()));
