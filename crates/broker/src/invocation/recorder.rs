@@ -457,18 +457,13 @@ impl Recorder {
         &mut self,
         authorization: Authorization,
     ) -> Result<Appended, StepError> {
-        match self
+        let started = self
             .journal
             .authorize_and_start(&self.id, authorization)
-            .await
-        {
-            Ok(appended) => {
-                self.generation = appended.projection.attempt.generation;
-                Ok(appended)
-            }
-            Err(JournalError::RecordedInstead(failed)) => Err(self.stopped(&failed)),
-            Err(e) => Err(e.into()),
-        }
+            .await;
+        let appended = self.step_recorded(started)?;
+        self.generation = appended.projection.attempt.generation;
+        Ok(appended)
     }
 
     /// Defers the credential's authorization and the next attempt's lease to the
@@ -492,18 +487,12 @@ impl Recorder {
         let Some(authorization) = self.deferred_authorization.take() else {
             return Ok(());
         };
-        match self
+        // LeaseLost here: another holder started the generation this attempt was named
+        // after.
+        let started = self
             .journal
-            .authorize_deferred(&self.id, authorization, self.generation)
-        {
-            Ok(_) => Ok(()),
-            Err(JournalError::RecordedInstead(failed)) => Err(self.stopped(&failed)),
-            // Another holder started the generation this attempt was named after.
-            Err(JournalError::LeaseLost { .. }) => {
-                Err(StepError::Stopped(Box::new(self.lease_lost_envelope()?)))
-            }
-            Err(e) => Err(e.into()),
-        }
+            .authorize_deferred(&self.id, authorization, self.generation);
+        self.step_recorded(started).map(|_| ())
     }
 
     /// A connection-setup stage failed; it proves not_attempted for this attempt.
@@ -549,14 +538,15 @@ impl Recorder {
         // with not_attempted.
         self.may_have_dispatched
             .store(true, std::sync::atomic::Ordering::SeqCst);
-        let recorded = self.journal.dispatch_started(
-            &self.id,
-            self.generation,
-            fingerprint_now,
+        let dispatch = Dispatch {
+            fingerprint: fingerprint_now.to_string(),
             connection_id,
             peer_identity,
-        );
-        self.dispatch_recorded(recorded)
+        };
+        let recorded = self
+            .journal
+            .dispatch_started(&self.id, self.generation, dispatch);
+        self.step_recorded(recorded)
     }
 
     /// [`Recorder::dispatch_started`], awaited without blocking a runtime thread.
@@ -582,20 +572,17 @@ impl Recorder {
             }
             None => {
                 self.journal
-                    .dispatch_started_async(
-                        &self.id,
-                        self.generation,
-                        &dispatch.fingerprint,
-                        dispatch.connection_id,
-                        dispatch.peer_identity,
-                    )
+                    .dispatch_started_async(&self.id, self.generation, dispatch)
                     .await
             }
         };
-        self.dispatch_recorded(recorded)
+        self.step_recorded(recorded)
     }
 
-    fn dispatch_recorded(
+    /// A step that may be refused as the journal records it (the attempt's start, its
+    /// DISPATCH_STARTED), as the caller sees it: a failure the job recorded instead, or
+    /// a lease another holder took, stops the invocation with its envelope.
+    fn step_recorded(
         &self,
         recorded: Result<Appended, JournalError>,
     ) -> Result<Appended, StepError> {

@@ -1247,8 +1247,7 @@ impl Journal {
         authorization: Authorization,
     ) -> Result<Appended, JournalError> {
         let job = authorize_job(invocation_id, authorization, None);
-        let started = self.write_async(false, job).await?;
-        started.map_err(|failed| JournalError::RecordedInstead(Box::new(failed)))
+        recorded_instead(self.write_async(false, job).await?)
     }
 
     /// A start deferred to the dispatch gate ([`Journal::authorize_and_dispatch`]) that
@@ -1263,8 +1262,7 @@ impl Journal {
         expected: u32,
     ) -> Result<Appended, JournalError> {
         let job = authorize_job(invocation_id, authorization, Some(expected));
-        let started = self.write(false, job)?;
-        started.map_err(|failed| JournalError::RecordedInstead(Box::new(failed)))
+        recorded_instead(self.write(false, job)?)
     }
 
     /// CREDENTIAL_AUTHORIZED, the attempt's lease and DISPATCH_STARTED in one fsynced
@@ -1291,7 +1289,7 @@ impl Journal {
                 Err(failed) => Ok(Err(failed)),
             })
             .await?;
-        dispatched.map_err(|failed| JournalError::RecordedInstead(Box::new(failed)))
+        recorded_instead(dispatched)
     }
 
     /// Closes the current attempt if its lease expired before it ended, recording what
@@ -1310,21 +1308,9 @@ impl Journal {
         &self,
         invocation_id: &str,
         generation: u32,
-        fingerprint: &str,
-        connection_id: Option<String>,
-        peer_identity: Option<String>,
+        dispatch: Dispatch,
     ) -> Result<Appended, JournalError> {
-        let job = dispatch_job(
-            invocation_id,
-            generation,
-            Dispatch {
-                fingerprint: fingerprint.to_string(),
-                connection_id,
-                peer_identity,
-            },
-        );
-        let dispatched = self.write(true, job)?;
-        dispatched.map_err(|failed| JournalError::RecordedInstead(Box::new(failed)))
+        recorded_instead(self.write(true, dispatch_job(invocation_id, generation, dispatch))?)
     }
 
     /// [`Journal::dispatch_started`], awaited without blocking a runtime thread.
@@ -1332,21 +1318,10 @@ impl Journal {
         &self,
         invocation_id: &str,
         generation: u32,
-        fingerprint: &str,
-        connection_id: Option<String>,
-        peer_identity: Option<String>,
+        dispatch: Dispatch,
     ) -> Result<Appended, JournalError> {
-        let job = dispatch_job(
-            invocation_id,
-            generation,
-            Dispatch {
-                fingerprint: fingerprint.to_string(),
-                connection_id,
-                peer_identity,
-            },
-        );
-        let dispatched = self.write_async(true, job).await?;
-        dispatched.map_err(|failed| JournalError::RecordedInstead(Box::new(failed)))
+        let job = dispatch_job(invocation_id, generation, dispatch);
+        recorded_instead(self.write_async(true, job).await?)
     }
 
     /// Stores a settled result and appends RESULT_COMMITTED in one fsynced transaction,
@@ -1682,6 +1657,12 @@ fn start_attempt_job(
             .execute(params![id, generation, holder, expires])?;
         Ok(appended)
     }
+}
+
+/// What a step whose job may record a failure instead returns to its caller: the
+/// appended step, or that failure as [`JournalError::RecordedInstead`].
+fn recorded_instead(step: Result<Appended, Appended>) -> Result<Appended, JournalError> {
+    step.map_err(|failed| JournalError::RecordedInstead(Box::new(failed)))
 }
 
 /// The job that authorizes the credential and starts the next attempt
