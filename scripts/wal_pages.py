@@ -25,7 +25,9 @@ def commits(wal: bytes) -> list[list[int]]:
     """The page numbers of each committed transaction in `wal`, oldest first."""
     if len(wal) < 32:
         return []
-    _magic, _version, page_size, _seq, salt1, salt2, _c1, _c2 = struct.unpack(">8I", wal[:32])
+    magic, _version, page_size, _seq, salt1, salt2, _c1, _c2 = struct.unpack(">8I", wal[:32])
+    if magic & ~1 != 0x377F0682 or page_size < 512:
+        return []
     out, pending, at = [], [], 32
     while at + 24 + page_size <= len(wal):
         page, db_size, s1, s2 = struct.unpack(">4I", wal[at:at + 16])
@@ -44,6 +46,9 @@ def main() -> int:
     p.add_argument("journal", type=Path)
     p.add_argument("--last", type=int, default=200, help="commits to average over")
     args = p.parse_args()
+    if not args.journal.is_file():
+        print(f"{args.journal}: no such journal file", file=sys.stderr)
+        return 2
     wal_path = Path(str(args.journal) + "-wal")
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "journal.db"
@@ -55,10 +60,14 @@ def main() -> int:
         if not found:
             print("no committed frames in the WAL (it was just checkpointed): try again")
             return 1
-        con = sqlite3.connect(copy)
-        owner = dict((page, name) for name, page in
-                     con.execute("SELECT name, pageno FROM dbstat"))
-        con.close()
+        try:
+            con = sqlite3.connect(copy)
+            owner = dict((page, name) for name, page in
+                         con.execute("SELECT name, pageno FROM dbstat"))
+            con.close()
+        except sqlite3.Error as e:
+            print(f"{args.journal}: cannot read it as a SQLite database ({e})", file=sys.stderr)
+            return 2
     per_tree = collections.Counter()
     for pages in found:
         for page in pages:
