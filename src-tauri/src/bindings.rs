@@ -197,6 +197,7 @@ pub fn typescript() -> String {
         RecordedAgent::decl(),
         ApprovalProof::decl(),
         BodyPreview::decl(),
+        HeaderPreview::decl(),
         ApprovalCard::decl(),
         Decision::decl(),
         ActivityRow::decl(),

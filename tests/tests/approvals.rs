@@ -101,6 +101,113 @@ async fn an_approved_fingerprint_is_sent() {
     assert_eq!(f.server.requests().len(), 1);
 }
 
+// Regression: issue 26 (item 1). The card showed `GET …/items/42` and no headers; the
+// origin then received a method override, an identity claim, a cookie and a header a
+// 60 KiB pad had pushed out of sight, plus the credential.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_card_shows_every_header_the_origin_receives_and_flags_the_dangerous_ones_first() {
+    let f = fixture("per_call", Duration::from_secs(10)).await;
+    let sent: Vec<(String, String)> = [
+        ("X-HTTP-Method-Override", "DELETE".to_string()),
+        ("X-Forwarded-User", "admin".to_string()),
+        ("Cookie", "session=stolen".to_string()),
+        ("X-Pad", "A".repeat(60 * 1024)),
+        ("X-Do", "wire-transfer".to_string()),
+    ]
+    .into_iter()
+    .map(|(n, v)| (n.to_string(), v))
+    .collect();
+    let request = HttpRequest {
+        url: f.server.url("/v1/items/42"),
+        method: "GET".into(),
+        headers: sent.clone(),
+        ..Default::default()
+    };
+    let context = ctx(&f, "s1");
+    let (out, card) = tokio::join!(f.broker.channel.execute(request, &context), async {
+        let p = pending(&f).await;
+        let card = p.request.card();
+        f.approvals
+            .approve(&p.request.invocation_id, &p.request.fingerprint, "alice")
+            .unwrap();
+        card
+    });
+    assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
+
+    // Every header the agent supplied is on the card, in the order sent.
+    let names: Vec<&str> = card.headers.iter().map(|h| h.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "X-HTTP-Method-Override",
+            "X-Forwarded-User",
+            "Cookie",
+            "X-Pad",
+            "X-Do"
+        ]
+    );
+    let pad = &card.headers[3];
+    assert!(pad.truncated && pad.size == 60 * 1024, "{pad:?}");
+    assert_eq!(card.headers[4].value, "wire-transfer");
+    // The three that change what the request means are flagged and come first.
+    for name in ["X-HTTP-Method-Override", "X-Forwarded-User", "Cookie"] {
+        assert!(
+            card.cautions
+                .iter()
+                .any(|c| c.starts_with(&format!("header {name}:"))),
+            "{name} not among the cautions: {:?}",
+            card.cautions
+        );
+    }
+    assert_eq!(card.cautions.len(), 3, "{:?}", card.cautions);
+
+    // The card against the bytes the origin received: every received header is one the
+    // card shows (the agent's by value or digest, the broker's by its line), and every
+    // header the card shows was received.
+    let seen = f.server.requests();
+    assert_eq!(seen.len(), 1);
+    let mut unshown = Vec::new();
+    let mut agent_headers = card.headers.iter();
+    for (name, value) in &seen[0].headers {
+        let shown_by_agent = card.headers.iter().any(|h| {
+            h.name.eq_ignore_ascii_case(name)
+                && if h.truncated {
+                    h.digest == blake3::hash(value.as_bytes()).to_hex().to_string()
+                } else {
+                    h.value == *value
+                }
+        });
+        let shown_as_added = card.added.iter().any(|line| {
+            line.strip_prefix(&format!("{name}: "))
+                .is_some_and(|shown| {
+                    // The credential is shown by id, never by value.
+                    shown == value
+                        || (name == "authorization" && shown.contains("<credential api-key>"))
+                })
+        });
+        if shown_by_agent {
+            let next = agent_headers.next().expect("more agent headers than shown");
+            assert!(next.name.eq_ignore_ascii_case(name), "out of order: {name}");
+        } else if !shown_as_added {
+            unshown.push(format!("{name}: {value}"));
+        }
+    }
+    assert!(
+        unshown.is_empty(),
+        "received but not on the card: {unshown:?}\ncard added: {:?}",
+        card.added
+    );
+    assert!(
+        agent_headers.next().is_none(),
+        "on the card but never received"
+    );
+    assert!(
+        card.added
+            .iter()
+            .all(|line| !line.contains("approval-test-secret"))
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_denied_request_is_never_retried_and_nothing_is_sent() {
     let f = fixture("per_call", Duration::from_secs(10)).await;

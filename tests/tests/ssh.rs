@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use postern_broker::channel::ssh::{SshChannel, SshOutcome, SshRequest};
-use postern_broker::contract::{Code, Outcome, Phase, Stage};
+use postern_broker::contract::{Code, Outcome, Phase, Retry, Stage};
 use postern_broker::invocation::CallContext;
 use postern_broker::vault::{CredentialKind, Secret};
 use postern_tests::fixture::{Broker, open_broker, test_service};
@@ -332,6 +332,95 @@ async fn approval_without_an_approver_is_no_approver() {
         Outcome::NotAttempted,
         Code::NoApprover,
     );
+}
+
+// Regression: issue 26 (item 8). `bash -s` with `touch victim` on stdin was approved
+// from a card that showed only `bash -s`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_card_shows_stdin_and_says_when_an_interpreter_runs_it() {
+    use postern_broker::approvals::Approvals;
+    let Some(sshd) = sshd() else { return };
+    let text = config(sshd.port, Some(&sshd.host_key), "")
+        .replace("approval = \"none\"", "approval = \"per_call\"");
+    let f = fixture(&text, &sshd.user_ed25519.private);
+    let approvals = std::sync::Arc::new(Approvals::new(
+        Duration::from_secs(10),
+        std::sync::Arc::new(postern_broker::clock::SystemClock),
+    ));
+    let ctx = CallContext {
+        approver: Some(approvals.clone()),
+        ..Default::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let victim = dir.path().join("victim");
+    let script = format!("touch {}", victim.display());
+    let mut request = cmd("bash -s");
+    request.stdin = Some(script.clone().into_bytes());
+    let (out, card) = tokio::join!(f.channel.execute(request, &ctx), async {
+        let pending = loop {
+            if let Some(p) = approvals.pending().into_iter().next() {
+                break p;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        // Nothing has run while the card waits.
+        assert!(!victim.exists());
+        let card = pending.request.card();
+        approvals
+            .approve(
+                &pending.request.invocation_id,
+                &pending.request.fingerprint,
+                "alice",
+            )
+            .unwrap();
+        card
+    });
+    assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
+    assert!(victim.exists(), "the approved script ran");
+    let stdin = card.stdin.as_ref().expect("the card shows stdin");
+    assert_eq!(stdin.text, script);
+    assert_eq!(stdin.size, script.len() as u64);
+    assert_eq!(
+        stdin.digest,
+        blake3::hash(script.as_bytes()).to_hex().to_string()
+    );
+    assert!(
+        card.cautions.iter().any(|c| c.contains("starts bash")),
+        "{:?}",
+        card.cautions
+    );
+    // The card the journal recorded with the request is the one shown.
+    let record = postern_broker::provenance::ApprovalRecord::of(
+        &f.broker.journal.events(&out.invocation_id).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(record.card.as_ref(), Some(&card));
+    assert!(record.card_intact);
+}
+
+// Regression: issue 26 (item 8). A 300 KB command reached sshd, which refused the packet
+// after dispatch, and came back `unknown`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_too_long_for_one_packet_is_refused_before_anything_is_sent() {
+    let Some(sshd) = sshd() else { return };
+    let f = against(&sshd, &sshd.user_ed25519, "");
+    let command = format!("echo {}", "x".repeat(300 * 1024));
+    let o = run(&f, cmd(&command)).await;
+    assert_error(
+        &o,
+        Phase::Validation,
+        Outcome::NotAttempted,
+        Code::PayloadLimit,
+    );
+    let env = o.error.unwrap();
+    assert_eq!(env.error.retry, Retry::AfterCorrection);
+    assert_eq!(env.evidence.field.as_deref(), Some("command"));
+    assert!(!env.evidence.dispatch_started);
+    // The largest command allowed still runs.
+    let limit = postern_broker::channel::ssh::MAX_COMMAND_BYTES;
+    let longest = format!("echo {}", "y".repeat(limit - 5));
+    let o = run(&f, cmd(&longest)).await;
+    assert_eq!(o.outcome, Outcome::Committed, "{o:?}");
 }
 
 /// The user key is the canary: the remote prints it, and neither the outcome nor any

@@ -98,6 +98,17 @@ pub struct ApprovalDetail {
     pub resolved: Option<String>,
     /// HTTP: the proxy (`host:port`, never its credentials) the request goes through.
     pub proxy: Option<String>,
+    /// HTTP: every header the agent supplied, in the order sent, each previewed and
+    /// flagged when it changes what the request means.
+    pub headers: Vec<crate::display::HeaderPreview>,
+    /// HTTP: what the broker adds to the request beside the agent's headers (the
+    /// credential named by id, never its value).
+    pub added: Vec<String>,
+    /// SSH: the command's standard input, previewed like a body.
+    pub stdin: Option<crate::display::BodyPreview>,
+    /// What the person should look at first: flagged headers, a script fed to an
+    /// interpreter on stdin.
+    pub cautions: Vec<String>,
 }
 
 /// A person's answer. An approval names the fingerprint it approves; an answer from the

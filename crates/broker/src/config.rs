@@ -80,6 +80,9 @@ const MAX_TIMEOUT_MS: u64 = 600_000;
 const DEFAULT_MAX_RESPONSE_BYTES: u64 = 10 * 1024 * 1024;
 const DEFAULT_MAX_REQUEST_BODY_BYTES: u64 = 1024 * 1024;
 const DEFAULT_MAX_OUTPUT_BYTES: u64 = 1024 * 1024;
+/// The most an SSH target may let one command's output (stdout and stderr together) hold
+/// in the broker's memory; issue 26 found any value accepted (350 MB in one call).
+pub const MAX_OUTPUT_BYTES_LIMIT: u64 = 64 * 1024 * 1024;
 const DEFAULT_SSH_PORT: u16 = 22;
 const IDEMPOTENCY_KEY_PLACEHOLDER: &str = "{idempotency_key}";
 const SECRET_PLACEHOLDER: &str = "{secret}";
@@ -1660,7 +1663,13 @@ fn validate_ssh(ctx: &Ctx<'_>, raw: RawSsh) -> Result<SshTarget, ConfigError> {
         .transpose()
         .map_err(|reason| ctx.err("host_key", Problem::InvalidHostKey { reason }))?;
     check_range(ctx, "timeout_ms", raw.timeout_ms, 1, MAX_TIMEOUT_MS)?;
-    check_range(ctx, "max_output_bytes", raw.max_output_bytes, 1, u64::MAX)?;
+    check_range(
+        ctx,
+        "max_output_bytes",
+        raw.max_output_bytes,
+        1,
+        MAX_OUTPUT_BYTES_LIMIT,
+    )?;
     Ok(SshTarget {
         name: raw.name,
         host,

@@ -26,7 +26,7 @@ use rusqlite::Connection;
 use serde::{Deserialize, Serialize};
 
 use crate::approvals::ApprovalRequest;
-use crate::display::{BodyPreview, escape_text};
+use crate::display::{BodyPreview, HeaderPreview, escape_text};
 use crate::journal::events::{Event, EventBody};
 use crate::journal::{Journal, JournalError, load_events};
 use crate::platform;
@@ -464,6 +464,19 @@ pub struct ApprovalCard {
     /// `resolved`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy: Option<String>,
+    /// What the person should look at first (see `ApprovalDetail`). This and the fields
+    /// below are omitted when empty, so cards recorded before them keep their digests.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cautions: Vec<String>,
+    /// Every header the agent supplied, in the order sent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<HeaderPreview>,
+    /// What the broker adds to the request (the credential by id only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub added: Vec<String>,
+    /// SSH: the command's standard input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<BodyPreview>,
     pub credential_id: String,
     pub credential_version: String,
     pub injection_mode: String,
@@ -494,6 +507,11 @@ impl ApprovalCard {
             host_key: r.detail.host_key.clone(),
             resolved: r.detail.resolved.as_deref().map(escape_text),
             proxy: r.detail.proxy.as_deref().map(escape_text),
+            // Built escaped by the channel, like the command.
+            cautions: r.detail.cautions.clone(),
+            headers: r.detail.headers.clone(),
+            added: r.detail.added.clone(),
+            stdin: r.detail.stdin.clone(),
             credential_id: r.credential_id.clone(),
             credential_version: r.credential_version.clone(),
             injection_mode: r.injection_mode.clone(),

@@ -177,6 +177,33 @@ pub struct BodyPreview {
     pub truncated: bool,
 }
 
+impl BodyPreview {
+    fn shown(b: &postern_broker::display::BodyPreview) -> Self {
+        BodyPreview {
+            size: b.size,
+            digest: b.digest.clone(),
+            text: b.text.clone(),
+            truncated: b.truncated,
+        }
+    }
+}
+
+/// One header the agent supplied, as the card shows it.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct HeaderPreview {
+    pub name: String,
+    /// Escaped start of the value.
+    pub value: String,
+    /// The value's full length in bytes.
+    #[ts(type = "number")]
+    pub size: u64,
+    /// blake3 of the whole value.
+    pub digest: String,
+    pub truncated: bool,
+    /// Why this header changes what the request means; the card lists these first.
+    pub flag: Option<String>,
+}
+
 /// One pending approval.
 #[derive(Debug, Clone, Serialize, TS)]
 pub struct ApprovalCard {
@@ -198,6 +225,15 @@ pub struct ApprovalCard {
     /// The HTTP proxy (`host:port`) the request goes through; the proxy, not the
     /// broker, resolves the host then.
     pub proxy: Option<String>,
+    /// What to look at first: flagged headers, a script fed to an interpreter on stdin.
+    pub cautions: Vec<String>,
+    /// HTTP: every header the agent supplied, in the order sent.
+    pub headers: Vec<HeaderPreview>,
+    /// HTTP: what the broker adds (host, framing, coding, the credential by id, the
+    /// idempotency key).
+    pub added: Vec<String>,
+    /// SSH: the command's standard input.
+    pub stdin: Option<BodyPreview>,
     pub credential_id: String,
     pub credential_version: String,
     pub injection_mode: String,
@@ -236,17 +272,27 @@ impl ApprovalCard {
             summary: card.summary.clone(),
             method: card.method.clone(),
             url: card.url.clone(),
-            body: card.body.as_ref().map(|b| BodyPreview {
-                size: b.size,
-                digest: b.digest.clone(),
-                text: b.text.clone(),
-                truncated: b.truncated,
-            }),
+            body: card.body.as_ref().map(BodyPreview::shown),
             ssh_destination: card.ssh_destination.clone(),
             command: card.command.clone(),
             host_key: card.host_key.clone(),
             resolved: card.resolved.clone(),
             proxy: card.proxy.clone(),
+            cautions: card.cautions.clone(),
+            headers: card
+                .headers
+                .iter()
+                .map(|h| HeaderPreview {
+                    name: h.name.clone(),
+                    value: h.value.clone(),
+                    size: h.size,
+                    digest: h.digest.clone(),
+                    truncated: h.truncated,
+                    flag: h.flag.clone(),
+                })
+                .collect(),
+            added: card.added.clone(),
+            stdin: card.stdin.as_ref().map(BodyPreview::shown),
             credential_id: card.credential_id.clone(),
             credential_version: card.credential_version.clone(),
             injection_mode: card.injection_mode.clone(),

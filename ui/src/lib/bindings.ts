@@ -120,6 +120,24 @@ export type BodyPreview = { size: number, digest: string,
  */
 text: string, truncated: boolean, };
 
+export type HeaderPreview = { name: string, 
+/**
+ * Escaped start of the value.
+ */
+value: string, 
+/**
+ * The value's full length in bytes.
+ */
+size: number, 
+/**
+ * blake3 of the whole value.
+ */
+digest: string, truncated: boolean, 
+/**
+ * Why this header changes what the request means; the card lists these first.
+ */
+flag: string | null, };
+
 export type ApprovalCard = { invocation_id: string, 
 /**
  * `per_call`, `session` (approving covers this agent session) or `host_key` (first
@@ -135,7 +153,24 @@ resolved: string | null,
  * The HTTP proxy (`host:port`) the request goes through; the proxy, not the
  * broker, resolves the host then.
  */
-proxy: string | null, credential_id: string, credential_version: string, injection_mode: string, idempotency_key: string | null, 
+proxy: string | null, 
+/**
+ * What to look at first: flagged headers, a script fed to an interpreter on stdin.
+ */
+cautions: Array<string>, 
+/**
+ * HTTP: every header the agent supplied, in the order sent.
+ */
+headers: Array<HeaderPreview>, 
+/**
+ * HTTP: what the broker adds (host, framing, coding, the credential by id, the
+ * idempotency key).
+ */
+added: Array<string>, 
+/**
+ * SSH: the command's standard input.
+ */
+stdin: BodyPreview | null, credential_id: string, credential_version: string, injection_mode: string, idempotency_key: string | null, 
 /**
  * The full fingerprint the approval binds; Approve sends it back.
  */

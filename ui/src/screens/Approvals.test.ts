@@ -55,6 +55,63 @@ describe("Approvals", () => {
     expect(within(card).getByTestId("card-digest").textContent).toBe(CARD_DIGEST.slice(0, 16));
   });
 
+  // Regression: issue 26 (item 1): the card showed no headers at all.
+  test("every header the agent sent is on the card in order, flagged ones first", async () => {
+    const digest = "ee".repeat(32);
+    await renderWith([
+      approvalCard({
+        method: "GET",
+        body: null,
+        cautions: ["header X-HTTP-Method-Override: method override: the server may run another method than the one shown"],
+        headers: [
+          { name: "X-Pad", value: "A".repeat(256), size: 61440, digest, truncated: true, flag: null },
+          { name: "X-Do", value: "wire-transfer", size: 13, digest, truncated: false, flag: null },
+          {
+            name: "X-HTTP-Method-Override",
+            value: "DELETE",
+            size: 6,
+            digest,
+            truncated: false,
+            flag: "method override: the server may run another method than the one shown",
+          },
+        ],
+        added: ["host: api.example.com", "authorization: Bearer <credential orders-token>"],
+      }),
+    ]);
+    const card = screen.getByTestId("approval-card");
+    const cautions = within(card).getByTestId("card-cautions");
+    expect(cautions.textContent).toContain("X-HTTP-Method-Override");
+    // The cautions come before the request line, so they are read first.
+    expect(cautions.compareDocumentPosition(within(card).getByTestId("card-request")) & Node.DOCUMENT_POSITION_FOLLOWING).toBeTruthy();
+    const rows = within(card).getAllByTestId("card-header").map((li) => li.textContent ?? "");
+    expect(rows).toHaveLength(3);
+    expect(rows[0]).toMatch(/^X-Pad:/);
+    expect(rows[0]).toContain("(truncated: 60.0 KiB, blake3 eeeeeeeeeeeeeeee…)");
+    expect(rows[1]).toContain("X-Do: wire-transfer");
+    expect(rows[2]).toContain("DELETE");
+    expect(rows[2]).toContain("method override");
+    expect(within(card).getByTestId("card-added").textContent).toContain("<credential orders-token>");
+  });
+
+  test("an SSH card shows the command's stdin like a body", async () => {
+    await renderWith([
+      approvalCard({
+        method: null,
+        url: null,
+        body: null,
+        ssh_destination: "deploy@web1:22",
+        command: "bash -s",
+        stdin: { size: 12, digest: "ab".repeat(32), text: "touch victim", truncated: false },
+        cautions: ["stdin is a script: the command starts bash, which runs what it reads from stdin"],
+      }),
+    ]);
+    const card = screen.getByTestId("approval-card");
+    expect(within(card).getByTestId("card-stdin").textContent).toContain("touch victim");
+    expect(within(card).getByTestId("card-stdin").textContent).toContain("blake3 abababababababab…");
+    expect(within(card).getByTestId("card-cautions").textContent).toContain("starts bash");
+    expect(within(card).queryByTestId("card-headers")).toBeNull();
+  });
+
   test("an agent whose binary could not be hashed says why", async () => {
     await renderWith([
       approvalCard({

@@ -735,7 +735,16 @@ fn ssh_targets_are_validated() {
             "max_output_bytes",
             Problem::OutOfRange {
                 min: 1,
-                max: u64::MAX,
+                max: 64 * 1024 * 1024,
+            },
+        ),
+        // Regression: issue 26 (item 8): 200 MB of output per stream was accepted.
+        (
+            "max_output_bytes = 209715200",
+            "max_output_bytes",
+            Problem::OutOfRange {
+                min: 1,
+                max: 64 * 1024 * 1024,
             },
         ),
     ];

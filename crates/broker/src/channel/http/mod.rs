@@ -4,6 +4,7 @@
 //! one file per step:
 //!
 //! - `validate`: the request checked against the target before anything is touched.
+//! - `card`: what the approval card shows of the headers, the agent's and the broker's.
 //! - `inject`: the credential put on the wire for one attempt, and the redactor.
 //! - `exchange`: connection setup (dns, tcp, tls; each failure recorded, capped
 //!   internal retries), the dispatch gate, the response read, scrubbed and committed.
@@ -15,6 +16,7 @@
 //! record's decision, and the configured reconcile query for an unknown outcome.
 
 pub mod batch;
+mod card;
 mod exchange;
 mod inject;
 pub mod job;
@@ -128,6 +130,8 @@ pub struct Plan {
     allow_private: bool,
     /// The proxy (`host:port`) the target's requests go through, for the approval card.
     proxy: Option<String>,
+    /// What the broker adds to the request, for the approval card (`card::added`).
+    added: Vec<String>,
 }
 
 /// One attempt's request with the credential in it. The URL and header values that may
@@ -299,6 +303,7 @@ impl Channel for Http {
                 .unwrap_or_else(|_| "did not resolve in time".to_string()),
             ),
         };
+        let (headers, cautions) = card::headers(&p.request);
         let detail = ApprovalDetail {
             resolved,
             proxy: p.proxy.clone(),
@@ -306,6 +311,9 @@ impl Channel for Http {
             url: Some(p.http.url()),
             body: (!p.request.body.is_empty())
                 .then(|| crate::display::BodyPreview::of(&p.request.body)),
+            headers,
+            added: p.added.clone(),
+            cautions,
             ..Default::default()
         };
         (validate::summary(&p.request), detail)

@@ -175,6 +175,12 @@ pub(super) fn validate(request: &HttpRequest, config: &Config) -> Result<Validat
         "idempotency_key": idempotency_key,
         "timeout_ms": request.timeout_ms,
     });
+    let added = super::card::added(
+        target,
+        request,
+        &host_header(&action),
+        idempotency_key.as_deref(),
+    );
     Ok(Validated {
         target: target.name.clone(),
         action: NormalizedAction::Http(action.clone()),
@@ -188,8 +194,18 @@ pub(super) fn validate(request: &HttpRequest, config: &Config) -> Result<Validat
             batch_members,
             allow_private: target.allow_private,
             proxy: target.proxy.via().map(|p| p.authority()),
+            added,
         },
     })
+}
+
+/// The `host` header the HTTP stack sends for `action` (RFC 9110 §7.2: the port only
+/// when it is not the scheme's default).
+fn host_header(action: &NormalizedHttp) -> String {
+    match action.port {
+        Some(port) => format!("{}:{port}", action.host),
+        None => action.host.clone(),
+    }
 }
 
 /// Whether `action` is a batch under the target's `[http.batch]`: a request that can

@@ -521,7 +521,55 @@ enum Lost {
 }
 
 /// What arrived on the channel after the exec request.
+/// The output all running commands may hold at once in the broker's memory, beside each
+/// target's own `max_output_bytes` per stream: issue 26 found four calls holding 1 GB.
+/// Output past it is cut and its stream marked incomplete, as at a target's limit.
+pub const MAX_OUTPUT_HELD: usize = 256 * 1024 * 1024;
+
+/// Bytes of command output held across every running command.
+pub struct OutputBudget {
+    held: std::sync::atomic::AtomicUsize,
+    max: usize,
+}
+
+impl OutputBudget {
+    pub const fn new(max: usize) -> Self {
+        OutputBudget {
+            held: std::sync::atomic::AtomicUsize::new(0),
+            max,
+        }
+    }
+
+    /// Takes up to `want` bytes; returns how many were granted.
+    fn take(&self, want: usize) -> usize {
+        use std::sync::atomic::Ordering;
+        let mut granted = 0;
+        let _ = self
+            .held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                granted = want.min(self.max.saturating_sub(held));
+                Some(held + granted)
+            });
+        granted
+    }
+
+    fn give_back(&self, n: usize) {
+        self.held.fetch_sub(n, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// Bytes held right now.
+    #[cfg(test)]
+    fn held(&self) -> usize {
+        self.held.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+/// The broker's one budget for command output.
+static OUTPUT: OutputBudget = OutputBudget::new(MAX_OUTPUT_HELD);
+
 struct Run {
+    /// Where this run's output is counted; what it holds is given back when it ends.
+    budget: &'static OutputBudget,
     limit: usize,
     accepted: bool,
     stdout: Vec<u8>,
@@ -537,7 +585,12 @@ struct Run {
 
 impl Run {
     fn new(limit: u64) -> Self {
+        Run::within(limit, &OUTPUT)
+    }
+
+    fn within(limit: u64, budget: &'static OutputBudget) -> Self {
         Run {
+            budget,
             limit: usize::try_from(limit).unwrap_or(usize::MAX),
             accepted: false,
             stdout: Vec::new(),
@@ -552,18 +605,25 @@ impl Run {
         }
     }
 
-    fn keep(buf: &mut Vec<u8>, truncated: &mut bool, data: &[u8], limit: usize) {
-        let room = limit.saturating_sub(buf.len());
+    fn keep(
+        budget: &OutputBudget,
+        buf: &mut Vec<u8>,
+        truncated: &mut bool,
+        data: &[u8],
+        limit: usize,
+    ) {
+        let room = budget.take(data.len().min(limit.saturating_sub(buf.len())));
         if data.len() > room {
             *truncated = true;
         }
-        buf.extend_from_slice(&data[..data.len().min(room)]);
+        buf.extend_from_slice(&data[..room]);
     }
 
     fn observe(&mut self, msg: ChannelMsg) {
         match msg {
             ChannelMsg::Data { data } => {
                 Self::keep(
+                    self.budget,
                     &mut self.stdout,
                     &mut self.stdout_truncated,
                     &data,
@@ -572,6 +632,7 @@ impl Run {
             }
             ChannelMsg::ExtendedData { data, ext: 1 } => {
                 Self::keep(
+                    self.budget,
                     &mut self.stderr,
                     &mut self.stderr_truncated,
                     &data,
@@ -617,4 +678,43 @@ fn signal_name_of(sig: &Sig) -> String {
         Sig::Custom(name) => name.as_str(),
     }
     .to_string()
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        self.budget
+            .give_back(self.stdout.len().saturating_add(self.stderr.len()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn out(bytes: &[u8]) -> ChannelMsg {
+        ChannelMsg::Data {
+            data: bytes::Bytes::copy_from_slice(bytes),
+        }
+    }
+
+    // Regression: issue 26 (item 8): output was bounded per stream and per call only.
+    #[test]
+    fn concurrent_commands_share_one_output_budget_and_give_it_back_when_they_end() {
+        static BUDGET: OutputBudget = OutputBudget::new(10);
+        let mut first = Run::within(1000, &BUDGET);
+        first.observe(out(b"12345678"));
+        let mut second = Run::within(1000, &BUDGET);
+        second.observe(out(b"abcdef"));
+        assert_eq!(second.stdout, b"ab", "only what is left of the budget");
+        assert!(second.stdout_truncated, "a cut stream says so");
+        assert!(!first.stdout_truncated);
+        assert_eq!(BUDGET.held(), 10);
+        drop(first);
+        assert_eq!(BUDGET.held(), 2);
+        let mut third = Run::within(1000, &BUDGET);
+        third.observe(out(b"xyzxyzxy"));
+        assert_eq!(third.stdout, b"xyzxyzxy");
+        drop((second, third));
+        assert_eq!(BUDGET.held(), 0);
+    }
 }

@@ -37,6 +37,49 @@ use crate::vault::{Secret, Vault};
 const RETRY_BUDGET: u32 = 1;
 /// The largest stdin a caller may send.
 const MAX_STDIN_BYTES: usize = 16 * 1024 * 1024;
+/// The longest command a caller may send. The exec request carries it in one packet, and
+/// RFC 4253 §6.1 only promises that every implementation takes a payload of 32768 bytes;
+/// a longer command can be refused by the server after dispatch (OpenSSH: "Bad packet
+/// length"), which would leave the call `unknown`. Longer scripts go on stdin.
+pub const MAX_COMMAND_BYTES: usize = 30 * 1024;
+/// Programs that run what arrives on their stdin as code: a card whose command starts one
+/// of them and that has stdin says so first.
+const INTERPRETERS: &[&str] = &[
+    "sh",
+    "bash",
+    "dash",
+    "zsh",
+    "ksh",
+    "mksh",
+    "fish",
+    "csh",
+    "tcsh",
+    "ash",
+    "python",
+    "perl",
+    "ruby",
+    "node",
+    "nodejs",
+    "deno",
+    "bun",
+    "php",
+    "lua",
+    "tclsh",
+    "wish",
+    "awk",
+    "gawk",
+    "mawk",
+    "pwsh",
+    "powershell",
+    "Rscript",
+    "julia",
+    "irb",
+    "psql",
+    "mysql",
+    "sqlite3",
+    "xargs",
+    "ssh",
+];
 
 /// What an agent asks for (`ssh_exec`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -186,6 +229,16 @@ impl Channel for Ssh {
                 "timeout_ms must be at least 1 (omit it to use the target's timeout).",
             ));
         }
+        if request.command.len() > MAX_COMMAND_BYTES {
+            return Err(Invalid::new(
+                Code::PayloadLimit,
+                "command",
+                format!(
+                    "The command is {} bytes; commands are limited to {MAX_COMMAND_BYTES} bytes (send a longer script on stdin).",
+                    request.command.len()
+                ),
+            ));
+        }
         let stdin = request.stdin.clone().unwrap_or_default();
         if stdin.len() > MAX_STDIN_BYTES {
             return Err(Invalid::new(
@@ -245,10 +298,22 @@ impl Channel for Ssh {
         )
         .await
         .unwrap_or_else(|_| "did not resolve in time".to_string());
+        let stdin = p.request.stdin.as_deref().filter(|s| !s.is_empty());
+        let cautions = stdin
+            .and_then(|_| interpreter_in(&p.request.command))
+            .map(|program| {
+                vec![format!(
+                    "stdin is a script: the command starts {}, which runs what it reads from stdin",
+                    crate::display::escape_text(program)
+                )]
+            })
+            .unwrap_or_default();
         let detail = ApprovalDetail {
             resolved: Some(resolved),
             ssh_destination: Some(destination(&p.target)),
             command: Some(crate::display::escape_text(&p.request.command)),
+            stdin: stdin.map(crate::display::BodyPreview::of),
+            cautions,
             ..Default::default()
         };
         (summary(Some(&p.target), &p.request), detail)
@@ -343,4 +408,43 @@ fn summary(target: Option<&SshTarget>, request: &SshRequest) -> String {
     let digest = blake3::hash(request.command.as_bytes()).to_hex();
     let name = target.map_or(request.host.as_str(), |t| t.name.as_str());
     format!("ssh {name} command blake3:{}", &digest.as_str()[..16])
+}
+
+/// The first program in `command` that runs code it reads (see [`INTERPRETERS`]), by its
+/// name as written; `None` if there is none. Words are split at blanks and the shell's
+/// separators, paths reduced to their last part and versions (`python3.12`) ignored, so
+/// `/usr/bin/env bash -s` and `cat x | python3 -` are both found.
+fn interpreter_in(command: &str) -> Option<&str> {
+    command
+        .split(|c: char| {
+            c.is_whitespace() || matches!(c, ';' | '|' | '&' | '(' | ')' | '`' | '$' | '{' | '}')
+        })
+        .find(|word| {
+            let program = word.rsplit('/').next().unwrap_or(word);
+            let program = program.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
+            INTERPRETERS.contains(&program)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::interpreter_in;
+
+    #[test]
+    fn a_command_that_runs_its_stdin_names_the_interpreter() {
+        assert_eq!(interpreter_in("bash -s"), Some("bash"));
+        assert_eq!(
+            interpreter_in("/usr/bin/env python3.12 -"),
+            Some("/usr/bin/env python3.12 -".split(' ').nth(1).unwrap())
+        );
+        assert_eq!(interpreter_in("sudo -u app sh"), Some("sh"));
+        assert_eq!(
+            interpreter_in("cat > /tmp/x; cat /tmp/x|psql db"),
+            Some("psql")
+        );
+        assert_eq!(interpreter_in("tee /srv/app/config.json"), None);
+        assert_eq!(interpreter_in("wc -l"), None);
+        // A word that only contains a name is not that program.
+        assert_eq!(interpreter_in("cat bashrc.bak"), None);
+    }
 }
