@@ -416,6 +416,17 @@ async fn a_command_too_long_for_one_packet_is_refused_before_anything_is_sent() 
     assert_eq!(env.error.retry, Retry::AfterCorrection);
     assert_eq!(env.evidence.field.as_deref(), Some("command"));
     assert!(!env.evidence.dispatch_started);
+    // stdin past the payload limit, as it arrives below the bridge's 16 MiB line.
+    let mut big = cmd("cat >/dev/null");
+    big.stdin = Some(vec![b'z'; 11 * 1024 * 1024]);
+    let o = run(&f, big).await;
+    assert_error(
+        &o,
+        Phase::Validation,
+        Outcome::NotAttempted,
+        Code::PayloadLimit,
+    );
+    assert_eq!(o.error.unwrap().evidence.field.as_deref(), Some("stdin"));
     // The largest command allowed still runs.
     let limit = postern_broker::channel::ssh::MAX_COMMAND_BYTES;
     let longest = format!("echo {}", "y".repeat(limit - 5));

@@ -83,6 +83,11 @@ const DEFAULT_MAX_OUTPUT_BYTES: u64 = 1024 * 1024;
 /// The most an SSH target may let one command's output (stdout and stderr together) hold
 /// in the broker's memory; issue 26 found any value accepted (350 MB in one call).
 pub const MAX_OUTPUT_BYTES_LIMIT: u64 = 64 * 1024 * 1024;
+/// The largest payload (an HTTP body, an SSH command's stdin) any target takes. Agents
+/// reach the broker through the bridge's 16 MiB line limit; 10 MiB fits in it even
+/// base64-encoded (13.4 MiB), so a larger payload reaches the broker and is answered
+/// PAYLOAD_LIMIT instead of being cut off as an over-long line (issue 26).
+pub const MAX_PAYLOAD_BYTES: u64 = 10 * 1024 * 1024;
 const DEFAULT_SSH_PORT: u16 = 22;
 const IDEMPOTENCY_KEY_PLACEHOLDER: &str = "{idempotency_key}";
 const SECRET_PLACEHOLDER: &str = "{secret}";
@@ -1508,7 +1513,7 @@ fn validate_http(ctx: &Ctx<'_>, raw: RawHttp, base_dir: &Path) -> Result<HttpTar
         "max_request_body_bytes",
         raw.max_request_body_bytes,
         1,
-        u64::MAX,
+        MAX_PAYLOAD_BYTES,
     )?;
     let idempotency = raw
         .idempotency

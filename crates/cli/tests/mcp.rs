@@ -761,7 +761,11 @@ async fn the_agent_is_recorded_before_its_first_call_and_read_back_after_a_resta
         std::env::current_dir().unwrap().to_str()
     );
     assert!(agent.started_at_ms.is_some());
-    assert_eq!(session, format!("sess_{}_{}", agent.pid, agent.start_ticks));
+    // The connecting user is part of the key (issue 26): sessions never span users.
+    assert_eq!(
+        session,
+        format!("sess_u{}_{}_{}", own_uid(), agent.pid, agent.start_ticks)
+    );
     let bridge = recorded.opened.transport.bridge_executable.as_deref();
     assert_eq!(
         bridge.map(Path::new),

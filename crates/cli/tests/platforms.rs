@@ -216,7 +216,12 @@ async fn an_agent_reaches_the_daemon_on_the_platform_endpoint_and_is_recorded_as
     assert_eq!(opened.transport.kind, platform::TRANSPORT_KIND);
     let agent = &opened.agent;
     assert_eq!(agent.pid, std::process::id());
-    assert_eq!(session, format!("sess_{}_{}", agent.pid, agent.start_ticks));
+    // The connecting user is part of the key (issue 26): sessions never span users.
+    let user = postern_mcp::peer::user_tag(&platform::current_user().unwrap());
+    assert_eq!(
+        session,
+        format!("sess_{user}_{}_{}", agent.pid, agent.start_ticks)
+    );
     let exe = std::env::current_exe().unwrap();
     assert_eq!(
         agent

@@ -225,6 +225,15 @@ impl Daemon {
 
 /// Lays out data dir, sockets and key for `accounts.broker` and starts the daemon as it.
 fn start_separated(accounts: &Accounts, base_url: &str) -> (Layout, Daemon) {
+    start_separated_approving(accounts, base_url, "per_call")
+}
+
+/// [`start_separated`] with target `api` under `approval`.
+fn start_separated_approving(
+    accounts: &Accounts,
+    base_url: &str,
+    approval: &str,
+) -> (Layout, Daemon) {
     let layout = Layout {
         base: tempfile::tempdir().unwrap(),
     };
@@ -250,7 +259,7 @@ fn start_separated(accounts: &Accounts, base_url: &str) -> (Layout, Daemon) {
     chmod(&layout.key(), 0o400);
     std::fs::write(
         layout.path("postern.toml"),
-        target_approved("api", base_url, "per_call"),
+        target_approved("api", base_url, approval),
     )
     .unwrap();
     chmod(&layout.path("postern.toml"), 0o644);
@@ -453,6 +462,111 @@ async fn the_agent_user_reaches_only_the_agent_socket_and_an_operator_approves()
     assert_eq!(code, 0);
     assert_eq!(sessions.as_array().map(Vec::len), Some(1), "{sessions}");
     drop(bridge);
+    drop(daemon);
+}
+
+// Regression: issue 26 (item 2). Sessions were keyed by the bridge's parent alone: two
+// bridges that a root supervisor started as different users shared one session, and the
+// second user's POST ran on the first user's session approval with no card.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bridges_of_two_users_under_one_supervisor_never_share_a_session_or_its_approval() {
+    if !users_possible(
+        "bridges_of_two_users_under_one_supervisor_never_share_a_session_or_its_approval",
+    ) {
+        return;
+    }
+    let server = Adversary::start(Behavior::ok_json(r#"{"paid":true}"#))
+        .await
+        .unwrap();
+    let accounts = Accounts::create();
+    let (layout, daemon) = start_separated_approving(&accounts, &server.base_url(), "session");
+    store_credential(&layout.operator_socket()).await;
+    let approvals = async || {
+        let (code, cards, stderr) =
+            operator_as(&accounts, &accounts.operator, &layout, &["approvals"]);
+        assert_eq!(code, 0, "{stderr}");
+        cards
+    };
+    // This test process (root) plays the supervisor: both bridges are its children.
+    let bridge_as = |user: &str| {
+        let mut command = accounts.command_as(user, &layout.binary());
+        command.env("HOME", "/");
+        let mut bridge = Bridge::spawn_with(command, &layout.agent_socket());
+        bridge.initialize();
+        bridge
+    };
+    let mut first = bridge_as(&accounts.agent);
+    assert!(first.send_json(&http_call(2, &server.url("/v1/pay"))));
+    let card = pending_card(approvals).await;
+    assert_eq!(card["mode"], "session", "{card}");
+    let (code, _, stderr) = operator_as(
+        &accounts,
+        &accounts.operator,
+        &layout,
+        &[
+            "approve",
+            card["invocation_id"].as_str().unwrap(),
+            card["fingerprint"].as_str().unwrap(),
+            card["card_digest"].as_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let (_, answer) = first.recv_until_id(&json!(2), Duration::from_secs(20));
+    assert_ne!(answer.unwrap()["result"]["isError"], json!(true));
+    assert_eq!(server.requests().len(), 1);
+
+    // Another user's bridge under the same parent asks for its own card.
+    let mut second = bridge_as(&accounts.operator);
+    assert!(second.send_json(&http_call(3, &server.url("/v1/pay"))));
+    let card = pending_card(approvals).await;
+    let operator_uid = accounts.id(&accounts.operator, "-u");
+    assert_eq!(card["recorded_agent"]["uid"], json!(operator_uid), "{card}");
+    assert_eq!(
+        server.requests().len(),
+        1,
+        "nothing sent on the other user's approval"
+    );
+    let (code, _, stderr) = operator_as(
+        &accounts,
+        &accounts.operator,
+        &layout,
+        &[
+            "deny",
+            card["invocation_id"].as_str().unwrap(),
+            card["fingerprint"].as_str().unwrap(),
+            card["card_digest"].as_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let (_, answer) = second.recv_until_id(&json!(3), Duration::from_secs(20));
+    let answer = answer.unwrap();
+    assert_eq!(
+        answer["result"]["structuredContent"]["error"]["code"], "APPROVAL_DENIED",
+        "{answer}"
+    );
+    assert_eq!(server.requests().len(), 1);
+
+    // Two sessions, each of its own user.
+    let (_, sessions, _) = operator_as(&accounts, &accounts.operator, &layout, &["sessions"]);
+    let ids: std::collections::BTreeSet<String> = sessions
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["session"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids.len(), 2, "{sessions}");
+    let agent_uid = accounts.id(&accounts.agent, "-u");
+    assert!(
+        ids.iter()
+            .any(|s| s.starts_with(&format!("sess_u{agent_uid}_b"))),
+        "{ids:?}"
+    );
+    assert!(
+        ids.iter()
+            .any(|s| s.starts_with(&format!("sess_u{operator_uid}_b"))),
+        "{ids:?}"
+    );
+    drop((first, second));
     drop(daemon);
 }
 

@@ -173,7 +173,13 @@ pub struct LineReader<R> {
     max: usize,
     /// Inside a line already reported too long: drop bytes up to its newline.
     discarding: bool,
+    /// The first [`HEAD_BYTES`] of the last line reported too long, so its answer can
+    /// name the request's id when the line starts with it.
+    head: Vec<u8>,
 }
+
+/// How much of a too-long line is kept to find its id.
+const HEAD_BYTES: usize = 4096;
 
 impl<R: AsyncBufRead + Unpin> LineReader<R> {
     pub fn new(inner: R, max: usize) -> Self {
@@ -182,7 +188,13 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
             buf: Vec::new(),
             max,
             discarding: false,
+            head: Vec::new(),
         }
+    }
+
+    /// The start of the last line reported [`Line::TooLong`] (at most 4 KiB).
+    pub fn too_long_head(&self) -> &[u8] {
+        &self.head
     }
 
     /// The next line; `None` at EOF. An over-long line is reported once, as soon as it
@@ -206,6 +218,11 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
                 continue;
             }
             if self.buf.len().saturating_add(content) > self.max {
+                self.head.clear();
+                let kept = self.buf.len().min(HEAD_BYTES);
+                self.head.extend_from_slice(&self.buf[..kept]);
+                let more = (HEAD_BYTES - kept).min(content);
+                self.head.extend_from_slice(&available[..more]);
                 self.buf = Vec::new();
                 self.discarding = newline.is_none();
                 self.inner.consume(consumed);
@@ -260,9 +277,88 @@ fn error_reply(id: Option<&RequestId>, code: i64, message: impl Into<String>) ->
     json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message.into()}})
 }
 
-fn too_long() -> Value {
+/// The `id` of a JSON-RPC object whose text starts with `head`, when the id appears (and
+/// ends) within it as a top-level member: how a line too long to parse is still answered
+/// to the request it carried, so the client does not wait for its own timeout.
+pub fn leading_id(head: &[u8]) -> Option<RequestId> {
+    let mut depth = 0usize;
+    let mut expecting_key = false;
+    let mut i = 0;
+    while i < head.len() {
+        match head[i] {
+            b'"' => {
+                let end = string_end(head, i)?;
+                if depth == 1 && expecting_key && &head[i + 1..end] == b"id" {
+                    return id_value(head, end + 1);
+                }
+                expecting_key = false;
+                i = end;
+            }
+            b'{' | b'[' => {
+                depth += 1;
+                expecting_key = depth == 1 && head[i] == b'{';
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            b',' => expecting_key = depth == 1,
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
+/// The index of the quote that closes the string opening at `start`.
+fn string_end(text: &[u8], start: usize) -> Option<usize> {
+    let mut escaped = false;
+    for (offset, &b) in text.get(start + 1..)?.iter().enumerate() {
+        match b {
+            _ if escaped => escaped = false,
+            b'\\' => escaped = true,
+            b'"' => return Some(start + 1 + offset),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The id value after a member name ending at `after`: `: <string or integer>`, complete
+/// within `text`.
+fn id_value(text: &[u8], after: usize) -> Option<RequestId> {
+    let skip_ws = |mut i: usize| {
+        while text.get(i).is_some_and(u8::is_ascii_whitespace) {
+            i += 1;
+        }
+        i
+    };
+    let colon = skip_ws(after);
+    if text.get(colon) != Some(&b':') {
+        return None;
+    }
+    let start = skip_ws(colon + 1);
+    let end = match text.get(start)? {
+        b'"' => string_end(text, start)? + 1,
+        _ => {
+            let len = text[start..]
+                .iter()
+                .position(|b| !(b.is_ascii_digit() || *b == b'-'))?;
+            // The number must end inside what was kept, or it may be cut short, and end
+            // as an integer does (`1e300` and `1.5` are not ids MCP takes).
+            let end = start + len;
+            if !matches!(
+                text.get(end),
+                Some(b',' | b'}') | Some(b' ' | b'\t' | b'\r')
+            ) {
+                return None;
+            }
+            end
+        }
+    };
+    serde_json::from_slice(&text[start..end]).ok()
+}
+
+fn too_long(id: Option<&RequestId>) -> Value {
     error_reply(
-        None,
+        id,
         INVALID_REQUEST,
         format!(
             "Invalid Request: the message is longer than the line limit of {MAX_LINE} bytes \
@@ -634,7 +730,9 @@ where
     loop {
         let verdict = match lines.next().await {
             Ok(Some(Line::Complete(bytes))) => classify(&bytes),
-            Ok(Some(Line::TooLong)) => Verdict::Reply(too_long()),
+            Ok(Some(Line::TooLong)) => {
+                Verdict::Reply(too_long(leading_id(lines.too_long_head()).as_ref()))
+            }
             // A read error is the end of the agent's input as much as EOF is.
             Ok(None) | Err(_) => return AgentEnd::Eof,
         };
@@ -977,6 +1075,45 @@ mod tests {
         }
     }
 
+    // Regression: issue 26 (item 9): a too-long line was answered with `id: null`, so the
+    // client waited for its own timeout.
+    #[test]
+    fn the_id_at_the_start_of_a_too_long_line_is_found() {
+        let id = |text: &str| leading_id(text.as_bytes());
+        assert_eq!(
+            id(
+                r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"arguments":{"body":"AAAA"#
+            ),
+            Some(RequestId::Number(7))
+        );
+        assert_eq!(
+            id(r#"{ "method" : "tools/call", "id" : "call-\"9\"", "params": {"#),
+            Some(RequestId::String("call-\"9\"".into()))
+        );
+        // Not a top-level id: nested, a value that spells "id", or cut short.
+        assert_eq!(id(r#"{"params":{"id":5,"x":"#), None);
+        assert_eq!(id(r#"{"method":"id","params":"#), None);
+        assert_eq!(id(r#"{"jsonrpc":"2.0","id":12"#), None);
+        assert_eq!(id(r#"{"jsonrpc":"2.0","id":"unterminated"#), None);
+        assert_eq!(id(r#"{"jsonrpc":"2.0","id":1e300,"method":"ping"#), None);
+        assert_eq!(id(r#"{"jsonrpc":"2.0","id":1.5,"method":"ping"#), None);
+        assert_eq!(id(r#"["id",1]"#), None);
+    }
+
+    #[tokio::test]
+    async fn a_too_long_line_keeps_its_start_for_the_answer() {
+        let line = format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":42,\"pad\":\"{}\"}}\n",
+            "x".repeat(100)
+        );
+        let mut lines = LineReader::new(BufReader::with_capacity(7, line.as_bytes()), 50);
+        assert_eq!(lines.next().await.unwrap(), Some(Line::TooLong));
+        assert_eq!(
+            leading_id(lines.too_long_head()),
+            Some(RequestId::Number(42))
+        );
+    }
+
     // Regression: issue 10
     #[test]
     fn malformed_lines_are_answered_with_json_rpc_errors() {
@@ -1002,7 +1139,7 @@ mod tests {
         ));
         assert_eq!(bad_params["error"]["code"], INVALID_PARAMS);
         assert_eq!(bad_params["id"], 3);
-        let too_long = too_long();
+        let too_long = too_long(None);
         assert!(
             too_long["error"]["message"]
                 .as_str()

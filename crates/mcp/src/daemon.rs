@@ -631,7 +631,7 @@ pub async fn serve_connection_with(
         // Another user: refuse without a word.
         return;
     }
-    let Some(identity) = cred.pid.and_then(identify_agent) else {
+    let Some(identity) = cred.pid.and_then(|pid| identify_agent(pid, &cred.user)) else {
         return;
     };
     sessions.connected(&identity, broker.journal.now_ms());

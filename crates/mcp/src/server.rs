@@ -994,7 +994,7 @@ mod tests {
     fn this_agent() -> AgentIdentity {
         let agent = process_info(std::process::id()).unwrap();
         AgentIdentity {
-            session: format!("sess_{}_{}", agent.pid, agent.start_time),
+            session: format!("sess_u0_{}_{}", agent.pid, agent.start_time),
             bridge_pid: agent.pid,
             parent_chain: process_info(agent.ppid).into_iter().collect(),
             agent,

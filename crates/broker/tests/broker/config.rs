@@ -467,7 +467,17 @@ fn timeouts_are_bounded_and_sizes_positive() {
             "max_request_body_bytes",
             Problem::OutOfRange {
                 min: 1,
-                max: u64::MAX,
+                max: 10 * 1024 * 1024,
+            },
+        ),
+        // Regression: issue 26 (item 9): a body limit past what the bridge's 16 MiB line
+        // can carry could never be reached.
+        (
+            "max_request_body_bytes = 16777216",
+            "max_request_body_bytes",
+            Problem::OutOfRange {
+                min: 1,
+                max: 10 * 1024 * 1024,
             },
         ),
     ];

@@ -35,8 +35,8 @@ use crate::vault::{Secret, Vault};
 
 /// A shell command is never assumed repeatable: one dispatch per invocation.
 const RETRY_BUDGET: u32 = 1;
-/// The largest stdin a caller may send.
-const MAX_STDIN_BYTES: usize = 16 * 1024 * 1024;
+/// The largest stdin a caller may send (see [`crate::config::MAX_PAYLOAD_BYTES`]).
+const MAX_STDIN_BYTES: usize = crate::config::MAX_PAYLOAD_BYTES as usize;
 /// The longest command a caller may send. The exec request carries it in one packet, and
 /// RFC 4253 §6.1 only promises that every implementation takes a payload of 32768 bytes;
 /// a longer command can be refused by the server after dispatch (OpenSSH: "Bad packet
