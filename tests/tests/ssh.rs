@@ -434,6 +434,71 @@ async fn a_command_too_long_for_one_packet_is_refused_before_anything_is_sent() 
     assert_eq!(o.outcome, Outcome::Committed, "{o:?}");
 }
 
+// Regression: issue 26 (item 8). A first-seen host-key card showed `resolved: null`, and
+// its approval left only a message in a FAILED event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_seen_host_key_card_says_where_the_key_came_from_and_is_journaled() {
+    use postern_broker::approvals::Approvals;
+    use postern_broker::journal::events::EventBody;
+    use postern_broker::provenance::ApprovalRecord;
+    let Some(sshd) = sshd() else { return };
+    let approvals = std::sync::Arc::new(Approvals::new(
+        Duration::from_secs(10),
+        std::sync::Arc::new(postern_broker::clock::SystemClock),
+    ));
+    let ctx = CallContext {
+        approver: Some(approvals.clone()),
+        ..Default::default()
+    };
+    for approve in [false, true] {
+        let f = fixture(&config(sshd.port, None, ""), &sshd.user_ed25519.private);
+        let (out, card) = tokio::join!(f.channel.execute(cmd("echo first"), &ctx), async {
+            let pending = loop {
+                if let Some(p) = approvals.pending().into_iter().next() {
+                    break p;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            };
+            let card = pending.request.card();
+            let id = &pending.request.invocation_id;
+            let digest = card.digest();
+            if approve {
+                approvals
+                    .approve_card(id, &pending.request.fingerprint, &digest, "alice")
+                    .unwrap();
+            } else {
+                approvals.deny_card(id, &digest, "alice").unwrap();
+            }
+            card
+        });
+        assert_eq!(card.mode, "host_key");
+        let resolved = card
+            .resolved
+            .as_deref()
+            .expect("the card says where the key came from");
+        assert!(
+            resolved.contains(&format!("key presented by 127.0.0.1:{}", sshd.port)),
+            "{resolved}"
+        );
+        assert!(resolved.contains("127.0.0.1 resolved to"), "{resolved}");
+        let events = f.broker.journal.events(&out.invocation_id).unwrap();
+        let record = ApprovalRecord::of(&events).expect("the host-key approval is journaled");
+        assert_eq!(record.mode, "host_key");
+        assert_eq!(record.card.as_ref(), Some(&card));
+        assert!(record.card_intact);
+        let answer = record.answer.clone().expect("the answer is journaled");
+        assert_eq!(answer.granted, approve);
+        assert_eq!(answer.by, "alice");
+        assert!(events.iter().any(|e| matches!(
+            e.body,
+            EventBody::ApprovalGranted { .. } | EventBody::ApprovalDenied { .. }
+        )));
+        // Either way this invocation ran nothing: it was bound without a pin.
+        assert_eq!(out.outcome, Outcome::NotAttempted, "{out:?}");
+        assert_eq!(record.answer_matches_card(), Some(true));
+    }
+}
+
 /// The user key is the canary: the remote prints it, and neither the outcome nor any
 /// file under the data dir may contain it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

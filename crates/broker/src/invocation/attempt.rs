@@ -37,6 +37,12 @@ impl<'a, T: Channel> Attempt<'a, T> {
         self.rec.id()
     }
 
+    /// The invocation's recorder, for what an attempt asks a person (an SSH first-seen
+    /// host key).
+    pub fn recorder(&self) -> &'a Recorder {
+        self.rec
+    }
+
     /// The live configuration (an SSH first-seen approval pins a host key in it).
     pub fn config(&self) -> &ConfigHandle {
         self.pipeline.config()

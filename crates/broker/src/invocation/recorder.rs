@@ -395,6 +395,20 @@ impl Recorder {
         })?)
     }
 
+    /// Records a person's denial, and nothing else.
+    pub fn denial(
+        &self,
+        fingerprint: &str,
+        approver: &str,
+        card_digest: Option<String>,
+    ) -> Result<Appended, JournalError> {
+        self.append(EventBody::ApprovalDenied {
+            fingerprint: fingerprint.to_string(),
+            approver: approver.to_string(),
+            card_digest,
+        })
+    }
+
     /// A person denied the invocation: APPROVAL_DENIED, retry never.
     pub fn approval_denied(
         &self,
@@ -402,11 +416,7 @@ impl Recorder {
         approver: &str,
         card_digest: Option<String>,
     ) -> Result<StepError, JournalError> {
-        self.append(EventBody::ApprovalDenied {
-            fingerprint: fingerprint.to_string(),
-            approver: approver.to_string(),
-            card_digest,
-        })?;
+        self.denial(fingerprint, approver, card_digest)?;
         let failed = self.fail(
             Phase::CredentialInjection,
             Code::ApprovalDenied,

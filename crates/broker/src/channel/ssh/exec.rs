@@ -181,6 +181,9 @@ pub(super) async fn attempt(
         Err(stop) => return setup_stopped(&attempt, Stage::TcpConnect, stop),
     };
     let _ = stream.set_nodelay(true);
+    // Where the key will come from, for a first-seen card: the address connected to and
+    // every address the name resolved to.
+    let reached = describe_reached(&host, &addrs, stream.peer_addr().ok());
 
     // ssh_kex and host_key.
     //
@@ -211,7 +214,7 @@ pub(super) async fn attempt(
             );
         }
         (_, Some(HostKeyVerdict::Unpinned { fingerprint, key })) => {
-            return first_seen(&attempt, ctx, &fingerprint, key).await;
+            return first_seen(&attempt, ctx, &fingerprint, key, reached).await;
         }
         (Err(stop), _) => return setup_stopped(&attempt, Stage::SshKex, stop),
         (Ok(Err(e)), _) => {
@@ -374,6 +377,7 @@ async fn first_seen(
     ctx: &CallContext,
     fingerprint: &str,
     key: Option<String>,
+    reached: String,
 ) -> SshOutcome {
     let p = &attempt.bound().plan;
     let unknown =
@@ -399,10 +403,18 @@ async fn first_seen(
             ApprovalDetail {
                 ssh_destination: Some(destination(&p.target)),
                 host_key: Some(fingerprint.to_string()),
+                resolved: Some(reached),
                 ..Default::default()
             },
         )
     };
+    // Journaled like every other approval (issue 26): the card and its digest, then the
+    // answer. The events name the invocation's bound fingerprint; the card binds the key.
+    let rec = attempt.recorder();
+    let bound_fingerprint = &attempt.bound().fingerprint;
+    if let Err(e) = rec.approval_requested(bound_fingerprint, "host_key", request.card()) {
+        return unknown(&format!("the host key card could not be recorded: {e}"));
+    }
     let answer = tokio::select! {
         answer = approver.approve(request) => answer,
         () = ctx.cancel.cancelled() => ApprovalAnswer::TimedOut,
@@ -411,12 +423,20 @@ async fn first_seen(
         ApprovalAnswer::Approved {
             fingerprint: approved,
             by,
-            ..
-        } if approved == fingerprint => by,
+            card_digest,
+        } if approved == fingerprint => {
+            if let Err(e) = rec.approval_granted(bound_fingerprint, &by, card_digest) {
+                return unknown(&format!("the approval could not be recorded: {e:?}"));
+            }
+            by
+        }
         ApprovalAnswer::Approved { .. } => {
             return unknown("a different host key was approved than the server presented");
         }
-        ApprovalAnswer::Denied { by, .. } => {
+        ApprovalAnswer::Denied { by, card_digest } => {
+            if let Err(e) = rec.denial(bound_fingerprint, &by, card_digest) {
+                return unknown(&format!("the denial could not be recorded: {e}"));
+            }
             return unknown(&format!("{by} did not accept host key {fingerprint}"));
         }
         ApprovalAnswer::TimedOut => {
@@ -440,6 +460,22 @@ async fn first_seen(
             "host key {fingerprint} was approved but not pinned: {e}"
         )),
     }
+}
+
+/// What a first-seen card says of where the key came from: the address the connection
+/// reached and what the name resolved to (an agent that maps the name to its own server
+/// shows up here).
+fn describe_reached(
+    host: &str,
+    addrs: &[std::net::SocketAddr],
+    peer: Option<std::net::SocketAddr>,
+) -> String {
+    let all: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+    let peer = peer.map_or_else(|| "an unknown address".to_string(), |a| a.to_string());
+    format!(
+        "key presented by {peer}; {host} resolved to {}",
+        all.join(", ")
+    )
 }
 
 async fn commit(
