@@ -29,9 +29,17 @@ impl Drop for Fixture {
 }
 
 async fn fixture(mode: &str, timeout: Duration) -> Fixture {
-    let server = Adversary::start(Behavior::ok_json("{\"ok\":true}"))
-        .await
-        .unwrap();
+    fixture_serving(mode, timeout, Behavior::ok_json("{\"ok\":true}"), "").await
+}
+
+/// A target under `mode` (with `extra` lines) in front of a server behaving as `behavior`.
+async fn fixture_serving(
+    mode: &str,
+    timeout: Duration,
+    behavior: Behavior,
+    extra: &str,
+) -> Fixture {
+    let server = Adversary::start(behavior).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let text = format!(
         r#"
@@ -42,6 +50,7 @@ methods = ["GET", "POST"]
 credential = "api-key"
 inject = {{ header = "Authorization", format = "Bearer {{secret}}" }}
 approval = "{mode}"
+{extra}
 "#,
         server.base_url()
     );
@@ -205,6 +214,62 @@ async fn the_card_shows_every_header_the_origin_receives_and_flags_the_dangerous
         card.added
             .iter()
             .all(|line| !line.contains("approval-test-secret"))
+    );
+}
+
+// Regression: issue 26 (item 7). `retry_invocation` of an approved GET that got 503 with
+// `Retry-After: 0` re-sent it with no new card. What one approval covers is now decided and
+// on the card: one send and the resends the record allows, up to the retry budget, of
+// exactly the approved bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_call_approval_covers_the_resends_its_card_names_and_no_more() {
+    let f = fixture_serving(
+        "per_call",
+        Duration::from_secs(10),
+        Behavior::status(503).header("Retry-After", "0"),
+        "idempotent_methods = [\"GET\"]",
+    )
+    .await;
+    let (out, card) = tokio::join!(call(&f, "s1", "/v1/items"), async {
+        let p = pending(&f).await;
+        let card = p.request.card();
+        f.approvals
+            .approve(&p.request.invocation_id, &p.request.fingerprint, "alice")
+            .unwrap();
+        card
+    });
+    assert_eq!(out.outcome, Outcome::Rejected, "{out:?}");
+    assert!(
+        card.covers
+            .contains("one send, and at most 2 resends of exactly these bytes"),
+        "{}",
+        card.covers
+    );
+    // The resends the card names go out without another card, each the same request.
+    for sent in 2..=3 {
+        let retried = f
+            .broker
+            .channel
+            .retry(&out.invocation_id, &ctx(&f, "s1"))
+            .await;
+        assert_eq!(retried.outcome, Outcome::Rejected, "{retried:?}");
+        assert!(
+            f.approvals.pending().is_empty(),
+            "no new card for a covered resend"
+        );
+        assert_eq!(f.server.requests().len(), sent);
+    }
+    // Past them nothing more is sent under this approval.
+    let after = f
+        .broker
+        .channel
+        .retry(&out.invocation_id, &ctx(&f, "s1"))
+        .await;
+    assert_eq!(f.server.requests().len(), 3, "{after:?}");
+    let seen = f.server.requests();
+    assert!(
+        seen.windows(2)
+            .all(|w| w[0].target == w[1].target && w[0].headers == w[1].headers)
     );
 }
 

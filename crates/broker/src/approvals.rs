@@ -39,6 +39,28 @@ pub struct ApprovalRequest {
     pub detail: ApprovalDetail,
     /// The agent as its SESSION_OPENED record describes it (`None` without one).
     pub agent: Option<CardAgent>,
+    /// What approving covers, in words (see [`covers`]).
+    pub covers: String,
+}
+
+/// What one approval covers, as the card says it (issue 26): a per-call approval covers
+/// the invocation's sends up to its retry budget, each of exactly the approved bytes and
+/// only when the record shows a resend is safe; a session approval covers the session's
+/// calls to the target, each still bound to its own fingerprint.
+pub fn covers(mode: &str, target: &str, retry_budget: u32) -> String {
+    match mode {
+        "session" => format!(
+            "every call this agent session makes to {target} until the session ends; each is still recorded with its own fingerprint"
+        ),
+        "host_key" => format!(
+            "pinning this host key for {target}; the command is not run by this approval and must be sent again"
+        ),
+        _ if retry_budget <= 1 => "this request, sent once; it is never resent".to_string(),
+        _ => format!(
+            "this request: one send, and at most {} resends of exactly these bytes, made only when the record shows a resend is safe (an idempotent method, the same idempotency key, or a refusal that asks to retry); a changed request needs a new approval",
+            retry_budget - 1
+        ),
+    }
 }
 
 impl ApprovalRequest {
@@ -66,6 +88,7 @@ impl ApprovalRequest {
             mode: "",
             detail,
             agent: None,
+            covers: String::new(),
         }
     }
 

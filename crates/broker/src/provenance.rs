@@ -468,6 +468,9 @@ pub struct ApprovalCard {
     /// below are omitted when empty, so cards recorded before them keep their digests.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cautions: Vec<String>,
+    /// What approving covers (one send and its safe resends, a session, a host key).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub covers: String,
     /// Every header the agent supplied, in the order sent.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub headers: Vec<HeaderPreview>,
@@ -509,6 +512,7 @@ impl ApprovalCard {
             proxy: r.detail.proxy.as_deref().map(escape_text),
             // Built escaped by the channel, like the command.
             cautions: r.detail.cautions.clone(),
+            covers: r.covers.clone(),
             headers: r.detail.headers.clone(),
             added: r.detail.added.clone(),
             stdin: r.detail.stdin.clone(),

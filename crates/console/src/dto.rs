@@ -227,6 +227,8 @@ pub struct ApprovalCard {
     pub proxy: Option<String>,
     /// What to look at first: flagged headers, a script fed to an interpreter on stdin.
     pub cautions: Vec<String>,
+    /// What approving covers: one send and its safe resends, a session, a host key.
+    pub covers: String,
     /// HTTP: every header the agent supplied, in the order sent.
     pub headers: Vec<HeaderPreview>,
     /// HTTP: what the broker adds (host, framing, coding, the credential by id, the
@@ -279,6 +281,7 @@ impl ApprovalCard {
             resolved: card.resolved.clone(),
             proxy: card.proxy.clone(),
             cautions: card.cautions.clone(),
+            covers: card.covers.clone(),
             headers: card
                 .headers
                 .iter()

@@ -159,6 +159,10 @@ proxy: string | null,
  */
 cautions: Array<string>, 
 /**
+ * What approving covers: one send and its safe resends, a session, a host key.
+ */
+covers: string, 
+/**
  * HTTP: every header the agent supplied, in the order sent.
  */
 headers: Array<HeaderPreview>, 

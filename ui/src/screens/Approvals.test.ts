@@ -53,6 +53,8 @@ describe("Approvals", () => {
     expect(within(card).getByTestId("card-agent-digest").textContent).toContain(EXE_BLAKE3.slice(0, 16));
     expect(text).toContain("uid 1000");
     expect(within(card).getByTestId("card-digest").textContent).toBe(CARD_DIGEST.slice(0, 16));
+    // What approving covers is said before the buttons (issue 26, item 7).
+    expect(within(card).getByTestId("card-covers").textContent).toContain("at most 2 resends");
   });
 
   // Regression: issue 26 (item 1): the card showed no headers at all.

@@ -83,6 +83,7 @@ export function approvalCard(overrides: Partial<ApprovalCard> = {}): ApprovalCar
     resolved: null,
     proxy: null,
     cautions: [],
+    covers: "this request: one send, and at most 2 resends of exactly these bytes",
     headers: [],
     added: [],
     stdin: null,

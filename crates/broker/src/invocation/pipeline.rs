@@ -526,8 +526,14 @@ impl<T: Channel> Pipeline<T> {
             }
             None => summary,
         };
+        let retry_budget = self
+            .inner
+            .channel
+            .operation(&self.inner.config.current(), bound, self.now())
+            .retry_budget;
         let request = ApprovalRequest {
             mode: mode.as_str(),
+            covers: crate::approvals::covers(mode.as_str(), &bound.target, retry_budget),
             agent: crate::provenance::card_agent_of(&self.inner.journal, ctx.session.as_deref()),
             ..ApprovalRequest::bound(
                 rec.id(),

@@ -390,6 +390,7 @@ async fn first_seen(
     };
     let request = ApprovalRequest {
         mode: "host_key",
+        covers: crate::approvals::covers("host_key", &p.target.name, 1),
         agent: crate::provenance::card_agent_of(attempt.journal(), ctx.session.as_deref()),
         ..ApprovalRequest::bound(
             attempt.invocation_id(),
