@@ -55,6 +55,7 @@
 //! - [`pause`]: the operator's pause of agent calls (refused with AGENTS_PAUSED).
 //! - [`display`]: agent-written text made safe to show (escaping, body previews).
 //! - [`clock`]: time passed in, so expiry and leases are deterministic in tests.
+//! - [`budget`]: bytes many holders share, bounding what untrusted peers make us hold.
 //! - [`platform`]: what differs between Linux, macOS and Windows (the local socket or
 //!   pipe and its peer's identity, process facts, owner-only files, directory fsync,
 //!   default directories), behind one interface the other crates call too.
@@ -63,6 +64,7 @@ pub mod action;
 pub mod approvals;
 pub mod audit;
 pub mod broker;
+pub mod budget;
 pub mod channel;
 pub mod clock;
 pub mod config;

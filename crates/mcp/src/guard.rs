@@ -19,12 +19,24 @@ use std::task::{Context, Poll, ready};
 use rmcp::model::{ClientJsonRpcMessage, ClientNotification, JsonRpcMessage};
 use tokio::io::{AsyncRead, ReadBuf};
 
+use postern_broker::budget::ByteBudget;
+
 use crate::bridge::{MAX_DEPTH, MAX_LINE, nesting_exceeds};
 use crate::daemon::Acks;
 use crate::server::DELIVERED;
 
 /// Bytes read from the connection at a time.
 const READ_CHUNK: usize = 16 * 1024;
+/// The unfinished lines of every connection together: a line that would take more is
+/// dropped like an over-long one (issue 26: 300 connections each holding an unfinished
+/// 15 MiB line took the daemon to 4.8 GB). Eight lines at the full limit fit at once.
+pub(crate) const MAX_PENDING_BYTES: usize = 8 * MAX_LINE;
+/// A buffer grown past this for one large line is let go once the line has passed, so an
+/// idle connection does not keep a large line's memory.
+const KEEP_CAPACITY: usize = 64 * 1024;
+
+/// What the unfinished lines of all connections hold.
+static PENDING: ByteBudget = ByteBudget::new(MAX_PENDING_BYTES);
 
 /// A connection's input as the MCP layer may see it: complete lines, each ending in a
 /// newline, with the over-long and over-nested ones left out.
@@ -34,8 +46,10 @@ pub(crate) struct GuardedInput<R> {
     raw: Box<[u8]>,
     at: usize,
     filled: usize,
-    /// The line being gathered (never more than `max` bytes).
+    /// The line being gathered (never more than `max` bytes); its length is held in
+    /// `budget`.
     line: Vec<u8>,
+    budget: &'static ByteBudget,
     max: usize,
     /// Inside a line already found too long: bytes up to its newline are dropped.
     discarding: bool,
@@ -53,12 +67,17 @@ impl<R> GuardedInput<R> {
     }
 
     fn with_limit(inner: R, acks: Arc<Acks>, max: usize) -> Self {
+        Self::within(inner, acks, max, &PENDING)
+    }
+
+    fn within(inner: R, acks: Arc<Acks>, max: usize, budget: &'static ByteBudget) -> Self {
         GuardedInput {
             inner,
             raw: vec![0; READ_CHUNK].into_boxed_slice(),
             at: 0,
             filled: 0,
             line: Vec::new(),
+            budget,
             max,
             discarding: false,
             out: Vec::new(),
@@ -76,10 +95,12 @@ impl<R> GuardedInput<R> {
         let consumed = newline.map_or(available.len(), |at| at + 1);
         if self.discarding {
             self.discarding = newline.is_none();
-        } else if self.line.len().saturating_add(content) > self.max {
-            self.line = Vec::new();
+        } else if self.line.len().saturating_add(content) > self.max || !self.budget.take(content) {
+            // Too long, or more than all connections may hold at once: dropped whole.
+            self.drop_line();
             self.discarding = newline.is_none();
         } else {
+            let available = &self.raw[self.at..self.filled];
             self.line.extend_from_slice(&available[..content]);
             if newline.is_some() {
                 self.pass_line();
@@ -88,17 +109,28 @@ impl<R> GuardedInput<R> {
         self.at += consumed;
     }
 
+    /// Lets go of the gathered line and gives its bytes back to the budget.
+    fn drop_line(&mut self) {
+        self.budget.give_back(self.line.len());
+        self.line.clear();
+        if self.line.capacity() > KEEP_CAPACITY {
+            self.line = Vec::new();
+        }
+    }
+
     /// The gathered line is complete: it goes on, unless it nests too deep.
     fn pass_line(&mut self) {
         if !nesting_exceeds(&self.line, MAX_DEPTH) {
             if is_ack(&self.line) {
                 self.acks.forwarded.fetch_add(1, Ordering::SeqCst);
             }
-            // `out` is empty here: its buffer is reused for the next line.
+            // `out` is empty here: its buffer is reused for the next line. The budget
+            // counts unfinished lines only: this one is the MCP layer's from here on.
+            self.budget.give_back(self.line.len());
             std::mem::swap(&mut self.line, &mut self.out);
             self.out.push(b'\n');
         }
-        self.line.clear();
+        self.drop_line();
     }
 
     /// The connection ended: a last line without its newline still goes on (as the
@@ -108,8 +140,15 @@ impl<R> GuardedInput<R> {
         if !failed && !self.discarding && !self.line.is_empty() {
             self.pass_line();
         }
+        self.drop_line();
         self.line = Vec::new();
         self.discarding = false;
+    }
+}
+
+impl<R> Drop for GuardedInput<R> {
+    fn drop(&mut self) {
+        self.budget.give_back(self.line.len());
     }
 }
 
@@ -127,6 +166,9 @@ impl<R: AsyncRead + Unpin> AsyncRead for GuardedInput<R> {
                 this.sent += n;
                 if this.sent == this.out.len() {
                     this.out.clear();
+                    if this.out.capacity() > KEEP_CAPACITY {
+                        this.out = Vec::new();
+                    }
                     this.sent = 0;
                 }
                 return Poll::Ready(Ok(()));
@@ -234,6 +276,60 @@ mod tests {
 
     /// The line limit of these tests: room for a line nested one level too deep.
     const LIMIT: usize = 300;
+
+    /// Reads what `input` passes on until the source has nothing more right now.
+    fn drain<R: AsyncRead + Unpin>(input: &mut GuardedInput<R>) -> String {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let mut out = Vec::new();
+            let mut piece = [0u8; 64];
+            loop {
+                let n = input.read(&mut piece).await.unwrap();
+                if n == 0 {
+                    return String::from_utf8(out).unwrap();
+                }
+                out.extend_from_slice(&piece[..n]);
+            }
+        })
+    }
+
+    // Regression: issue 26 (item 4): every connection could hold an unfinished line up
+    // to the limit, so many connections held gigabytes.
+    #[test]
+    fn unfinished_lines_of_all_connections_share_one_budget_and_give_it_back() {
+        static BUDGET: ByteBudget = ByteBudget::new(250);
+        let stalled = |bytes: Vec<u8>| Trickle {
+            bytes,
+            at: 0,
+            step: 1000,
+            fail_at_end: false,
+        };
+        // One connection holds 200 bytes of an unfinished line (its end is not sent).
+        let acks = Arc::new(Acks::default());
+        let mut first = GuardedInput::within(stalled(Vec::new()), acks.clone(), LIMIT, &BUDGET);
+        // The bytes arrive and are scanned; the connection neither ends nor sends the
+        // newline (an ended connection would pass its last line).
+        first.raw[..200].copy_from_slice(&[b'a'; 200]);
+        first.filled = 200;
+        first.scan();
+        assert_eq!(BUDGET.held(), 200);
+        // A second connection's line that would need more than is left is dropped whole,
+        // and the next line on it still passes.
+        let input = format!("{}\n{PING}\n", "b".repeat(100));
+        let mut second =
+            GuardedInput::within(stalled(input.into_bytes()), acks.clone(), LIMIT, &BUDGET);
+        assert_eq!(drain(&mut second), format!("{PING}\n"));
+        assert_eq!(BUDGET.held(), 200, "the dropped line gave its bytes back");
+        // The first connection goes away: its bytes come back.
+        drop(first);
+        assert_eq!(BUDGET.held(), 0);
+        let input = format!("{}\n", "c".repeat(100));
+        let mut third = GuardedInput::within(stalled(input.into_bytes()), acks, LIMIT, &BUDGET);
+        assert_eq!(drain(&mut third), format!("{}\n", "c".repeat(100)));
+        assert_eq!(BUDGET.held(), 0, "a line that passed is no longer held");
+    }
 
     const ACK: &str =
         r#"{"jsonrpc":"2.0","method":"notifications/postern/delivered","params":{"id":1}}"#;

@@ -11,6 +11,7 @@ use russh::{ChannelMsg, Sig};
 
 use super::{Armed, ExitSignal, Ssh, SshOutcome, SshResult, StoredExec, destination};
 use crate::approvals::{ApprovalAnswer, ApprovalDetail, ApprovalRequest};
+use crate::budget::ByteBudget;
 use crate::channel::guard::{AddressPolicy, LookupError, Resolver};
 use crate::channel::redact::Redactor;
 use crate::contract::{Code, ConfidenceSource, Outcome, Phase, Retry, Stage};
@@ -563,50 +564,12 @@ enum Lost {
 /// Output past it is cut and its stream marked incomplete, as at a target's limit.
 pub const MAX_OUTPUT_HELD: usize = 256 * 1024 * 1024;
 
-/// Bytes of command output held across every running command.
-pub struct OutputBudget {
-    held: std::sync::atomic::AtomicUsize,
-    max: usize,
-}
-
-impl OutputBudget {
-    pub const fn new(max: usize) -> Self {
-        OutputBudget {
-            held: std::sync::atomic::AtomicUsize::new(0),
-            max,
-        }
-    }
-
-    /// Takes up to `want` bytes; returns how many were granted.
-    fn take(&self, want: usize) -> usize {
-        use std::sync::atomic::Ordering;
-        let mut granted = 0;
-        let _ = self
-            .held
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
-                granted = want.min(self.max.saturating_sub(held));
-                Some(held + granted)
-            });
-        granted
-    }
-
-    fn give_back(&self, n: usize) {
-        self.held.fetch_sub(n, std::sync::atomic::Ordering::AcqRel);
-    }
-
-    /// Bytes held right now.
-    #[cfg(test)]
-    fn held(&self) -> usize {
-        self.held.load(std::sync::atomic::Ordering::Acquire)
-    }
-}
-
 /// The broker's one budget for command output.
-static OUTPUT: OutputBudget = OutputBudget::new(MAX_OUTPUT_HELD);
+static OUTPUT: ByteBudget = ByteBudget::new(MAX_OUTPUT_HELD);
 
 struct Run {
     /// Where this run's output is counted; what it holds is given back when it ends.
-    budget: &'static OutputBudget,
+    budget: &'static ByteBudget,
     limit: usize,
     accepted: bool,
     stdout: Vec<u8>,
@@ -625,7 +588,7 @@ impl Run {
         Run::within(limit, &OUTPUT)
     }
 
-    fn within(limit: u64, budget: &'static OutputBudget) -> Self {
+    fn within(limit: u64, budget: &'static ByteBudget) -> Self {
         Run {
             budget,
             limit: usize::try_from(limit).unwrap_or(usize::MAX),
@@ -643,13 +606,13 @@ impl Run {
     }
 
     fn keep(
-        budget: &OutputBudget,
+        budget: &ByteBudget,
         buf: &mut Vec<u8>,
         truncated: &mut bool,
         data: &[u8],
         limit: usize,
     ) {
-        let room = budget.take(data.len().min(limit.saturating_sub(buf.len())));
+        let room = budget.take_up_to(data.len().min(limit.saturating_sub(buf.len())));
         if data.len() > room {
             *truncated = true;
         }
@@ -737,7 +700,7 @@ mod tests {
     // Regression: issue 26 (item 8): output was bounded per stream and per call only.
     #[test]
     fn concurrent_commands_share_one_output_budget_and_give_it_back_when_they_end() {
-        static BUDGET: OutputBudget = OutputBudget::new(10);
+        static BUDGET: ByteBudget = ByteBudget::new(10);
         let mut first = Run::within(1000, &BUDGET);
         first.observe(out(b"12345678"));
         let mut second = Run::within(1000, &BUDGET);
