@@ -454,12 +454,34 @@ pub enum VaultError {
     Storage(#[from] rusqlite::Error),
 }
 
+/// Whether a keychain failure's reason is the broker running out of descriptors or
+/// memory (EMFILE, ENFILE, ENOMEM), not the keychain: issue 26 found a flood of
+/// connections turning other users' calls into VAULT_LOCKED / after_correction, which
+/// sends a person to unlock a keychain that was never locked.
+fn is_exhaustion(reason: &str) -> bool {
+    [
+        "os error 24",
+        "os error 23",
+        "os error 12",
+        "Too many open files",
+    ]
+    .iter()
+    .any(|sign| reason.contains(sign))
+}
+
 impl VaultError {
+    /// Whether this is the broker short of descriptors or memory rather than a problem
+    /// with the keychain or the credential.
+    pub fn is_exhaustion(&self) -> bool {
+        matches!(self, VaultError::Locked { reason, .. } if is_exhaustion(reason))
+    }
+
     /// What the agent is told: the contract's own words for the code, never the
     /// credential id, the keychain service or the platform's detail (the operator reads
     /// those in the console and the CLI, where [`VaultError`]'s display is shown).
     pub fn agent_message(&self) -> String {
         let what = match self {
+            e if e.is_exhaustion() => "The broker is out of resources right now; retry later.",
             VaultError::Missing { .. } => {
                 "The target's credential is not in the keychain; an operator must add it."
             }
@@ -473,6 +495,7 @@ impl VaultError {
     /// The contract code an invocation reports for this error.
     pub fn code(&self) -> Code {
         match self {
+            e if e.is_exhaustion() => Code::BrokerUnavailable,
             VaultError::Locked { .. } => Code::VaultLocked,
             VaultError::Missing { .. } => Code::CredentialMissing,
             VaultError::InvalidId { .. }
@@ -1508,6 +1531,27 @@ pub async fn read_bound_credential(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // Regression: issue 26 (item 4): out of descriptors, the keychain read was reported
+    // as a locked keychain (retry after_correction) to every other user.
+    #[test]
+    fn a_broker_out_of_descriptors_is_unavailable_not_a_locked_keychain() {
+        let exhausted = VaultError::Locked {
+            backend: KeychainBackend::SecretService,
+            reason: "I/O error: Too many open files (os error 24)".into(),
+        };
+        assert_eq!(exhausted.code(), Code::BrokerUnavailable);
+        assert_eq!(
+            exhausted.code().spec().retry,
+            crate::contract::Retry::Backoff
+        );
+        assert!(exhausted.agent_message().contains("out of resources"));
+        let locked = VaultError::Locked {
+            backend: KeychainBackend::SecretService,
+            reason: "the collection is locked".into(),
+        };
+        assert_eq!(locked.code(), Code::VaultLocked);
+    }
 
     #[test]
     fn ids_follow_the_alphabet() {

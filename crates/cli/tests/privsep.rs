@@ -1106,3 +1106,324 @@ async fn the_file_keychain_serves_the_offline_commands_and_refuses_an_open_key()
         "{refused:?}"
     );
 }
+
+/// A directory like /tmp (root's, mode 1777) where any user may plant names.
+fn shared_tmp() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    chmod(dir.path(), 0o1777);
+    dir
+}
+
+/// `program args…` run to its end as `user`, which must succeed.
+fn succeed_as(accounts: &Accounts, user: &str, program: &str, args: &[&std::ffi::OsStr]) {
+    let out = accounts
+        .command_as(user, Path::new(program))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{program} {args:?} as {user}: {out:?}"
+    );
+}
+
+fn owner_of_link(path: &Path) -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).unwrap().uid()
+}
+
+// Regression: issue 26 (item 3). `postern daemon --socket /tmp/x/agent.sock` with /tmp/x
+// another user's symlink was accepted; that user later re-pointed the link at a listener
+// of their own and captured a `tools/call` meant for the broker.
+#[test]
+fn the_daemon_refuses_a_socket_path_through_another_users_symlink() {
+    if !users_possible("the_daemon_refuses_a_socket_path_through_another_users_symlink") {
+        return;
+    }
+    let accounts = Accounts::create();
+    let attacker_uid = accounts.id(&accounts.agent, "-u");
+    let tmp = shared_tmp();
+    // Where the broker's socket is meant to be: root's, 0755.
+    let real = tmp.path().join("real");
+    std::fs::create_dir(&real).unwrap();
+    chmod(&real, 0o755);
+    // The attacker plants the link, for now pointing where the broker means to be.
+    let link = tmp.path().join("x");
+    succeed_as(
+        &accounts,
+        &accounts.agent,
+        "/bin/ln",
+        &["-s".as_ref(), real.as_os_str(), link.as_os_str()],
+    );
+    assert_eq!(owner_of_link(&link), attacker_uid);
+    let socket = link.join("agent.sock");
+
+    let conf = tempfile::tempdir().unwrap();
+    std::fs::write(
+        conf.path().join("postern.toml"),
+        target_approved("api", "http://127.0.0.1:9", "per_call"),
+    )
+    .unwrap();
+    let key = conf.path().join("vault.key");
+    std::fs::write(&key, [7u8; 32]).unwrap();
+    chmod(&key, 0o600);
+    let data = conf.path().join("data");
+    let args: Vec<std::ffi::OsString> = vec![
+        "--data-dir".into(),
+        data.clone().into(),
+        "--config".into(),
+        conf.path().join("postern.toml").into(),
+        "--socket".into(),
+        socket.clone().into(),
+        "--keychain".into(),
+        "file".into(),
+        "--vault-key-file".into(),
+        key.into(),
+    ];
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+    let (status, stderr) = support::daemon_refusal(&args);
+    assert!(!status.success(), "the daemon refuses: {stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{} is a symbolic link owned by uid {attacker_uid}",
+            link.display()
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains("refusing the socket path"), "{stderr}");
+    assert!(!real.join("agent.sock").exists(), "no socket was made");
+    assert!(
+        !data.exists(),
+        "nothing is created before the path is trusted"
+    );
+}
+
+/// A Unix listener that records how many bytes each connection sent, then "bytes N".
+const RECORDING_LISTENER: &str = r#"
+import os, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(sys.argv[1])
+os.chmod(sys.argv[1], 0o666)
+s.listen(8)
+print("ready", flush=True)
+while True:
+    c, _ = s.accept()
+    c.settimeout(20)
+    n = 0
+    try:
+        while True:
+            data = c.recv(65536)
+            if not data:
+                break
+            n += len(data)
+            print("got %d" % len(data), flush=True)
+    except OSError:
+        pass
+    print("bytes %d" % n, flush=True)
+    c.close()
+"#;
+
+// Regression: issue 26 (item 3). The bridge relayed a user's whole `tools/call` to
+// another user's listener reached through that user's symlink, and took its forged answer.
+#[test]
+fn the_bridge_sends_nothing_to_a_listener_behind_another_users_symlink() {
+    if !users_possible("the_bridge_sends_nothing_to_a_listener_behind_another_users_symlink") {
+        return;
+    }
+    let python = Path::new("/usr/bin/python3");
+    if !python.exists() {
+        eprintln!(
+            "\n*** the_bridge_sends_nothing_to_a_listener_behind_another_users_symlink \
+             SKIPPED: no /usr/bin/python3 for the attacker's listener ***\n"
+        );
+        return;
+    }
+    let accounts = Accounts::create();
+    let attacker = &accounts.agent;
+    let attacker_uid = accounts.id(attacker, "-u");
+    let tmp = shared_tmp();
+    // Everything the attacker does, it does as itself: its directory, its link, its
+    // listener.
+    let evil = tmp.path().join("evil");
+    let link = tmp.path().join("x");
+    succeed_as(&accounts, attacker, "/bin/mkdir", &[evil.as_os_str()]);
+    succeed_as(
+        &accounts,
+        attacker,
+        "/bin/ln",
+        &["-s".as_ref(), evil.as_os_str(), link.as_os_str()],
+    );
+    assert_eq!(owner_of_link(&link), attacker_uid);
+    let mut listener = accounts
+        .command_as(attacker, python)
+        .arg("-c")
+        .arg(RECORDING_LISTENER)
+        .arg(evil.join("agent.sock"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    struct Kill(Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let stdout = listener.stdout.take().unwrap();
+    let listener = Kill(listener);
+    let (tx, heard) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    assert_eq!(
+        heard.recv_timeout(Duration::from_secs(10)).unwrap(),
+        "ready"
+    );
+
+    // The user's bridge (this test, root) is pointed through the attacker's link.
+    let socket = link.join("agent.sock");
+    let mut bridge = Bridge::spawn(&socket);
+    assert!(bridge.send_json(&json!({
+        "jsonrpc": "2.0", "id": "init", "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "victim", "version": "1"}}
+    })));
+    let (_, init) = bridge.recv_until_id(&json!("init"), Duration::from_secs(10));
+    assert!(bridge.send_json(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"})));
+    assert!(bridge.send_json(&http_call(2, "https://api.example/v1/pay")));
+    let (_, answer) = bridge.recv_until_id(&json!(2), Duration::from_secs(10));
+    bridge.close_stdin();
+    assert!(bridge.wait_exit(Duration::from_secs(10)).is_some());
+    let stderr = bridge.stderr(Duration::from_secs(5));
+
+    // What the listener heard, once the bridge is gone: not one byte.
+    std::thread::sleep(Duration::from_millis(300));
+    drop(listener);
+    let heard: Vec<String> = heard.try_iter().collect();
+    assert!(
+        heard.iter().all(|l| l == "bytes 0"),
+        "the attacker's listener received: {heard:?}"
+    );
+
+    // The agent is told there is no broker it can trust, and why.
+    assert!(init.is_some(), "the bridge answers initialize itself");
+    let answer = answer.expect("the bridge answers the call");
+    let envelope = &answer["result"]["structuredContent"];
+    assert_eq!(answer["result"]["isError"], true, "{answer}");
+    assert_eq!(envelope["error"]["code"], "BROKER_UNAVAILABLE", "{answer}");
+    assert_eq!(envelope["error"]["outcome"], "not_attempted", "{answer}");
+    let message = envelope["error"]["message"].as_str().unwrap();
+    let why = format!(
+        "{} is a symbolic link owned by uid {attacker_uid}",
+        link.display()
+    );
+    assert!(message.contains(&why), "{message}");
+    assert!(message.contains("nothing was sent"), "{message}");
+    assert!(stderr.contains(&why), "stderr says so too: {stderr}");
+}
+
+/// The resident memory of process `pid`, in bytes.
+fn resident_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+// Regression: issue 26 (item 4). One agent user's connections, each holding an
+// unfinished multi-megabyte line, took the daemon to gigabytes, and a thousand of them
+// exhausted its descriptors so that other users' calls failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_users_flood_of_connections_and_unfinished_lines_leaves_other_users_served() {
+    if !users_possible(
+        "one_users_flood_of_connections_and_unfinished_lines_leaves_other_users_served",
+    ) {
+        return;
+    }
+    let python = Path::new("/usr/bin/python3");
+    if !python.exists() {
+        panic!("no /usr/bin/python3 for the flooding agent");
+    }
+    let server = Adversary::start(Behavior::ok_json(r#"{"ok":true}"#))
+        .await
+        .unwrap();
+    let accounts = Accounts::create();
+    let (layout, daemon) = start_separated_approving(&accounts, &server.base_url(), "none");
+    store_credential(&layout.operator_socket()).await;
+    let before = resident_bytes(daemon.child.id());
+    // The agent user opens 1,000 connections; the first 300 each send 2 MiB of a line
+    // that never ends. It holds them until told to stop.
+    let flood = r#"
+import socket, sys, time
+path = sys.argv[1]
+held = []
+for i in range(1000):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.setblocking(True)
+    try:
+        s.connect(path)
+    except OSError:
+        s.close()
+        continue
+    if i < 300:
+        s.settimeout(0.2)
+        try:
+            s.sendall(b'{"jsonrpc":"2.0","id":1,"method":"ping","params":{"pad":"' + b'x' * (2 * 1024 * 1024))
+        except OSError:
+            pass
+    held.append(s)
+print("flooding", len(held), flush=True)
+sys.stdin.read()
+"#;
+    let mut flooder = accounts
+        .command_as(&accounts.agent, python)
+        .arg("-c")
+        .arg(flood)
+        .arg(layout.agent_socket())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(flooder.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.starts_with("flooding"), "{line}");
+    let during = resident_bytes(daemon.child.id());
+    // Another user's call goes through while the flood holds.
+    let mut command = accounts.command_as(&accounts.operator, &layout.binary());
+    command.env("HOME", "/");
+    let mut bridge = Bridge::spawn_with(command, &layout.agent_socket());
+    bridge.initialize();
+    assert!(bridge.send_json(&http_call(2, &server.url("/v1/items"))));
+    let (_, answer) = bridge.recv_until_id(&json!(2), Duration::from_secs(30));
+    let answer = answer.expect("the other user's call is answered");
+    assert_ne!(answer["result"]["isError"], json!(true), "{answer}");
+    assert_eq!(
+        answer["result"]["structuredContent"]["outcome"],
+        "committed"
+    );
+    eprintln!("daemon resident: {before} before, {during} under the flood ({line})");
+    drop(flooder.stdin.take());
+    let _ = flooder.kill();
+    let _ = flooder.wait();
+    // 300 × 2 MiB held would be 600 MiB; the broker holds at most the agent user's
+    // connection cap of them, within the budget for unfinished lines.
+    assert!(
+        during < before + 300 * 1024 * 1024,
+        "the daemon grew from {before} to {during} bytes under the flood"
+    );
+    drop(bridge);
+    drop(daemon);
+}

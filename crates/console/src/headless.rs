@@ -95,6 +95,9 @@ pub async fn run(args: HeadlessArgs) -> Result<(), HeadlessError> {
     // and the group are known to be usable.
     check_socket_path(&socket)?;
     check_socket_path(&operator_socket)?;
+    if let Some(limit) = postern_broker::platform::raise_descriptor_limit() {
+        eprintln!("postern: up to {limit} open descriptors");
+    }
     let group = args
         .operator_group
         .as_deref()

@@ -21,10 +21,22 @@
 //! [`DRAIN_TIMEOUT`]), acknowledges them, flushes and shuts down its half of the socket,
 //! and only then exits: the last result of a session is recorded as delivered.
 //!
+//! # Who answers
+//! Before it sends a byte, the bridge checks that the server it reached is the broker
+//! ([`verify_broker`], unix; issue 26): the server's uid (the kernel's word, SO_PEERCRED
+//! or getpeereid) must be the socket file's owner, and every component of the socket
+//! path must pass the daemon's walk ([`crate::daemon`]), with the socket's owner trusted
+//! for directories (a privilege-separated broker runs as its own user) but never for a
+//! symlink or an entry of a shared sticky directory such as /tmp, which must be root's or
+//! this user's. Otherwise whoever owns a link or directory on the path could put a
+//! listener of their own there and read every call, with its arguments, and answer it.
+//! A server that fails the check is treated as no broker: nothing is sent to it. Windows
+//! pipes have no path to walk; the daemon creates its pipe as the first instance.
+//!
 //! # With no broker
 //! It still answers, as an MCP server whose every tool call returns BROKER_UNAVAILABLE
 //! (not_attempted), behind the same line filter. The message says why: no broker
-//! listening, or this user may not reach the socket.
+//! listening, this user may not reach the socket, or the server there is not trusted.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -89,12 +101,79 @@ pub enum BridgeError {
 /// Connects to the broker and relays, or serves the unavailable answer.
 pub async fn run(socket: &Path) -> Result<(), BridgeError> {
     match postern_broker::platform::connect(socket).await {
-        Ok(stream) => match relay(stream, agent_input(), agent_output(), true).await {
-            End::BrokerClosed => Err(BridgeError::BrokerClosed(socket.display().to_string())),
-            End::AgentDone | End::AgentGone => Ok(()),
-        },
+        Ok(stream) => {
+            #[cfg(unix)]
+            if let Err(why) = verify_broker(socket, &stream) {
+                // Closed unused: the server gets nothing from this agent.
+                drop(stream);
+                return unavailable(untrusted_message(socket, &why)).await;
+            }
+            match relay(stream, agent_input(), agent_output(), true).await {
+                End::BrokerClosed => Err(BridgeError::BrokerClosed(socket.display().to_string())),
+                End::AgentDone | End::AgentGone => Ok(()),
+            }
+        }
         Err(error) => unavailable(unreachable_message(socket, &error)).await,
     }
+}
+
+/// Checks that the server on `stream`, reached at `socket`, is the broker (see the module
+/// docs): the path's components are trusted and the server runs as the socket's owner.
+/// The error says why not, as a sentence about the path.
+#[cfg(unix)]
+pub fn verify_broker(socket: &Path, stream: &tokio::net::UnixStream) -> Result<(), String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+
+    use crate::daemon::{Trust, WalkError, own_gid, walk_trusted};
+
+    let me = crate::peer::own_uid().ok_or("this process's own uid is unknown")?;
+    let peer = stream
+        .peer_cred()
+        .map_err(|e| format!("the server's credentials cannot be read ({e})"))?
+        .uid();
+    // The owner the path leads to now; the walk then checks every step to it, and that
+    // it still leads to a socket of that owner.
+    let owner = std::fs::metadata(socket)
+        .map_err(|e| format!("{} cannot be examined ({e})", socket.display()))?
+        .uid();
+    let trust = Trust {
+        me,
+        gid: own_gid(),
+        also: Some(owner),
+    };
+    let walked = walk_trusted(socket, &trust).map_err(|e| match e {
+        WalkError::Untrusted(u) => format!("{} {}", u.component.display(), u.reason),
+        WalkError::Io { path, source } => {
+            format!("{} cannot be examined ({source})", path.display())
+        }
+    })?;
+    let at = walked.resolved.display();
+    if walked.missing {
+        return Err(format!("the socket {at} went away while it was checked"));
+    }
+    if !walked.meta.file_type().is_socket() {
+        return Err(format!("{at} is not a socket"));
+    }
+    if walked.meta.uid() != owner {
+        return Err(format!("the socket {at} changed while it was checked"));
+    }
+    if peer != owner {
+        return Err(format!(
+            "the server listening there runs as uid {peer}, but the socket file {at} is \
+             owned by uid {owner}: another user's listener answers on it"
+        ));
+    }
+    Ok(())
+}
+
+/// What an agent is told when the server at `socket` is not trusted to be the broker.
+pub fn untrusted_message(socket: &Path, why: &str) -> String {
+    format!(
+        "Refusing the server at the Postern broker socket {}: {why}. It may not be the \
+         broker, so nothing was sent. Use a socket path whose directories and links only \
+         root, this user or the broker's user can change (the broker refuses others too).",
+        socket.display()
+    )
 }
 
 /// The agent's messages: stdin. When it is a pipe (how MCP clients start the bridge) it
@@ -1208,6 +1287,49 @@ mod tests {
             absent.starts_with("No Postern broker is running"),
             "{absent}"
         );
+    }
+
+    // Regression: issue 26 (item 3): the bridge sent a user's calls to whatever listened
+    // at the socket path, also through another user's symlink.
+    #[tokio::test]
+    #[cfg(unix)]
+    async fn a_server_is_trusted_only_through_trusted_links_and_as_the_sockets_owner() {
+        if crate::peer::own_uid() != Some(0) {
+            eprintln!("skipped: not root, cannot give a link or a socket to another uid");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        let socket = real.join("postern.sock");
+        let _listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let stream = tokio::net::UnixStream::connect(&socket).await.unwrap();
+        verify_broker(&socket, &stream).unwrap();
+        // The same listener through another user's symlink is refused, naming the link.
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        std::os::unix::fs::lchown(&link, Some(65534), Some(65534)).unwrap();
+        let through = link.join("postern.sock");
+        let stream = tokio::net::UnixStream::connect(&through).await.unwrap();
+        let why = verify_broker(&through, &stream).unwrap_err();
+        assert!(
+            why.contains(&format!(
+                "{} is a symbolic link owned by uid 65534",
+                link.display()
+            )),
+            "{why}"
+        );
+        // A socket file of another user's with root's listener behind it: the server is
+        // not the file's owner.
+        std::os::unix::fs::chown(&socket, Some(65534), Some(65534)).unwrap();
+        let stream = tokio::net::UnixStream::connect(&socket).await.unwrap();
+        let why = verify_broker(&socket, &stream).unwrap_err();
+        assert!(
+            why.contains("runs as uid 0") && why.contains("owned by uid 65534"),
+            "{why}"
+        );
+        let message = untrusted_message(&socket, &why);
+        assert!(message.contains("nothing was sent"), "{message}");
     }
 
     /// A fake broker on one end of a pipe: answers each request line with a result for

@@ -19,9 +19,22 @@
 //! others from replacing a file they do not own.) When the socket's directory is created,
 //! it is ours and 0700; the existing directory it is created in must not be
 //! world-writable (without the sticky bit) or another user's, since whoever can write
-//! there can rename our directory away and put theirs in its place. Group-writable is
-//! accepted there: it is how homes look under a user-private-group umask (002), and the
-//! default data dir is created under ~/.local/share.
+//! there can rename our directory away and put theirs in its place. Writable by this
+//! user's own primary group is accepted there: it is how homes look under a
+//! user-private-group umask (002), and the default data dir is created under
+//! ~/.local/share.
+//!
+//! Every other component of the socket path is checked too, from `/` down, one level at a
+//! time without following anything unchecked (`walk_trusted`; issue 26): each directory
+//! must be owned by root or this user and not writable by others (nor by a group other
+//! than this user's own primary group, which user-private-group homes are) unless it is
+//! a sticky directory of root's or this user's, like /tmp, inside which the next
+//! component must again be root's or this user's, since anyone may create a name there.
+//! A symlink is followed only when root or this user owns it: whoever owns a link can
+//! re-point it at a listener of their own once the broker runs, and capture every
+//! `tools/call` an agent sends. Anything else is refused as
+//! [`DaemonError::SocketPathUntrusted`], naming the component, its owner and why. The
+//! bridge runs the same walk before it sends anything (see [`crate::bridge`]).
 //!
 //! The journal lives in the data dir, so the data dir must take new files and an existing
 //! journal must be writable; that is checked before anything else is created (no keychain
@@ -49,6 +62,9 @@ use tokio::sync::Notify;
 use postern_broker::approvals::Approver;
 use postern_broker::broker::{Broker, BrokerOptions, OpenError};
 use postern_broker::platform::{self, Accepted, Listener};
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::admission::Admission;
 use postern_broker::sealed_store::load_key;
 use postern_broker::vault::KeychainBackend;
 
@@ -154,6 +170,18 @@ pub enum DaemonError {
          default DATA_DIR/run"
     )]
     UnsafeSocketDir { path: String, problem: String },
+    #[error(
+        "refusing the socket path {path}: {component} {reason}. Choose a path whose \
+         directories and links only root or this user can change, such as the default \
+         DATA_DIR/run"
+    )]
+    SocketPathUntrusted {
+        path: String,
+        component: String,
+        /// The component's owner, when it could be read.
+        owner: Option<u32>,
+        reason: String,
+    },
     #[error("the socket directory {path} is {found}, not a directory")]
     SocketDirNotDirectory { path: String, found: Found },
     #[error("cannot create the socket directory {path}: {source}")]
@@ -282,19 +310,291 @@ fn create_private_levels(levels: &[PathBuf]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Refuses a directory others could write into (see the module docs for why).
-/// `group_may_write`: accept a group-writable directory (see the module docs for when).
+/// This process's effective gid: a directory writable by this group alone is this
+/// user's (see [`Trust`]).
+#[cfg(unix)]
+pub(crate) fn own_gid() -> u32 {
+    platform::own_gid()
+}
+
+/// Whom a walk along a socket path ([`walk_trusted`]) trusts.
+#[cfg(unix)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Trust {
+    /// This process's effective uid.
+    pub(crate) me: u32,
+    /// This process's effective gid: a directory writable by its group is accepted when
+    /// the group is this one (how homes look under a user-private-group umask, 002).
+    pub(crate) gid: u32,
+    /// Another owner a directory on the path may have: the socket's owner, for the bridge
+    /// (a privilege-separated broker runs as its own user). Never trusted for a symlink
+    /// or for an entry in a shared sticky directory, where anyone may create a name.
+    pub(crate) also: Option<u32>,
+}
+
+#[cfg(unix)]
+impl Trust {
+    /// Root or this process's user: who may own a followed symlink, a shared sticky
+    /// directory, or an entry inside one.
+    fn own(&self, uid: u32) -> bool {
+        uid == 0 || uid == self.me
+    }
+
+    fn owner_ok(&self, uid: u32) -> bool {
+        self.own(uid) || self.also == Some(uid)
+    }
+
+    fn own_names(&self) -> String {
+        format!("root or this user (uid {})", self.me)
+    }
+
+    fn owner_names(&self) -> String {
+        match self.also {
+            Some(also) if !self.own(also) => format!(
+                "root, this user (uid {}) or the socket's owner (uid {also})",
+                self.me
+            ),
+            _ => self.own_names(),
+        }
+    }
+}
+
+/// A component of a path that [`walk_trusted`] does not trust.
+#[cfg(unix)]
+#[derive(Debug)]
+pub(crate) struct Untrusted {
+    pub(crate) component: PathBuf,
+    pub(crate) owner: Option<u32>,
+    /// Why, as the rest of a sentence that starts with the component.
+    pub(crate) reason: String,
+}
+
+/// Why a walk stopped.
+#[cfg(unix)]
+#[derive(Debug)]
+pub(crate) enum WalkError {
+    Untrusted(Untrusted),
+    /// A component could not be examined (no search permission, say).
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Where a walk ended.
+#[cfg(unix)]
+#[derive(Debug)]
+pub(crate) struct Walked {
+    /// The path with every symlink resolved, as far as it exists.
+    pub(crate) resolved: PathBuf,
+    /// What is at `resolved`, never a symlink.
+    pub(crate) meta: std::fs::Metadata,
+    /// Some component after `resolved` does not exist.
+    pub(crate) missing: bool,
+}
+
+/// Symlinks followed in one walk at most, as Linux's own resolution (ELOOP).
+#[cfg(unix)]
+const MAX_LINKS: usize = 40;
+
+/// One step of a walk.
+#[cfg(unix)]
+enum Step {
+    Parent,
+    Name(std::ffi::OsString),
+}
+
+#[cfg(unix)]
+fn steps(path: &Path) -> Vec<Step> {
+    use std::path::Component;
+    path.components()
+        .filter_map(|c| match c {
+            Component::Normal(name) => Some(Step::Name(name.to_os_string())),
+            Component::ParentDir => Some(Step::Parent),
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => None,
+        })
+        .collect()
+}
+
+/// Refuses a directory the walk looks into that others could change: owned by another
+/// user than `trust` names, writable by others without the sticky bit (or by a group
+/// other than this user's own), or a shared sticky directory of another user's (its
+/// owner may remove anything in it).
+#[cfg(unix)]
+fn check_walked_dir(dir: &Path, meta: &std::fs::Metadata, trust: &Trust) -> Result<(), Untrusted> {
+    use std::os::unix::fs::MetadataExt;
+    let (uid, mode) = (meta.uid(), meta.mode() & 0o7777);
+    let reason = if !trust.owner_ok(uid) {
+        format!(
+            "is a directory owned by uid {uid}, not by {}: its owner can replace what is in it",
+            trust.owner_names()
+        )
+    } else if mode & 0o022 != 0 && mode & 0o1000 != 0 {
+        if trust.own(uid) {
+            return Ok(());
+        }
+        format!(
+            "is a shared sticky directory (mode {mode:04o}) owned by uid {uid}, not by {}: its \
+             owner may remove or replace anything in it",
+            trust.own_names()
+        )
+    } else if mode & 0o002 != 0 {
+        format!(
+            "is a directory writable by others without the sticky bit (mode {mode:04o}): \
+             anyone can rename what is in it"
+        )
+    } else if mode & 0o020 != 0 && meta.gid() != trust.gid {
+        format!(
+            "is a directory writable by its group (gid {}, not this user's own gid {}) \
+             without the sticky bit (mode {mode:04o}): the group's members can rename what is \
+             in it",
+            meta.gid(),
+            trust.gid
+        )
+    } else {
+        return Ok(());
+    };
+    Err(Untrusted {
+        component: dir.to_path_buf(),
+        owner: Some(uid),
+        reason,
+    })
+}
+
+/// Walks `path` from `/` one component at a time with `lstat`, checking every directory
+/// it looks into ([`check_walked_dir`]) and every symlink before following it (root's
+/// or this user's only), and requiring an entry of a shared sticky directory to be root's
+/// or this user's. The last component is resolved (a trusted symlink followed) but not
+/// judged: that is the caller's. A relative path starts at the current directory.
+#[cfg(unix)]
+pub(crate) fn walk_trusted(path: &Path, trust: &Trust) -> Result<Walked, WalkError> {
+    use std::os::unix::fs::MetadataExt;
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| WalkError::Io { path, source }
+    };
+    let untrusted = |component: &Path, owner: Option<u32>, reason: String| {
+        WalkError::Untrusted(Untrusted {
+            component: component.to_path_buf(),
+            owner,
+            reason,
+        })
+    };
+    let root = Path::new("/");
+    let mut todo: std::collections::VecDeque<Step> = if path.is_absolute() {
+        steps(path).into()
+    } else {
+        let cwd = std::env::current_dir().map_err(io(Path::new(".")))?;
+        let mut all = steps(&cwd);
+        all.extend(steps(path));
+        all.into()
+    };
+    let mut at = root.to_path_buf();
+    let mut meta = std::fs::symlink_metadata(root).map_err(io(root))?;
+    let mut links = 0;
+    while let Some(step) = todo.pop_front() {
+        if !meta.is_dir() {
+            return Err(untrusted(
+                &at,
+                Some(meta.uid()),
+                format!("is {}, not a directory", Found::of(&meta.file_type())),
+            ));
+        }
+        check_walked_dir(&at, &meta, trust).map_err(WalkError::Untrusted)?;
+        let name = match step {
+            Step::Parent => {
+                // `at` has no symlink in it, so its parent is the real one, checked on
+                // the way down.
+                at.pop();
+                meta = std::fs::symlink_metadata(&at).map_err(io(&at))?;
+                continue;
+            }
+            Step::Name(name) => name,
+        };
+        let mode = meta.mode();
+        let shared_sticky = mode & 0o1000 != 0 && mode & 0o022 != 0;
+        let next = at.join(&name);
+        let found = match std::fs::symlink_metadata(&next) {
+            Ok(found) => found,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Walked {
+                    resolved: at,
+                    meta,
+                    missing: true,
+                });
+            }
+            Err(e) => return Err(io(&next)(e)),
+        };
+        if found.file_type().is_symlink() {
+            if !trust.own(found.uid()) {
+                return Err(untrusted(
+                    &next,
+                    Some(found.uid()),
+                    format!(
+                        "is a symbolic link owned by uid {}, not by {}: its owner can \
+                         re-point it at a listener of their own",
+                        found.uid(),
+                        trust.own_names()
+                    ),
+                ));
+            }
+            links += 1;
+            let target = std::fs::read_link(&next).map_err(io(&next))?;
+            if links > MAX_LINKS || target.as_os_str().is_empty() {
+                return Err(untrusted(
+                    &next,
+                    Some(found.uid()),
+                    "is a symbolic link that leads nowhere (empty, or too many links)".into(),
+                ));
+            }
+            if target.is_absolute() {
+                at = root.to_path_buf();
+                meta = std::fs::symlink_metadata(root).map_err(io(root))?;
+            }
+            for step in steps(&target).into_iter().rev() {
+                todo.push_front(step);
+            }
+            continue;
+        }
+        if shared_sticky && !trust.own(found.uid()) {
+            return Err(untrusted(
+                &next,
+                Some(found.uid()),
+                format!(
+                    "is owned by uid {} inside the shared sticky directory {}, where anyone \
+                     may create a name: only {} is trusted there",
+                    found.uid(),
+                    at.display(),
+                    trust.own_names()
+                ),
+            ));
+        }
+        at = next;
+        meta = found;
+    }
+    Ok(Walked {
+        resolved: at,
+        meta,
+        missing: false,
+    })
+}
+
+/// Refuses the directory the socket goes in, or the one its missing directories are made
+/// in, when others could write into it (see the module docs for why). `group_may_write`:
+/// accept one writable by this user's own group (see the module docs for when).
 #[cfg(unix)]
 fn check_dir_safe(
     dir: &Path,
     meta: &std::fs::Metadata,
-    me: u32,
+    trust: &Trust,
     group_may_write: bool,
 ) -> Result<(), DaemonError> {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let me = trust.me;
     let mode = meta.permissions().mode();
-    let writable = if group_may_write { 0o002 } else { 0o022 };
-    let problem = if meta.uid() != me && meta.uid() != 0 {
+    let own_group = group_may_write && meta.gid() == trust.gid;
+    let writable = if own_group { 0o002 } else { 0o022 };
+    let problem = if !trust.own(meta.uid()) {
         Some(format!(
             "is owned by uid {}, not by this user (uid {me}) or root",
             meta.uid()
@@ -303,9 +603,11 @@ fn check_dir_safe(
         Some(format!(
             "is writable by {} without the sticky bit (mode {:04o})",
             if mode & 0o002 != 0 {
-                "others"
+                "others".to_string()
+            } else if group_may_write {
+                format!("its group (gid {}, not this user's own)", meta.gid())
             } else {
-                "its group"
+                "its group".to_string()
             },
             mode & 0o7777
         ))
@@ -342,23 +644,36 @@ fn inspect_socket_path(socket: &Path, me: u32) -> Result<SocketPlan, DaemonError
         move |source| DaemonError::SocketDir { path, source }
     };
     let (create, existing) = missing_levels(dir).map_err(dir_err(dir))?;
-    // The directory the socket goes in, or the one the new ones are made in: a symlink
-    // to a directory is fine here (the checks apply to where it leads).
-    let meta = std::fs::metadata(&existing).map_err(dir_err(&existing))?;
+    // Every component up to the directory the socket goes in (or the one the new ones
+    // are made in): a symlink is followed only when it is root's or ours.
+    let trust = Trust {
+        me,
+        gid: own_gid(),
+        also: None,
+    };
+    let walked = walk_trusted(&existing, &trust).map_err(|e| match e {
+        WalkError::Untrusted(u) => DaemonError::SocketPathUntrusted {
+            path: socket.display().to_string(),
+            component: u.component.display().to_string(),
+            owner: u.owner,
+            reason: u.reason,
+        },
+        WalkError::Io { path, source } => dir_err(&path)(source),
+    })?;
+    if walked.missing {
+        // A symlink that leads nowhere, or a level removed while we looked.
+        return Err(dir_err(&existing)(std::io::Error::from(
+            std::io::ErrorKind::NotFound,
+        )));
+    }
+    let meta = walked.meta;
     if !meta.is_dir() {
-        let found = std::fs::symlink_metadata(&existing)
-            .map(|m| Found::of(&m.file_type()))
-            .unwrap_or(Found::Other);
         return Err(DaemonError::SocketDirNotDirectory {
             path: existing.display().to_string(),
-            found: if found == Found::Symlink {
-                Found::Other
-            } else {
-                found
-            },
+            found: Found::of(&meta.file_type()),
         });
     }
-    check_dir_safe(&existing, &meta, me, !create.is_empty())?;
+    check_dir_safe(&existing, &meta, &trust, !create.is_empty())?;
     if !create.is_empty() {
         return Ok(SocketPlan {
             create,
@@ -611,7 +926,18 @@ pub enum AgentAccess {
 /// Serves one connection: checks the peer's uid, identifies the agent behind the bridge,
 /// records it in `sessions`, and runs an MCP session until the bridge goes away.
 pub async fn serve_connection(broker: Arc<Broker>, sessions: Arc<Sessions>, stream: Accepted) {
-    serve_connection_with(broker, sessions, stream, AgentAccess::OwnUser).await;
+    let admission = Admission::new(1, 1);
+    if let Some(slot) = admission.slot().await {
+        serve_connection_with(
+            broker,
+            sessions,
+            stream,
+            AgentAccess::OwnUser,
+            &admission,
+            slot,
+        )
+        .await;
+    }
 }
 
 /// [`serve_connection`] admitting the peers `access` names.
@@ -620,8 +946,14 @@ pub async fn serve_connection_with(
     sessions: Arc<Sessions>,
     stream: Accepted,
     access: AgentAccess,
+    admission: &Arc<Admission>,
+    slot: OwnedSemaphorePermit,
 ) {
     let Ok(cred) = platform::peer_of(&stream) else {
+        return;
+    };
+    // A user past its own cap is closed at once (see [`crate::admission`]).
+    let Some(_admitted) = admission.admit(slot, &cred.user) else {
         return;
     };
     let Ok(me) = platform::current_user() else {
@@ -674,18 +1006,30 @@ pub async fn serve_with(
     stop: impl std::future::Future<Output = ()>,
     access: AgentAccess,
 ) {
+    let admission = Admission::for_descriptors(platform::raise_descriptor_limit());
     let mut sweep = tokio::time::interval(std::time::Duration::from_secs(5));
     tokio::pin!(stop);
     loop {
+        // While every slot is taken nothing is accepted: new connections wait in the
+        // backlog, and past it are refused (BROKER_UNAVAILABLE at the bridge).
+        let slot = tokio::select! {
+            slot = admission.slot() => slot,
+            _ = sweep.tick() => {
+                sessions.sweep(broker.journal.now_ms());
+                continue;
+            }
+            () = &mut stop => break,
+        };
+        let Some(slot) = slot else { break };
         tokio::select! {
             accepted = listener.accept() => {
                 if let Ok(stream) = accepted {
-                    tokio::spawn(serve_connection_with(
-                        broker.clone(),
-                        sessions.clone(),
-                        stream,
-                        access,
-                    ));
+                    let (broker, sessions, admission) =
+                        (broker.clone(), sessions.clone(), admission.clone());
+                    tokio::spawn(async move {
+                        serve_connection_with(broker, sessions, stream, access, &admission, slot)
+                            .await;
+                    });
                 }
             }
             _ = sweep.tick() => sessions.sweep(broker.journal.now_ms()),
@@ -874,6 +1218,189 @@ mod tests {
             0,
             "no probe left behind"
         );
+    }
+
+    /// A trust for a broker running as `me` (with `me` as its group), whatever this
+    /// process runs as: the walk can then be tried against owners this test sets.
+    fn trust_as(me: u32) -> Trust {
+        Trust {
+            me,
+            gid: me,
+            also: None,
+        }
+    }
+
+    fn untrusted(result: Result<Walked, WalkError>) -> Untrusted {
+        match result {
+            Err(WalkError::Untrusted(u)) => u,
+            other => panic!("expected an untrusted component, got {other:?}"),
+        }
+    }
+
+    // Regression: issue 26 (item 3): a socket path through another user's symlink was
+    // accepted, and the link later re-pointed at that user's own listener.
+    #[tokio::test]
+    async fn a_symlink_on_the_socket_path_owned_by_another_user_is_refused() {
+        if !running_as_root() {
+            eprintln!("skipped: not root, cannot give a symlink to another uid");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        std::os::unix::fs::lchown(&link, Some(65534), Some(65534)).unwrap();
+        let err = bind(&link.join("postern.sock")).await.unwrap_err();
+        match &err {
+            DaemonError::SocketPathUntrusted {
+                component, owner, ..
+            } => {
+                assert_eq!(component, &link.display().to_string(), "{err}");
+                assert_eq!(*owner, Some(65534), "{err}");
+            }
+            other => panic!("expected SocketPathUntrusted, got {other}"),
+        }
+        assert!(
+            err.to_string().contains("symbolic link owned by uid 65534"),
+            "{err}"
+        );
+        assert!(!real.join("postern.sock").exists(), "nothing created");
+        // Where the link is root's (ours), it is followed.
+        std::os::unix::fs::lchown(&link, Some(0), Some(0)).unwrap();
+        let _listener = bind(&link.join("postern.sock")).await.unwrap();
+        assert!(real.join("postern.sock").exists());
+    }
+
+    // Regression: issue 26 (item 3)
+    #[test]
+    fn symlinks_are_followed_only_when_root_or_the_broker_owns_them() {
+        if !running_as_root() {
+            eprintln!("skipped: not root, cannot give symlinks to other uids");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        let socket_dir = |link: &Path| link.join("sub");
+        std::fs::create_dir(real.join("sub")).unwrap();
+        std::os::unix::fs::chown(real.join("sub"), Some(4242), Some(4242)).unwrap();
+        // A chain: a root link to a relative link of the broker's, to the real directory.
+        let second = dir.path().join("second");
+        std::os::unix::fs::symlink("real", &second).unwrap();
+        std::os::unix::fs::lchown(&second, Some(4242), Some(4242)).unwrap();
+        let first = dir.path().join("first");
+        std::os::unix::fs::symlink(&second, &first).unwrap();
+        let walked = walk_trusted(&socket_dir(&first), &trust_as(4242)).unwrap();
+        assert_eq!(walked.resolved, real.join("sub"));
+        assert!(!walked.missing);
+        // The same chain with the middle link another user's is refused at that link.
+        std::os::unix::fs::lchown(&second, Some(4243), Some(4243)).unwrap();
+        let refused = untrusted(walk_trusted(&socket_dir(&first), &trust_as(4242)));
+        assert_eq!(refused.component, second);
+        assert_eq!(refused.owner, Some(4243));
+        assert!(
+            refused.reason.contains("symbolic link"),
+            "{}",
+            refused.reason
+        );
+    }
+
+    // Regression: issue 26 (item 3)
+    #[tokio::test]
+    async fn a_group_or_world_writable_ancestor_without_the_sticky_bit_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = dir.path().join("open");
+        std::fs::create_dir_all(open.join("inner")).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let socket = open.join("inner").join("postern.sock");
+        let err = bind(&socket).await.unwrap_err();
+        match &err {
+            DaemonError::SocketPathUntrusted {
+                component, reason, ..
+            } => {
+                assert_eq!(component, &open.display().to_string(), "{err}");
+                assert!(reason.contains("writable by others"), "{err}");
+            }
+            other => panic!("expected SocketPathUntrusted, got {other}"),
+        }
+        assert!(!socket.exists(), "nothing created");
+        // Writable by this user's own group is how a user-private-group home looks.
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o775)).unwrap();
+        drop(bind(&socket).await.unwrap());
+        // Writable by another group is not.
+        if running_as_root() {
+            std::os::unix::fs::chown(&open, None, Some(65534)).unwrap();
+            let err = bind(&socket).await.unwrap_err();
+            assert!(
+                matches!(&err, DaemonError::SocketPathUntrusted { reason, .. }
+                    if reason.contains("writable by its group (gid 65534")),
+                "{err}"
+            );
+        } else {
+            eprintln!("skipped the foreign-group case: not root, cannot chgrp");
+        }
+    }
+
+    // Regression: issue 26 (item 3)
+    #[test]
+    fn a_broker_directory_inside_a_root_owned_sticky_directory_is_accepted_and_another_users_is_not()
+     {
+        if !running_as_root() {
+            eprintln!("skipped: not root, cannot give directories to other uids");
+            return;
+        }
+        // A /tmp of its own: root's, 1777; the broker runs as uid 4242.
+        let dir = tempfile::tempdir().unwrap();
+        let tmp = dir.path().join("tmp");
+        std::fs::create_dir(&tmp).unwrap();
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let mine = tmp.join("mine");
+        std::fs::create_dir(&mine).unwrap();
+        std::os::unix::fs::chown(&mine, Some(4242), Some(4242)).unwrap();
+        let walked = walk_trusted(&mine.join("postern.sock"), &trust_as(4242)).unwrap();
+        assert_eq!(walked.resolved, mine);
+        assert!(walked.missing, "the socket is not there yet");
+        // Another user's directory there, even one it keeps private, is refused.
+        std::os::unix::fs::chown(&mine, Some(4243), Some(4243)).unwrap();
+        let refused = untrusted(walk_trusted(&mine.join("postern.sock"), &trust_as(4242)));
+        assert_eq!(refused.component, mine);
+        assert_eq!(refused.owner, Some(4243));
+        assert!(refused.reason.contains("sticky"), "{}", refused.reason);
+        // A sticky directory that is another user's is refused itself: its owner may
+        // remove anything in it.
+        std::os::unix::fs::chown(&mine, Some(4242), Some(4242)).unwrap();
+        std::os::unix::fs::chown(&tmp, Some(4243), Some(4243)).unwrap();
+        let refused = untrusted(walk_trusted(&mine.join("postern.sock"), &trust_as(4242)));
+        assert_eq!(refused.component, tmp);
+        assert_eq!(refused.owner, Some(4243));
+    }
+
+    // Regression: issue 26 (item 3)
+    #[tokio::test]
+    async fn the_usual_socket_places_are_accepted() {
+        // A fresh temp dir of ours (under /tmp, root's and sticky), with levels we create.
+        let dir = tempfile::tempdir().unwrap();
+        let _a = bind(&dir.path().join("postern.sock")).await.unwrap();
+        let _b = bind(&dir.path().join("data").join("run").join("postern.sock"))
+            .await
+            .unwrap();
+        // A relative path, walked from the current directory.
+        let trust = Trust {
+            me: own_uid().unwrap(),
+            gid: own_gid(),
+            also: None,
+        };
+        let here = std::env::current_dir().unwrap();
+        if let Ok(absolute) = walk_trusted(&here, &trust) {
+            let relative = walk_trusted(Path::new("."), &trust).unwrap();
+            assert_eq!(relative.resolved, absolute.resolved);
+        }
+        // $XDG_RUNTIME_DIR, where there is one.
+        if let Some(runtime) = std::env::var_os("XDG_RUNTIME_DIR") {
+            let walked = walk_trusted(Path::new(&runtime), &trust);
+            assert!(walked.is_ok(), "{runtime:?}: {walked:?}");
+        }
     }
 
     #[test]

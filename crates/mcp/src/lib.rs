@@ -17,6 +17,7 @@
 //!   over TCP, the three peering tools only), over
 //!   [`postern_broker::federation::serve::PeerService`].
 
+pub mod admission;
 pub mod bridge;
 pub mod daemon;
 mod guard;

@@ -57,13 +57,20 @@ use windows as imp;
 pub use linux::supplementary_groups;
 #[cfg(unix)]
 pub use unix::{
-    AcceptedRead, AcceptedWrite, Listener, connect, own_uid, peer_of, split, termination, user_name,
+    AcceptedRead, AcceptedWrite, Listener, connect, own_gid, own_uid, peer_of,
+    raise_descriptor_limit, split, termination, user_name,
 };
 #[cfg(windows)]
 pub use windows::{
     AcceptedRead, AcceptedWrite, Listener, connect, is_pipe_name, peer_of, split, termination,
     user_name,
 };
+
+/// Windows has no descriptor limit to raise (handles are limited per process by memory).
+#[cfg(windows)]
+pub fn raise_descriptor_limit() -> Option<u64> {
+    None
+}
 
 /// A connection a [`Listener`] accepted: a Unix stream, or the server end of a named pipe.
 #[cfg(unix)]

@@ -82,6 +82,35 @@ pub fn termination() -> io::Result<impl Future<Output = ()>> {
     })
 }
 
+/// This process's effective gid (getegid).
+pub fn own_gid() -> u32 {
+    rustix::process::getegid().as_raw()
+}
+
+/// The most descriptors the broker asks for: enough for its connection caps with room
+/// for the journal, the keychain and outgoing connections.
+const WANTED_DESCRIPTORS: u64 = 65_536;
+
+/// Raises this process's soft descriptor limit toward its hard limit (at most
+/// [`WANTED_DESCRIPTORS`]), as far as it is allowed; returns the soft limit in force
+/// after. An agent flood must hit the broker's own connection caps, not the 1024 a
+/// login session starts with (issue 26).
+pub fn raise_descriptor_limit() -> Option<u64> {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    let current = limit.current?;
+    let wanted = limit
+        .maximum
+        .map_or(WANTED_DESCRIPTORS, |max| max.min(WANTED_DESCRIPTORS));
+    if wanted > current {
+        limit.current = Some(wanted);
+        if setrlimit(Resource::Nofile, limit).is_err() {
+            return Some(current);
+        }
+    }
+    getrlimit(Resource::Nofile).current
+}
+
 /// The effective uid of this process (geteuid: no /proc read, so no way to fail).
 pub fn own_uid() -> Option<u32> {
     Some(rustix::process::geteuid().as_raw())
