@@ -16,6 +16,15 @@ mod witness_cmd;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// Every heap block is wiped when it is freed: the broker's own secret types wipe
+/// themselves, and this catches the copies libraries make of a secret (the keychain
+/// client's messages, key parsing, the scrubber's automaton), which issue 26 found still in
+/// a daemon's memory seconds after an SSH call. 1Password's wrapper over the system
+/// allocator; `realloc` becomes allocate, copy and wipe.
+#[global_allocator]
+static ALLOCATOR: zeroizing_alloc::ZeroAlloc<std::alloc::System> =
+    zeroizing_alloc::ZeroAlloc(std::alloc::System);
+
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use postern_broker::contract::{Code, Outcome, Phase};
 use postern_broker::vault::{CredentialKind, DEFAULT_SERVICE, KeychainBackend};

@@ -656,6 +656,121 @@ async fn ssh_exec_through_the_bridge_reports_the_exit_status_as_a_result() {
     client.cancel().await.unwrap();
 }
 
+/// Where `needle` occurs in the writable memory of process `pid` (heap, stacks, anonymous
+/// maps), read through /proc/PID/mem as its owner may; the start of each region holding it.
+fn found_in_memory(pid: u32, needle: &[u8]) -> Vec<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut found = Vec::new();
+    for line in maps.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        if !perms.starts_with("rw") {
+            continue;
+        }
+        let (start, end) = range.split_once('-').unwrap();
+        let start = u64::from_str_radix(start, 16).unwrap();
+        let end = u64::from_str_radix(end, 16).unwrap();
+        let mut region = vec![0u8; usize::try_from(end - start).unwrap()];
+        if mem.seek(SeekFrom::Start(start)).is_err() || mem.read_exact(&mut region).is_err() {
+            continue;
+        }
+        if region.windows(needle.len()).any(|w| w == needle) {
+            found.push(line.to_string());
+        }
+    }
+    found
+}
+
+// Regression: issue 26 (item 10). Seconds after an SSH call the daemon's memory still held
+// every line of the private key: the `Secret` wiped itself, the copies made to parse the
+// key and to scrub the output did not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_line_of_the_private_key_is_left_in_the_daemons_memory_after_an_ssh_call() {
+    use postern_tests::ssh_fixture::Sshd;
+    if !Sshd::available() {
+        eprintln!("skipped: no OpenSSH server installed");
+        return;
+    }
+    let sshd = Sshd::start().unwrap();
+    let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let text = format!(
+        "{}\n[[ssh]]\nname = \"web1\"\nhost = \"127.0.0.1\"\nport = {}\nuser = \"{}\"\n\
+         credential = \"web1-key\"\nhost_key = \"{}\"\napproval = \"none\"\n",
+        config(&server.base_url(), "none"),
+        sshd.port,
+        Sshd::user(),
+        sshd.host_key
+    );
+    let daemon = start_daemon_with(&text, &[("web1-key", &sshd.user_ed25519.private)]);
+    let (lines, seed) = secret_lines(&sshd.user_ed25519.private);
+    assert!(!lines.is_empty());
+    let client = client(&daemon.socket).await;
+    for _ in 0..2 {
+        let result = call(
+            &client,
+            "ssh_exec",
+            json!({"host": "web1", "command": "true"}),
+        )
+        .await;
+        assert!(!is_error(&result), "{}", structured(&result));
+    }
+    client.cancel().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let left: Vec<(String, Vec<String>)> = lines
+        .iter()
+        .map(|l| (l.clone(), found_in_memory(daemon.pid(), l.as_bytes())))
+        .filter(|(_, regions)| !regions.is_empty())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "key lines left in the daemon's memory: {left:#?}"
+    );
+    let raw = found_in_memory(daemon.pid(), &seed);
+    assert!(
+        raw.is_empty(),
+        "the raw seed is in the daemon's memory: {raw:#?}"
+    );
+}
+
+/// The lines of an OpenSSH ed25519 private key file that encode any byte of its secret
+/// seed, and the seed. (A line that encodes only the public key's tail, the comment and
+/// the padding carries nothing secret; the public key is in `authorized_keys`.)
+fn secret_lines(pem: &str) -> (Vec<String>, Vec<u8>) {
+    use base64::Engine;
+    let body: Vec<&str> = pem
+        .lines()
+        .filter(|l| !l.starts_with("-----") && !l.is_empty())
+        .collect();
+    let blob = base64::engine::general_purpose::STANDARD
+        .decode(body.concat())
+        .unwrap();
+    // The private section holds the 64-byte field seed ‖ public key, after a length of 64;
+    // its last 32 bytes are the public key, which appears before it after a length of 32.
+    let public_at = blob.windows(4).position(|w| w == [0, 0, 0, 32]).unwrap() + 4;
+    let public = &blob[public_at..public_at + 32];
+    let field = (0..blob.len() - 68)
+        .find(|&i| blob[i..i + 4] == [0, 0, 0, 64] && &blob[i + 36..i + 68] == public)
+        .unwrap()
+        + 4;
+    let seed = blob[field..field + 32].to_vec();
+    // Line n covers characters [start, start + len) of the body, so bytes
+    // [start * 3 / 4, (start + len) * 3 / 4 + 1) of the blob.
+    let mut start = 0;
+    let mut lines = Vec::new();
+    for line in body {
+        let (from, to) = (start * 3 / 4, (start + line.len()) * 3 / 4 + 1);
+        if from < field + 32 && to > field {
+            lines.push(line.to_string());
+        }
+        start += line.len();
+    }
+    (lines, seed)
+}
+
 fn own_uid() -> u32 {
     std::fs::read_to_string("/proc/self/status")
         .unwrap()

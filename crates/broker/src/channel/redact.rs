@@ -82,10 +82,42 @@ pub struct Redactor {
     reach: usize,
 }
 
+/// Overwrites the stack below the caller's frame with zeros. The searches over a secret
+/// (building the patterns, scrubbing) run vectorised string code that spills patterns to
+/// the stack; those dead frames stay in the thread's stack until something else overwrites
+/// them (issue 26 found a key line there after an SSH call). Called on the way out of
+/// each, on the thread that ran it.
+#[inline(never)]
+pub(crate) fn wipe_stack_below() {
+    let mut dead = [0u8; 32 * 1024];
+    // The write is observed, so it is not optimised away.
+    std::hint::black_box(&mut dead);
+}
+
+impl Drop for Redactor {
+    /// The patterns are the secret and its encodings: wiped when the call ends (issue
+    /// 26 found key lines in a daemon's memory seconds after an SSH call).
+    fn drop(&mut self) {
+        use zeroize::Zeroize;
+        for pattern in &mut self.patterns {
+            pattern.zeroize();
+        }
+    }
+}
+
 impl Redactor {
     /// Patterns for `secret` and for each rendered form the broker sent (for example
     /// `Bearer <secret>` or `user:<secret>` before base64).
     pub fn new(secret: &[u8], rendered: &[&[u8]]) -> Redactor {
+        let redactor = Self::build(secret, rendered);
+        wipe_stack_below();
+        redactor
+    }
+
+    /// [`Redactor::new`]'s work, in a frame of its own so that the wipe after it reaches
+    /// every frame it used.
+    #[inline(never)]
+    fn build(secret: &[u8], rendered: &[&[u8]]) -> Redactor {
         let values: Vec<&[u8]> = std::iter::once(secret)
             .chain(rendered.iter().copied())
             .filter(|v| v.len() >= MIN_REDACTABLE)
@@ -107,9 +139,17 @@ impl Redactor {
         for p in &mut patterns {
             p.make_ascii_lowercase();
         }
-        patterns.retain(|p| p.len() >= MIN_REDACTABLE);
         patterns.sort();
-        patterns.dedup();
+        // What is left out (too short, a duplicate) is wiped, not just freed.
+        let mut kept: Vec<Vec<u8>> = Vec::with_capacity(patterns.len());
+        for mut p in patterns {
+            if p.len() >= MIN_REDACTABLE && kept.last() != Some(&p) {
+                kept.push(p);
+            } else {
+                zeroize::Zeroize::zeroize(&mut p);
+            }
+        }
+        let patterns = kept;
         let longest = patterns.iter().map(Vec::len).max().unwrap_or(0);
         Redactor {
             patterns,
@@ -140,6 +180,14 @@ impl Redactor {
     /// Replaces every occurrence in `data`; returns the new bytes and how many were
     /// replaced (overlapping occurrences count once).
     pub fn scrub(&self, data: &[u8]) -> (Vec<u8>, u32) {
+        let scrubbed = self.scrub_here(data);
+        wipe_stack_below();
+        scrubbed
+    }
+
+    /// [`Redactor::scrub`]'s work, in a frame of its own (see [`Redactor::build`]).
+    #[inline(never)]
+    fn scrub_here(&self, data: &[u8]) -> (Vec<u8>, u32) {
         if self.patterns.is_empty() {
             return (data.to_vec(), 0);
         }

@@ -252,6 +252,11 @@ fn spawn_daemon(
 }
 
 impl Daemon {
+    /// The daemon's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The keychain service the daemon's credentials and audit key live under.
     pub fn service(&self) -> &str {
         &self.service

@@ -321,15 +321,17 @@ impl Channel for Ssh {
 
     fn arm(&self, _config: &Config, bound: &Bound<Plan>, secret: Secret) -> Result<Armed, Failure> {
         let redactor = key_redactor(secret.expose());
-        let key = std::str::from_utf8(secret.expose())
-            .ok()
-            .and_then(|text| russh::keys::decode_secret_key(text, None).ok())
-            .ok_or_else(|| Failure {
-                phase: Phase::CredentialInjection,
-                code: Code::KeyDecryptionFailed,
-                retry: Retry::AfterCorrection,
-                message: "The stored credential is not an unencrypted OpenSSH private key; nothing was sent.".into(),
-            })?;
+        let key = decode_key(secret.expose());
+        // The PEM decoder leaves pieces of the key in dead stack frames.
+        crate::channel::redact::wipe_stack_below();
+        let key = key.ok_or_else(|| Failure {
+            phase: Phase::CredentialInjection,
+            code: Code::KeyDecryptionFailed,
+            retry: Retry::AfterCorrection,
+            message:
+                "The stored credential is not an unencrypted OpenSSH private key; nothing was sent."
+                    .into(),
+        })?;
         drop(secret);
         let pinned = match &bound.plan.target.host_key {
             Some(text) => Some(PublicKey::from_openssh(text).map_err(|e| Failure {
@@ -385,17 +387,24 @@ impl Pipeline<Ssh> {
 
 /// The private key text, and each line of its armored body, so output that echoes the
 /// key (whole or line by line) is scrubbed.
+/// The private key in `secret`, in a frame of its own so that the wipe after it reaches
+/// every frame the decoder used.
+#[inline(never)]
+fn decode_key(secret: &[u8]) -> Option<PrivateKey> {
+    let text = std::str::from_utf8(secret).ok()?;
+    russh::keys::decode_secret_key(text, None).ok()
+}
+
 fn key_redactor(secret: &[u8]) -> Redactor {
-    let text = String::from_utf8_lossy(secret);
-    let lines: Vec<Vec<u8>> = text
+    // Borrowed from `secret` when it is UTF-8 (an OpenSSH key is); any copy is wiped.
+    let text = zeroize::Zeroizing::new(String::from_utf8_lossy(secret).into_owned());
+    let rendered: Vec<&[u8]> = text
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with("-----"))
-        .map(|l| l.as_bytes().to_vec())
+        .map(str::as_bytes)
+        .chain(std::iter::once(text.trim().as_bytes()))
         .collect();
-    let trimmed = text.trim().as_bytes().to_vec();
-    let mut rendered: Vec<&[u8]> = lines.iter().map(Vec::as_slice).collect();
-    rendered.push(&trimmed);
     Redactor::new(secret, &rendered)
 }
 
