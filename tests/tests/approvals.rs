@@ -84,6 +84,16 @@ async fn call(f: &Fixture, session: &str, path: &str) -> HttpOutcome {
     f.broker.channel.execute(request, &ctx(f, session)).await
 }
 
+/// Approves the first card that becomes pending, as alice, and returns it.
+async fn approve_first(f: &Fixture) -> postern_broker::provenance::ApprovalCard {
+    let p = pending(f).await;
+    let card = p.request.card();
+    f.approvals
+        .approve(&p.request.invocation_id, &p.request.fingerprint, "alice")
+        .unwrap();
+    card
+}
+
 /// Waits until one approval is pending and returns it.
 async fn pending(f: &Fixture) -> postern_broker::approvals::Pending {
     for _ in 0..200 {
@@ -133,14 +143,10 @@ async fn the_card_shows_every_header_the_origin_receives_and_flags_the_dangerous
         ..Default::default()
     };
     let context = ctx(&f, "s1");
-    let (out, card) = tokio::join!(f.broker.channel.execute(request, &context), async {
-        let p = pending(&f).await;
-        let card = p.request.card();
-        f.approvals
-            .approve(&p.request.invocation_id, &p.request.fingerprint, "alice")
-            .unwrap();
-        card
-    });
+    let (out, card) = tokio::join!(
+        f.broker.channel.execute(request, &context),
+        approve_first(&f)
+    );
     assert_eq!(out.outcome, Outcome::Committed, "{out:?}");
 
     // Every header the agent supplied is on the card, in the order sent.
@@ -230,14 +236,7 @@ async fn a_per_call_approval_covers_the_resends_its_card_names_and_no_more() {
         "idempotent_methods = [\"GET\"]",
     )
     .await;
-    let (out, card) = tokio::join!(call(&f, "s1", "/v1/items"), async {
-        let p = pending(&f).await;
-        let card = p.request.card();
-        f.approvals
-            .approve(&p.request.invocation_id, &p.request.fingerprint, "alice")
-            .unwrap();
-        card
-    });
+    let (out, card) = tokio::join!(call(&f, "s1", "/v1/items"), approve_first(&f));
     assert_eq!(out.outcome, Outcome::Rejected, "{out:?}");
     assert!(
         card.covers

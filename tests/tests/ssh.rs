@@ -98,6 +98,34 @@ async fn run(f: &Fixture, request: SshRequest) -> SshOutcome {
     f.channel.execute(request, &CallContext::default()).await
 }
 
+/// A console that answers approvals, and a call context that asks it.
+fn approving() -> (
+    std::sync::Arc<postern_broker::approvals::Approvals>,
+    CallContext,
+) {
+    let approvals = std::sync::Arc::new(postern_broker::approvals::Approvals::new(
+        Duration::from_secs(10),
+        std::sync::Arc::new(postern_broker::clock::SystemClock),
+    ));
+    let ctx = CallContext {
+        approver: Some(approvals.clone()),
+        ..Default::default()
+    };
+    (approvals, ctx)
+}
+
+/// The first approval to become pending.
+async fn first_pending(
+    approvals: &postern_broker::approvals::Approvals,
+) -> postern_broker::approvals::Pending {
+    loop {
+        if let Some(p) = approvals.pending().into_iter().next() {
+            return p;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 fn assert_error(o: &SshOutcome, phase: Phase, outcome: Outcome, code: Code) {
     let env = o
         .error
@@ -338,31 +366,18 @@ async fn approval_without_an_approver_is_no_approver() {
 // from a card that showed only `bash -s`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_card_shows_stdin_and_says_when_an_interpreter_runs_it() {
-    use postern_broker::approvals::Approvals;
     let Some(sshd) = sshd() else { return };
     let text = config(sshd.port, Some(&sshd.host_key), "")
         .replace("approval = \"none\"", "approval = \"per_call\"");
     let f = fixture(&text, &sshd.user_ed25519.private);
-    let approvals = std::sync::Arc::new(Approvals::new(
-        Duration::from_secs(10),
-        std::sync::Arc::new(postern_broker::clock::SystemClock),
-    ));
-    let ctx = CallContext {
-        approver: Some(approvals.clone()),
-        ..Default::default()
-    };
+    let (approvals, ctx) = approving();
     let dir = tempfile::tempdir().unwrap();
     let victim = dir.path().join("victim");
     let script = format!("touch {}", victim.display());
     let mut request = cmd("bash -s");
     request.stdin = Some(script.clone().into_bytes());
     let (out, card) = tokio::join!(f.channel.execute(request, &ctx), async {
-        let pending = loop {
-            if let Some(p) = approvals.pending().into_iter().next() {
-                break p;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        };
+        let pending = first_pending(&approvals).await;
         // Nothing has run while the card waits.
         assert!(!victim.exists());
         let card = pending.request.card();
@@ -438,27 +453,14 @@ async fn a_command_too_long_for_one_packet_is_refused_before_anything_is_sent() 
 // its approval left only a message in a FAILED event.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_seen_host_key_card_says_where_the_key_came_from_and_is_journaled() {
-    use postern_broker::approvals::Approvals;
     use postern_broker::journal::events::EventBody;
     use postern_broker::provenance::ApprovalRecord;
     let Some(sshd) = sshd() else { return };
-    let approvals = std::sync::Arc::new(Approvals::new(
-        Duration::from_secs(10),
-        std::sync::Arc::new(postern_broker::clock::SystemClock),
-    ));
-    let ctx = CallContext {
-        approver: Some(approvals.clone()),
-        ..Default::default()
-    };
+    let (approvals, ctx) = approving();
     for approve in [false, true] {
         let f = fixture(&config(sshd.port, None, ""), &sshd.user_ed25519.private);
         let (out, card) = tokio::join!(f.channel.execute(cmd("echo first"), &ctx), async {
-            let pending = loop {
-                if let Some(p) = approvals.pending().into_iter().next() {
-                    break p;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            };
+            let pending = first_pending(&approvals).await;
             let card = pending.request.card();
             let id = &pending.request.invocation_id;
             let digest = card.digest();
@@ -796,17 +798,9 @@ async fn a_broker_killed_while_a_command_runs_recovers_as_unknown() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_seen_host_key_is_pinned_after_approval_as_a_new_config_version() {
-    use postern_broker::approvals::Approvals;
     let Some(sshd) = sshd() else { return };
     let f = fixture(&config(sshd.port, None, ""), &sshd.user_ed25519.private);
-    let approvals = std::sync::Arc::new(Approvals::new(
-        std::time::Duration::from_secs(10),
-        std::sync::Arc::new(postern_broker::clock::SystemClock),
-    ));
-    let ctx = CallContext {
-        approver: Some(approvals.clone()),
-        ..Default::default()
-    };
+    let (approvals, ctx) = approving();
     let version_before = f
         .broker
         .config
@@ -816,12 +810,7 @@ async fn a_first_seen_host_key_is_pinned_after_approval_as_a_new_config_version(
         .version();
 
     let (first, ()) = tokio::join!(f.channel.execute(cmd("echo first"), &ctx), async {
-        let pending = loop {
-            if let Some(p) = approvals.pending().into_iter().next() {
-                break p;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        };
+        let pending = first_pending(&approvals).await;
         assert_eq!(pending.request.mode, "host_key");
         assert!(pending.request.fingerprint.starts_with("SHA256:"));
         assert!(
@@ -868,24 +857,11 @@ async fn a_first_seen_host_key_is_pinned_after_approval_as_a_new_config_version(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_denied_first_seen_host_key_is_not_pinned() {
-    use postern_broker::approvals::Approvals;
     let Some(sshd) = sshd() else { return };
     let f = fixture(&config(sshd.port, None, ""), &sshd.user_ed25519.private);
-    let approvals = std::sync::Arc::new(Approvals::new(
-        std::time::Duration::from_secs(10),
-        std::sync::Arc::new(postern_broker::clock::SystemClock),
-    ));
-    let ctx = CallContext {
-        approver: Some(approvals.clone()),
-        ..Default::default()
-    };
+    let (approvals, ctx) = approving();
     let (out, ()) = tokio::join!(f.channel.execute(cmd("echo x"), &ctx), async {
-        let pending = loop {
-            if let Some(p) = approvals.pending().into_iter().next() {
-                break p;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        };
+        let pending = first_pending(&approvals).await;
         approvals
             .deny(&pending.request.invocation_id, "alice")
             .unwrap();

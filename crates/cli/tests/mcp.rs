@@ -598,16 +598,16 @@ async fn a_waiting_call_sends_progress_notifications_when_asked() {
     client.cancel().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ssh_exec_through_the_bridge_reports_the_exit_status_as_a_result() {
+/// A real sshd and a daemon with an HTTP target (`api`, before an origin that answers
+/// `{}`) and an SSH target `web1` on it, its key stored; `None` (said) without OpenSSH.
+async fn ssh_daemon() -> Option<(postern_tests::ssh_fixture::Sshd, Adversary, Daemon)> {
     use postern_tests::ssh_fixture::Sshd;
     if !Sshd::available() {
         eprintln!("skipped: no OpenSSH server installed");
-        return;
+        return None;
     }
     let sshd = Sshd::start().unwrap();
     let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
-    // A daemon with an HTTP and an SSH target.
     let text = format!(
         "{}\n[[ssh]]\nname = \"web1\"\nhost = \"127.0.0.1\"\nport = {}\nuser = \"{}\"\n\
          credential = \"web1-key\"\nhost_key = \"{}\"\napproval = \"none\"\n",
@@ -617,6 +617,14 @@ async fn ssh_exec_through_the_bridge_reports_the_exit_status_as_a_result() {
         sshd.host_key
     );
     let daemon = start_daemon_with(&text, &[("web1-key", &sshd.user_ed25519.private)]);
+    Some((sshd, server, daemon))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ssh_exec_through_the_bridge_reports_the_exit_status_as_a_result() {
+    let Some((sshd, _server, daemon)) = ssh_daemon().await else {
+        return;
+    };
     let client = client(&daemon.socket).await;
     let result = call(
         &client,
@@ -690,22 +698,9 @@ fn found_in_memory(pid: u32, needle: &[u8]) -> Vec<String> {
 // key and to scrub the output did not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_line_of_the_private_key_is_left_in_the_daemons_memory_after_an_ssh_call() {
-    use postern_tests::ssh_fixture::Sshd;
-    if !Sshd::available() {
-        eprintln!("skipped: no OpenSSH server installed");
+    let Some((sshd, _server, daemon)) = ssh_daemon().await else {
         return;
-    }
-    let sshd = Sshd::start().unwrap();
-    let server = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
-    let text = format!(
-        "{}\n[[ssh]]\nname = \"web1\"\nhost = \"127.0.0.1\"\nport = {}\nuser = \"{}\"\n\
-         credential = \"web1-key\"\nhost_key = \"{}\"\napproval = \"none\"\n",
-        config(&server.base_url(), "none"),
-        sshd.port,
-        Sshd::user(),
-        sshd.host_key
-    );
-    let daemon = start_daemon_with(&text, &[("web1-key", &sshd.user_ed25519.private)]);
+    };
     let (lines, seed) = secret_lines(&sshd.user_ed25519.private);
     assert!(!lines.is_empty());
     let client = client(&daemon.socket).await;
