@@ -195,6 +195,7 @@ pub fn typescript() -> String {
         AgentCard::decl(),
         AncestorCard::decl(),
         RecordedAgent::decl(),
+        BridgeClaim::decl(),
         ApprovalProof::decl(),
         BodyPreview::decl(),
         HeaderPreview::decl(),

@@ -930,7 +930,7 @@ fn who_acted_and_the_card_answered_are_read_from_the_journal_after_a_restart() {
     // plays the agent of session `sess_test_1` (the session `Fixture::call` uses).
     let me = std::process::id();
     let ticks = provenance::observe_process(me, None).unwrap().start_ticks;
-    let opened = SessionOpened::observe("sess_test_1", me, ticks, &[], me).unwrap();
+    let opened = SessionOpened::observe("sess_test_1", me, ticks, &[], me, None).unwrap();
     provenance::record_session(&f.console.broker.journal, opened.clone()).unwrap();
     // Another connection that never asked for anything.
     let idle = SessionOpened {

@@ -5,9 +5,18 @@
 //!
 //! - `SESSION_OPENED`, appended (fsynced) when an agent's bridge connects and before
 //!   that connection may run an invocation: the agent process (executable path and the
-//!   blake3 of its bytes, pid, start time, uid, cwd), its parents and the transport.
-//!   It never holds request data, and it holds no command line: arguments can carry
-//!   tokens, and the executable digest identifies the program better than its argv.
+//!   blake3 of its bytes, pid, start time, uid and user name, cwd), its parents and the
+//!   transport. It never holds request data, and it holds no command line: arguments
+//!   can carry tokens, and the executable digest identifies the program better than its
+//!   argv.
+//! - What is known for certain is kept apart from what the agent side claims (issue
+//!   26). The uid (the kernel's, through the socket and /proc), the user name, the pid
+//!   and the start time are certain. The executable and its digest are certain only when
+//!   the broker read them itself; a broker running as another user cannot (the kernel
+//!   lets only the process's own user, or a process that may trace it, read
+//!   `/proc/PID/exe`), and the record then says why. What the bridge reports about the
+//!   agent ([`BridgeReport`]) is recorded beside it as the bridge's claim: an agent can
+//!   start any program in the bridge's place.
 //! - The approval card: [`ApprovalCard`] is exactly what the console displays for a
 //!   pending approval. APPROVAL_REQUESTED carries the card and its digest; the answer
 //!   (APPROVAL_GRANTED / APPROVAL_DENIED) carries the digest of the card the person
@@ -79,6 +88,10 @@ pub struct ProcessIdentity {
     pub pid: u32,
     /// Effective uid (`/proc/<pid>/status`); `None` on Windows, which names users by SID.
     pub uid: Option<u32>,
+    /// The uid's (or SID's) account name when the broker read the record, if it has
+    /// one. Omitted when absent, so records from before it keep their bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_name: Option<String>,
     /// The user SID, on Windows only (absent from the record elsewhere, so Linux and
     /// macOS records keep their bytes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -89,7 +102,8 @@ pub struct ProcessIdentity {
     pub start_ticks: u64,
     /// The same start time as unix milliseconds, for people.
     pub started_at_ms: Option<i64>,
-    /// The executable's path (what `/proc/<pid>/exe` points to on Linux).
+    /// The executable's path (what `/proc/<pid>/exe` points to on Linux), as the broker
+    /// read it itself; `None` when it could not (another user's process).
     pub executable: Option<String>,
     pub executable_digest: ExecutableDigest,
     pub cwd: Option<String>,
@@ -125,6 +139,107 @@ pub struct SessionOpened {
     pub agent: ProcessIdentity,
     /// Parents of the agent, nearest first (at most [`MAX_ANCESTORS`]).
     pub parent_chain: Vec<Ancestor>,
+    /// What the bridge said about itself and the process that started it: a claim,
+    /// never checked by the broker. Omitted when the client sent none (a client that
+    /// talks to the socket directly), so records from before it keep their bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bridge_report: Option<BridgeReport>,
+}
+
+/// What a bridge reports, as the first line of its connection, about the process that
+/// started it (the agent, read through the bridge's own `/proc/PPID/exe`, which works
+/// where the broker runs as another user) and about itself. Recorded and shown as a
+/// claim: any program the agent starts can send it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BridgeReport {
+    /// The bridge's parent.
+    pub parent_pid: u32,
+    pub parent_executable: Option<String>,
+    pub parent_executable_digest: ExecutableDigest,
+    pub bridge_executable: Option<String>,
+}
+
+/// The longest path a bridge report may carry (bytes), and the longest reason.
+const MAX_REPORTED_PATH: usize = 4096;
+const MAX_REPORTED_REASON: usize = 512;
+
+/// Why a bridge report was not taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the bridge report is malformed: {0}")]
+pub struct MalformedReport(pub &'static str);
+
+impl BridgeReport {
+    /// What this bridge can say about its parent and itself (blocking: it hashes the
+    /// parent's executable).
+    pub fn of_this_process() -> Option<BridgeReport> {
+        let me = std::process::id();
+        let (parent_pid, _) = platform::process_start(me)?;
+        let parent_executable_digest = match platform::process_image(parent_pid) {
+            Some(image) => digest_file(&image),
+            None => ExecutableDigest::Unreadable {
+                reason: "the platform did not name the executable".to_string(),
+            },
+        };
+        Some(BridgeReport {
+            parent_pid,
+            parent_executable: platform::process_executable(parent_pid),
+            parent_executable_digest,
+            bridge_executable: platform::process_executable(me),
+        })
+    }
+
+    /// Checks what a report may hold: paths and reasons of bounded length, a digest of
+    /// 64 lowercase hex digits.
+    ///
+    /// # Errors
+    ///
+    /// [`MalformedReport`] naming the first field that is not.
+    pub fn validate(&self) -> Result<(), MalformedReport> {
+        let path_ok = |p: &Option<String>| p.as_ref().is_none_or(|p| p.len() <= MAX_REPORTED_PATH);
+        if !path_ok(&self.parent_executable) {
+            return Err(MalformedReport("parent_executable is too long"));
+        }
+        if !path_ok(&self.bridge_executable) {
+            return Err(MalformedReport("bridge_executable is too long"));
+        }
+        match &self.parent_executable_digest {
+            ExecutableDigest::Blake3 { hex }
+                if hex.len() != 64
+                    || !hex
+                        .bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) =>
+            {
+                Err(MalformedReport(
+                    "parent_executable_digest is not a blake3 hex digest",
+                ))
+            }
+            ExecutableDigest::Unreadable { reason } if reason.len() > MAX_REPORTED_REASON => {
+                Err(MalformedReport("the unreadable reason is too long"))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The report as a card shows it: every agent-written text escaped.
+    fn escaped(&self) -> BridgeReport {
+        let esc = |s: &Option<String>| s.as_deref().map(escape_text);
+        BridgeReport {
+            parent_pid: self.parent_pid,
+            parent_executable: esc(&self.parent_executable),
+            parent_executable_digest: escape_digest(&self.parent_executable_digest),
+            bridge_executable: esc(&self.bridge_executable),
+        }
+    }
+}
+
+fn escape_digest(digest: &ExecutableDigest) -> ExecutableDigest {
+    match digest {
+        ExecutableDigest::Unreadable { reason } => ExecutableDigest::Unreadable {
+            reason: escape_text(reason),
+        },
+        digest => digest.clone(),
+    }
 }
 
 /// Why a session could not be recorded.
@@ -223,10 +338,18 @@ pub fn observe_process(pid: u32, expected_start_ticks: Option<u64>) -> Option<Pr
             reason: "the platform did not name the executable".to_string(),
         },
     };
+    let uid = platform::process_uid(pid);
+    let sid = platform::process_sid(pid);
+    let user = match (uid, &sid) {
+        (Some(uid), _) => Some(platform::UserId::Uid(uid)),
+        (None, Some(sid)) => Some(platform::UserId::Sid(sid.clone())),
+        (None, None) => None,
+    };
     let identity = ProcessIdentity {
         pid,
-        uid: platform::process_uid(pid),
-        sid: platform::process_sid(pid),
+        uid,
+        user_name: user.as_ref().and_then(platform::user_name),
+        sid,
         start_ticks,
         started_at_ms: platform::start_to_unix_ms(start_ticks),
         executable: platform::process_executable(pid),
@@ -251,13 +374,15 @@ pub fn observe_ancestor(pid: u32) -> Ancestor {
 impl SessionOpened {
     /// Reads the agent behind a bridge connection ([`observe_process`]). `agent_start_ticks` is the
     /// start time the session id was derived from; `ancestors` are the agent's parents,
-    /// nearest first, as already walked by the caller.
+    /// nearest first, as already walked by the caller; `bridge_report` is what the
+    /// bridge claimed, if it sent a report.
     pub fn observe(
         session: &str,
         agent_pid: u32,
         agent_start_ticks: u64,
         ancestors: &[u32],
         bridge_pid: u32,
+        bridge_report: Option<BridgeReport>,
     ) -> Result<SessionOpened, ProvenanceError> {
         let agent = observe_process(agent_pid, Some(agent_start_ticks))
             .ok_or(ProvenanceError::ProcessGone { pid: agent_pid })?;
@@ -274,6 +399,7 @@ impl SessionOpened {
                 .take(MAX_ANCESTORS)
                 .map(|pid| observe_ancestor(*pid))
                 .collect(),
+            bridge_report,
         })
     }
 }
@@ -396,12 +522,20 @@ pub struct CardAgent {
     pub session: String,
     pub pid: u32,
     pub uid: Option<u32>,
+    /// Omitted when absent, like the fields below, so cards recorded before them keep
+    /// their digests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_name: Option<String>,
+    /// Read by the broker itself; `None` (and the digest says why) when it could not.
     pub executable: Option<String>,
     pub executable_digest: ExecutableDigest,
     pub started_at_ms: Option<i64>,
     pub cwd: Option<String>,
     /// Ancestors, nearest first.
     pub parent_chain: Vec<Ancestor>,
+    /// What the bridge claimed (never verified), escaped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bridge_report: Option<BridgeReport>,
 }
 
 impl CardAgent {
@@ -414,13 +548,9 @@ impl CardAgent {
             session: opened.session.clone(),
             pid: a.pid,
             uid: a.uid,
+            user_name: esc(&a.user_name),
             executable: esc(&a.executable),
-            executable_digest: match &a.executable_digest {
-                ExecutableDigest::Unreadable { reason } => ExecutableDigest::Unreadable {
-                    reason: escape_text(reason),
-                },
-                digest => digest.clone(),
-            },
+            executable_digest: escape_digest(&a.executable_digest),
             started_at_ms: a.started_at_ms,
             cwd: esc(&a.cwd),
             parent_chain: opened
@@ -431,6 +561,7 @@ impl CardAgent {
                     executable: esc(&p.executable),
                 })
                 .collect(),
+            bridge_report: opened.bridge_report.as_ref().map(BridgeReport::escaped),
         }
     }
 }
@@ -674,5 +805,137 @@ mod tests {
         assert_eq!(session_key("sess_1_2"), "session:sess_1_2");
         assert!(is_session_key("session:sess_1_2"));
         assert!(!is_session_key("inv_0123"));
+    }
+
+    #[test]
+    fn this_bridge_reports_its_parent_as_the_platform_reads_it() {
+        let report = BridgeReport::of_this_process().unwrap();
+        let (parent, _) = platform::process_start(std::process::id()).unwrap();
+        assert_eq!(report.parent_pid, parent);
+        assert_eq!(
+            report.parent_executable,
+            platform::process_executable(parent)
+        );
+        if let Some(image) = platform::process_image(parent) {
+            assert_eq!(report.parent_executable_digest, digest_file(&image));
+        }
+        assert_eq!(
+            report.bridge_executable,
+            platform::process_executable(std::process::id())
+        );
+        report.validate().unwrap();
+    }
+
+    #[test]
+    fn a_bridge_report_with_an_oversized_path_or_a_bad_digest_is_refused() {
+        let good = BridgeReport {
+            parent_pid: 7,
+            parent_executable: Some("/usr/bin/agent".into()),
+            parent_executable_digest: ExecutableDigest::Blake3 {
+                hex: "ab".repeat(32),
+            },
+            bridge_executable: Some("/usr/bin/postern".into()),
+        };
+        good.validate().unwrap();
+        let long_path = BridgeReport {
+            parent_executable: Some("/a".repeat(MAX_REPORTED_PATH)),
+            ..good.clone()
+        };
+        assert_eq!(
+            long_path.validate(),
+            Err(MalformedReport("parent_executable is too long"))
+        );
+        let long_bridge = BridgeReport {
+            bridge_executable: Some("b".repeat(MAX_REPORTED_PATH + 1)),
+            ..good.clone()
+        };
+        assert!(long_bridge.validate().is_err());
+        for hex in [
+            "AB".repeat(32),
+            "ab".repeat(31),
+            "zz".repeat(32),
+            "ab".repeat(33),
+        ] {
+            let bad = BridgeReport {
+                parent_executable_digest: ExecutableDigest::Blake3 { hex },
+                ..good.clone()
+            };
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
+        let long_reason = BridgeReport {
+            parent_executable_digest: ExecutableDigest::Unreadable {
+                reason: "r".repeat(MAX_REPORTED_REASON + 1),
+            },
+            ..good
+        };
+        assert!(long_reason.validate().is_err());
+    }
+
+    #[test]
+    fn the_card_escapes_the_bridges_claim_and_names_the_user() {
+        let me = observe_process(std::process::id(), None).unwrap();
+        let opened = SessionOpened {
+            session: "sess_u1_2_3".into(),
+            transport: Transport {
+                kind: "unix_socket".into(),
+                bridge_pid: 2,
+                bridge_executable: None,
+            },
+            agent: ProcessIdentity {
+                user_name: Some("ada".into()),
+                ..me
+            },
+            parent_chain: Vec::new(),
+            bridge_report: Some(BridgeReport {
+                parent_pid: 9,
+                parent_executable: Some("/usr/local/bin/claude\u{202e}edoc".into()),
+                parent_executable_digest: ExecutableDigest::Unreadable {
+                    reason: "denied\u{2028}approved".into(),
+                },
+                bridge_executable: Some("/opt/\u{00ad}postern".into()),
+            }),
+        };
+        let card = CardAgent::of(&opened);
+        assert_eq!(card.user_name.as_deref(), Some("ada"));
+        let claim = card.bridge_report.unwrap();
+        for text in [
+            claim.parent_executable.unwrap(),
+            claim.bridge_executable.unwrap(),
+            match claim.parent_executable_digest {
+                ExecutableDigest::Unreadable { reason } => reason,
+                other => panic!("{other:?}"),
+            },
+        ] {
+            assert!(
+                !text.contains(['\u{202e}', '\u{2028}', '\u{00ad}']),
+                "escaped: {text}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_record_without_the_new_fields_reads_and_its_card_keeps_its_digest_bytes() {
+        let me = observe_process(std::process::id(), None).unwrap();
+        let opened = SessionOpened {
+            session: "sess_u1_2_3".into(),
+            transport: Transport {
+                kind: "unix_socket".into(),
+                bridge_pid: 2,
+                bridge_executable: None,
+            },
+            agent: ProcessIdentity {
+                user_name: None,
+                ..me
+            },
+            parent_chain: Vec::new(),
+            bridge_report: None,
+        };
+        let json = serde_json::to_value(&opened).unwrap();
+        assert!(json.get("bridge_report").is_none());
+        assert!(json["agent"].get("user_name").is_none());
+        let back: SessionOpened = serde_json::from_value(json).unwrap();
+        assert_eq!(back, opened);
+        let card = serde_json::to_value(CardAgent::of(&opened)).unwrap();
+        assert!(card.get("user_name").is_none() && card.get("bridge_report").is_none());
     }
 }

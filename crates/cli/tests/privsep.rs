@@ -570,6 +570,114 @@ async fn bridges_of_two_users_under_one_supervisor_never_share_a_session_or_its_
     drop(daemon);
 }
 
+// Regression: issue 26 (item 5). A broker running as its own user cannot read another
+// user's /proc/PID/exe: the session recorded `executable: null`, and the card showed the
+// argv the agent chose (`exec -a "/usr/local/bin/claude-code --approved-by-security-team"`)
+// as if it named the agent. The card now says what the kernel says for certain (uid,
+// user name, pid, start time), that the executable is not verified and why, and gives
+// the argv and the bridge's report only as claims.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_with_a_forged_argv_is_named_by_what_the_kernel_says_and_its_claims_are_labelled()
+{
+    if !users_possible(
+        "an_agent_with_a_forged_argv_is_named_by_what_the_kernel_says_and_its_claims_are_labelled",
+    ) {
+        return;
+    }
+    const FORGED: &str = "/usr/local/bin/claude-code --approved-by-security-team";
+    let server = Adversary::start(Behavior::ok_json(r#"{"ok":true}"#))
+        .await
+        .unwrap();
+    let accounts = Accounts::create();
+    let (layout, daemon) = start_separated(&accounts, &server.base_url());
+    store_credential(&layout.operator_socket()).await;
+    // The agent: a shell of the agent user whose argv says it is something else, which
+    // starts the bridge as its child (`; exit` keeps bash from exec-ing it in place).
+    let mut command = accounts.command_as(&accounts.agent, Path::new("/bin/bash"));
+    command.env("HOME", "/").args([
+        "-c",
+        r#"exec -a "$0" /bin/bash -c '"$@"; exit $?' agent "$@""#,
+        FORGED,
+    ]);
+    command.arg(layout.binary());
+    let mut bridge = Bridge::spawn_with(command, &layout.agent_socket());
+    bridge.initialize();
+    assert!(bridge.send_json(&http_call(2, &server.url("/v1/items/42"))));
+    let card = pending_card(async || {
+        let (code, cards, stderr) =
+            operator_as(&accounts, &accounts.operator, &layout, &["approvals"]);
+        assert_eq!(code, 0, "{stderr}");
+        cards
+    })
+    .await;
+    let recorded = &card["recorded_agent"];
+    // Known for certain.
+    assert_eq!(
+        recorded["uid"],
+        json!(accounts.id(&accounts.agent, "-u")),
+        "{card}"
+    );
+    assert_eq!(recorded["user_name"], json!(accounts.agent), "{card}");
+    assert!(recorded["started_at_ms"].as_i64().is_some(), "{card}");
+    let agent_pid = recorded["pid"].as_u64().unwrap();
+    // The broker could not read the executable, and says so.
+    assert_eq!(recorded["executable"], Value::Null, "{card}");
+    assert_eq!(recorded["executable_verified"], json!(false), "{card}");
+    assert!(
+        recorded["executable_unreadable"]
+            .as_str()
+            .is_some_and(|why| why.contains("ermission denied")),
+        "{card}"
+    );
+    // The bridge's report: the real program, labelled as a claim.
+    let bash = std::fs::canonicalize("/bin/bash").unwrap();
+    let claim = &recorded["reported_by_bridge"];
+    assert_eq!(claim["parent_pid"].as_u64(), Some(agent_pid), "{card}");
+    assert_eq!(
+        claim["parent_executable"],
+        json!(bash.to_str().unwrap()),
+        "{card}"
+    );
+    assert_eq!(
+        claim["parent_executable_blake3"],
+        json!(
+            blake3::hash(&std::fs::read(&bash).unwrap())
+                .to_hex()
+                .as_str()
+        ),
+        "{card}"
+    );
+    // The argv is there only as the process's claim.
+    let live = &card["agent"]["agent"];
+    assert!(live.get("command").is_none(), "{card}");
+    assert!(
+        live["claimed_command"]
+            .as_str()
+            .unwrap()
+            .starts_with(FORGED),
+        "{card}"
+    );
+    assert!(
+        !recorded.to_string().contains("approved-by-security-team"),
+        "{card}"
+    );
+    // The same in the operator's session listing.
+    let (_, sessions, _) = operator_as(&accounts, &accounts.operator, &layout, &["sessions"]);
+    let session = &sessions[0];
+    assert_eq!(
+        session["recorded"]["executable_verified"],
+        json!(false),
+        "{sessions}"
+    );
+    assert_eq!(
+        session["recorded"]["user_name"],
+        json!(accounts.agent),
+        "{sessions}"
+    );
+    drop(bridge);
+    drop(daemon);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_loosened_operator_socket_still_refuses_the_agent_by_its_uid() {
     if !users_possible("a_loosened_operator_socket_still_refuses_the_agent_by_its_uid") {

@@ -1248,7 +1248,7 @@ fn process_card(p: &ProcessInfo) -> ProcessCard {
     ProcessCard {
         pid: p.pid,
         executable: p.executable.as_deref().map(escape_text),
-        command: escape_text(&p.command),
+        claimed_command: escape_text(&p.command),
         cwd: p.cwd.as_deref().map(escape_text),
     }
 }

@@ -49,8 +49,9 @@ pub struct Overview {
 pub struct ProcessCard {
     pub pid: u32,
     pub executable: Option<String>,
-    /// Escaped command line (control and bidi characters made visible).
-    pub command: String,
+    /// Escaped command line (control and bidi characters made visible). The process
+    /// chose it (`exec -a` sets any argv): a claim, never an identity.
+    pub claimed_command: String,
     pub cwd: Option<String>,
 }
 
@@ -78,16 +79,26 @@ pub struct AncestorCard {
 
 /// An agent as the journal recorded it when its bridge connected (SESSION_OPENED): what
 /// the log proves about who acted, also after a restart. Paths are escaped.
+///
+/// The pid, uid, user name and start time are known for certain (the kernel's). The
+/// executable is only when `executable_verified`; `reported_by_bridge` is a claim.
 #[derive(Debug, Clone, Serialize, TS)]
 pub struct RecordedAgent {
     pub session: String,
     pub pid: u32,
     pub uid: Option<u32>,
+    /// The uid's account name, when it has one.
+    pub user_name: Option<String>,
     pub executable: Option<String>,
     /// blake3 (hex) of the executable's bytes when the agent connected.
     pub executable_blake3: Option<String>,
+    /// The broker read the executable and its bytes itself (through the process, not a
+    /// path the agent named).
+    pub executable_verified: bool,
     /// Why the executable could not be hashed, when it could not.
     pub executable_unreadable: Option<String>,
+    /// What the bridge said about the process that started it: not verified.
+    pub reported_by_bridge: Option<BridgeClaim>,
     /// When the agent process started (unix ms).
     #[ts(type = "number | null")]
     pub started_at_ms: Option<i64>,
@@ -96,20 +107,50 @@ pub struct RecordedAgent {
     pub parent_chain: Vec<AncestorCard>,
 }
 
+/// What a bridge claimed about the process that started it (the agent, unless the
+/// bridge stands for it), escaped. The broker did not verify any of it.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct BridgeClaim {
+    pub parent_pid: u32,
+    pub parent_executable: Option<String>,
+    pub parent_executable_blake3: Option<String>,
+    pub parent_executable_unreadable: Option<String>,
+    pub bridge_executable: Option<String>,
+}
+
+/// The digest's hex, or why there is none.
+fn digest_parts(
+    digest: &postern_broker::provenance::ExecutableDigest,
+) -> (Option<String>, Option<String>) {
+    use postern_broker::provenance::ExecutableDigest;
+    match digest {
+        ExecutableDigest::Blake3 { hex } => (Some(hex.clone()), None),
+        ExecutableDigest::Unreadable { reason } => (None, Some(reason.clone())),
+    }
+}
+
 impl From<&postern_broker::provenance::CardAgent> for RecordedAgent {
     fn from(a: &postern_broker::provenance::CardAgent) -> Self {
-        use postern_broker::provenance::ExecutableDigest;
-        let (executable_blake3, executable_unreadable) = match &a.executable_digest {
-            ExecutableDigest::Blake3 { hex } => (Some(hex.clone()), None),
-            ExecutableDigest::Unreadable { reason } => (None, Some(reason.clone())),
-        };
+        let (executable_blake3, executable_unreadable) = digest_parts(&a.executable_digest);
         RecordedAgent {
             session: a.session.clone(),
             pid: a.pid,
             uid: a.uid,
+            user_name: a.user_name.clone(),
             executable: a.executable.clone(),
+            executable_verified: a.executable.is_some() && executable_blake3.is_some(),
             executable_blake3,
             executable_unreadable,
+            reported_by_bridge: a.bridge_report.as_ref().map(|r| {
+                let (blake3, unreadable) = digest_parts(&r.parent_executable_digest);
+                BridgeClaim {
+                    parent_pid: r.parent_pid,
+                    parent_executable: r.parent_executable.clone(),
+                    parent_executable_blake3: blake3,
+                    parent_executable_unreadable: unreadable,
+                    bridge_executable: r.bridge_executable.clone(),
+                }
+            }),
             started_at_ms: a.started_at_ms,
             cwd: a.cwd.clone(),
             parent_chain: a

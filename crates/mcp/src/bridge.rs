@@ -33,6 +33,12 @@
 //! A server that fails the check is treated as no broker: nothing is sent to it. Windows
 //! pipes have no path to walk; the daemon creates its pipe as the first instance.
 //!
+//! # What the bridge says about the agent
+//! Its first line to the broker is a [`BRIDGE_REPORT`] notification: its parent's pid,
+//! executable path and blake3, and its own path. The bridge runs as the agent's user and
+//! can read what a broker running as another user cannot; the broker records it as a
+//! claim beside what it read itself.
+//!
 //! # With no broker
 //! It still answers, as an MCP server whose every tool call returns BROKER_UNAVAILABLE
 //! (not_attempted), behind the same line filter. The message says why: no broker
@@ -57,7 +63,9 @@ use serde_json::{Map, Value, json};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{Notify, mpsc};
 
-use crate::server::DELIVERED;
+use postern_broker::provenance::BridgeReport;
+
+use crate::server::{BRIDGE_REPORT, DELIVERED};
 use crate::tools;
 
 /// Longest line accepted (16 MiB, bytes before the newline). A longer line is discarded
@@ -108,6 +116,10 @@ pub async fn run(socket: &Path) -> Result<(), BridgeError> {
                 drop(stream);
                 return unavailable(untrusted_message(socket, &why)).await;
             }
+            let mut stream = stream;
+            // The report goes first; a connection that cannot take it fails the relay
+            // the same way.
+            let _ = stream.write_all(&report_line().await).await;
             match relay(stream, agent_input(), agent_output(), true).await {
                 End::BrokerClosed => Err(BridgeError::BrokerClosed(socket.display().to_string())),
                 End::AgentDone | End::AgentGone => Ok(()),
@@ -115,6 +127,24 @@ pub async fn run(socket: &Path) -> Result<(), BridgeError> {
         }
         Err(error) => unavailable(unreachable_message(socket, &error)).await,
     }
+}
+
+/// The first line sent to the broker: what this bridge can say about the agent that
+/// started it ([`BridgeReport::of_this_process`], read off the async threads). The broker
+/// records it as the bridge's claim.
+async fn report_line() -> Vec<u8> {
+    let report = tokio::task::spawn_blocking(BridgeReport::of_this_process)
+        .await
+        .ok()
+        .flatten();
+    let mut line = serde_json::to_vec(&json!({
+        "jsonrpc": "2.0",
+        "method": BRIDGE_REPORT,
+        "params": report,
+    }))
+    .unwrap_or_default();
+    line.push(b'\n');
+    line
 }
 
 /// Checks that the server on `stream`, reached at `socket`, is the broker (see the module

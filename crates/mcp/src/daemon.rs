@@ -967,11 +967,12 @@ pub async fn serve_connection_with(
         return;
     };
     sessions.connected(&identity, broker.journal.now_ms());
-    let session = Session::new(broker.clone(), identity.clone());
+    let report = Arc::new(std::sync::OnceLock::new());
+    let session = Session::reported(broker.clone(), identity.clone(), report.clone());
     let undelivered = session.clone();
     let acks = Arc::new(Acks::default());
     let (read, write) = platform::split(stream);
-    let input = GuardedInput::new(read, acks.clone());
+    let input = GuardedInput::new(read, acks.clone()).taking_report(report);
     let counted = Counted {
         session,
         acks: acks.clone(),

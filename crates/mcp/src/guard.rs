@@ -7,23 +7,28 @@
 //! acknowledgement passed on is counted, so that a closing connection can wait until the
 //! session has handled each one.
 //!
+//! A bridge's report of the agent that started it ([`BRIDGE_REPORT`]) is taken from the
+//! connection's first line and put where the session reads it; it never reaches the MCP
+//! layer. A malformed one is dropped. Later lines are never taken as a report.
+//!
 //! The guard is a reader the MCP layer reads through, not a task of its own: a line goes
 //! from the socket to the MCP layer's buffer in the same poll, with no pipe between two
 //! tasks and no wake-up to hand it across.
 
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, ready};
 
 use rmcp::model::{ClientJsonRpcMessage, ClientNotification, JsonRpcMessage};
 use tokio::io::{AsyncRead, ReadBuf};
 
 use postern_broker::budget::ByteBudget;
+use postern_broker::provenance::BridgeReport;
 
 use crate::bridge::{MAX_DEPTH, MAX_LINE, nesting_exceeds};
 use crate::daemon::Acks;
-use crate::server::DELIVERED;
+use crate::server::{BRIDGE_REPORT, DELIVERED};
 
 /// Bytes read from the connection at a time.
 const READ_CHUNK: usize = 16 * 1024;
@@ -59,6 +64,8 @@ pub(crate) struct GuardedInput<R> {
     /// The connection ended (or failed): nothing more will be read from it.
     ended: bool,
     acks: Arc<Acks>,
+    /// Where the bridge report goes, until the first line has been looked at.
+    report: Option<Arc<OnceLock<BridgeReport>>>,
 }
 
 impl<R> GuardedInput<R> {
@@ -84,7 +91,14 @@ impl<R> GuardedInput<R> {
             sent: 0,
             ended: false,
             acks,
+            report: None,
         }
+    }
+
+    /// Takes a bridge report from the connection's first line into `slot`.
+    pub(crate) fn taking_report(mut self, slot: Arc<OnceLock<BridgeReport>>) -> Self {
+        self.report = Some(slot);
+        self
     }
 
     /// Takes the unread bytes up to the end of the current line (or all of them).
@@ -97,6 +111,8 @@ impl<R> GuardedInput<R> {
             self.discarding = newline.is_none();
         } else if self.line.len().saturating_add(content) > self.max || !self.budget.take(content) {
             // Too long, or more than all connections may hold at once: dropped whole.
+            // It was a line: none after it is the first.
+            self.report = None;
             self.drop_line();
             self.discarding = newline.is_none();
         } else {
@@ -120,7 +136,14 @@ impl<R> GuardedInput<R> {
 
     /// The gathered line is complete: it goes on, unless it nests too deep.
     fn pass_line(&mut self) {
-        if !nesting_exceeds(&self.line, MAX_DEPTH) {
+        if let Some(slot) = self.report.take()
+            && let Some(report) = bridge_report(&self.line)
+        {
+            // Taken (or dropped as malformed), never handed on.
+            if let Ok(report) = report {
+                let _ = slot.set(report);
+            }
+        } else if !nesting_exceeds(&self.line, MAX_DEPTH) {
             if is_ack(&self.line) {
                 self.acks.forwarded.fetch_add(1, Ordering::SeqCst);
             }
@@ -193,6 +216,32 @@ impl<R: AsyncRead + Unpin> AsyncRead for GuardedInput<R> {
             }
         }
     }
+}
+
+/// `None` when `line` is not a bridge report; else the report, or why it was not taken.
+fn bridge_report(line: &[u8]) -> Option<Result<BridgeReport, String>> {
+    // Most lines are ruled out without being parsed.
+    memchr::memmem::find(line, BRIDGE_REPORT.as_bytes())?;
+    let value: serde_json::Value = serde_json::from_slice(line).ok()?;
+    if value.get("method").and_then(|m| m.as_str()) != Some(BRIDGE_REPORT)
+        || value.get("id").is_some()
+    {
+        return None;
+    }
+    let report = value
+        .get("params")
+        .cloned()
+        .ok_or_else(|| "no params".to_string())
+        .and_then(|params| {
+            serde_json::from_value::<BridgeReport>(params).map_err(|e| e.to_string())
+        })
+        .and_then(|report| {
+            report
+                .validate()
+                .map(|()| report)
+                .map_err(|e| e.to_string())
+        });
+    Some(report)
 }
 
 /// Whether `line` is a delivery acknowledgement the MCP layer will hand to the session:
@@ -434,5 +483,58 @@ mod tests {
         ));
         assert!(!is_ack(b"not json"));
         assert!(is_ack(ACK.replace("postern/", r"postern\u002f").as_bytes()));
+    }
+
+    /// What the MCP layer reads from `bytes` through a guard taking a bridge report, and
+    /// the report it took.
+    fn reported(bytes: &[u8]) -> (String, Option<BridgeReport>) {
+        let slot = Arc::new(OnceLock::new());
+        let mut input = GuardedInput::with_limit(bytes, Arc::new(Acks::default()), LIMIT)
+            .taking_report(slot.clone());
+        let passed = drain(&mut input);
+        (passed, slot.get().cloned())
+    }
+
+    fn report_line(parent_pid: u32, hex: &str) -> String {
+        format!(
+            r#"{{"jsonrpc":"2.0","method":"{BRIDGE_REPORT}","params":{{"parent_pid":{parent_pid},"parent_executable":"/usr/bin/agent","parent_executable_digest":{{"state":"blake3","hex":"{hex}"}},"bridge_executable":null}}}}"#
+        )
+    }
+
+    const INIT: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize"}"#;
+
+    #[test]
+    fn the_first_lines_bridge_report_is_taken_and_never_passed_on() {
+        let hex = "ab".repeat(32);
+        let (passed, report) = reported(format!("{}\n{INIT}\n", report_line(7, &hex)).as_bytes());
+        assert_eq!(passed, format!("{INIT}\n"));
+        let report = report.unwrap();
+        assert_eq!(report.parent_pid, 7);
+        assert_eq!(report.parent_executable.as_deref(), Some("/usr/bin/agent"));
+    }
+
+    #[test]
+    fn a_malformed_report_is_dropped_and_a_later_one_is_not_a_report() {
+        // A digest that is not one: dropped, not recorded, not passed on.
+        let (passed, report) =
+            reported(format!("{}\n{INIT}\n", report_line(7, "not-hex")).as_bytes());
+        assert_eq!(passed, format!("{INIT}\n"));
+        assert!(report.is_none());
+        // After the first line, a report is an ordinary line for the MCP layer.
+        let later = report_line(8, &"cd".repeat(32));
+        let (passed, report) = reported(format!("{INIT}\n{later}\n").as_bytes());
+        assert_eq!(passed, format!("{INIT}\n{later}\n"));
+        assert!(report.is_none());
+        // A first line dropped as too long is still the first line.
+        let long = format!("{}\n{later}\n", "x".repeat(LIMIT + 1));
+        let (passed, report) = reported(long.as_bytes());
+        assert_eq!(passed, format!("{later}\n"));
+        assert!(report.is_none());
+        // A request naming the method is not a report.
+        let request =
+            format!(r#"{{"jsonrpc":"2.0","id":3,"method":"{BRIDGE_REPORT}","params":{{}}}}"#);
+        let (passed, report) = reported(format!("{request}\n").as_bytes());
+        assert_eq!(passed, format!("{request}\n"));
+        assert!(report.is_none());
     }
 }

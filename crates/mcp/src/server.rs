@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use base64::Engine;
 use rmcp::ErrorData as McpError;
@@ -39,7 +39,7 @@ use postern_broker::invocation;
 use postern_broker::invocation::CallContext;
 use postern_broker::journal::events::{Channel, Relation};
 use postern_broker::journal::projection::Projection;
-use postern_broker::provenance::{self, SessionOpened};
+use postern_broker::provenance::{self, BridgeReport, SessionOpened};
 
 use crate::peer::AgentIdentity;
 use crate::tools::{self, FetchResultArgs, HttpRequestArgs, InvocationArgs, NoArgs, SshExecArgs};
@@ -57,6 +57,10 @@ impl Ticker {
 
 /// The custom notification a bridge sends after writing a response to the agent.
 pub const DELIVERED: &str = "notifications/postern/delivered";
+/// The first line a bridge sends: what it reports about the agent that started it
+/// ([`postern_broker::provenance::BridgeReport`]). Taken by the daemon's input guard, as
+/// the connection's first line only; never handed to the MCP layer.
+pub const BRIDGE_REPORT: &str = "notifications/postern/bridge_report";
 
 /// One agent session as the broker knows it.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -137,7 +141,11 @@ struct Opening {
 
 /// Reads the agent behind `identity` from /proc (hashing its executable) and appends
 /// SESSION_OPENED, durably.
-fn record_opening(broker: &Broker, identity: &AgentIdentity) -> Result<u64, String> {
+fn record_opening(
+    broker: &Broker,
+    identity: &AgentIdentity,
+    report: Option<BridgeReport>,
+) -> Result<u64, String> {
     let ancestors: Vec<u32> = identity.parent_chain.iter().map(|p| p.pid).collect();
     let opened = SessionOpened::observe(
         &identity.session,
@@ -145,6 +153,7 @@ fn record_opening(broker: &Broker, identity: &AgentIdentity) -> Result<u64, Stri
         identity.agent.start_time,
         &ancestors,
         identity.bridge_pid,
+        report,
     )
     .map_err(|e| e.to_string())?;
     provenance::record_session(&broker.journal, opened).map_err(|e| e.to_string())
@@ -165,12 +174,24 @@ pub struct Session {
     partial: Arc<Mutex<std::collections::HashSet<String>>>,
     /// Who the agent is, as the journal records it before any invocation runs.
     opening: Arc<Opening>,
+    /// What the bridge reported as its connection's first line, if it did.
+    report: Arc<OnceLock<BridgeReport>>,
 }
 
 impl Session {
     /// A session for `identity`. SESSION_OPENED is recorded when the MCP session opens
     /// ([`Session::start_recording`]); calls that run invocations wait for it.
     pub fn new(broker: Arc<Broker>, identity: AgentIdentity) -> Self {
+        Self::reported(broker, identity, Arc::new(OnceLock::new()))
+    }
+
+    /// [`Session::new`] for a connection whose bridge report (its first line) is put in
+    /// `report` by the input guard before any MCP message is read.
+    pub fn reported(
+        broker: Arc<Broker>,
+        identity: AgentIdentity,
+        report: Arc<OnceLock<BridgeReport>>,
+    ) -> Self {
         Session {
             broker,
             identity,
@@ -181,6 +202,7 @@ impl Session {
                 task: Mutex::new(None),
                 done: tokio::sync::OnceCell::new(),
             }),
+            report,
         }
     }
 
@@ -191,15 +213,20 @@ impl Session {
             return;
         }
         let (broker, identity) = (self.broker.clone(), self.identity.clone());
+        let report = self.report.get().cloned();
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                let task = runtime.spawn_blocking(move || record_opening(&broker, &identity));
+                let task =
+                    runtime.spawn_blocking(move || record_opening(&broker, &identity, report));
                 if let Ok(mut slot) = self.opening.task.lock() {
                     *slot = Some(task);
                 }
             }
             Err(_) => {
-                let _ = self.opening.done.set(record_opening(&broker, &identity));
+                let _ = self
+                    .opening
+                    .done
+                    .set(record_opening(&broker, &identity, report));
             }
         }
     }

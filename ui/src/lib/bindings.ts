@@ -57,9 +57,10 @@ agents_paused: boolean, };
 
 export type ProcessCard = { pid: number, executable: string | null, 
 /**
- * Escaped command line (control and bidi characters made visible).
+ * Escaped command line (control and bidi characters made visible). The process
+ * chose it (`exec -a` sets any argv): a claim, never an identity.
  */
-command: string, cwd: string | null, };
+claimed_command: string, cwd: string | null, };
 
 export type AgentCard = { session: string, agent: ProcessCard, 
 /**
@@ -73,15 +74,28 @@ first_seen_ms: number, ended_at_ms: number | null, connections: number, };
 
 export type AncestorCard = { pid: number, executable: string | null, };
 
-export type RecordedAgent = { session: string, pid: number, uid: number | null, executable: string | null, 
+export type RecordedAgent = { session: string, pid: number, uid: number | null, 
+/**
+ * The uid's account name, when it has one.
+ */
+user_name: string | null, executable: string | null, 
 /**
  * blake3 (hex) of the executable's bytes when the agent connected.
  */
 executable_blake3: string | null, 
 /**
+ * The broker read the executable and its bytes itself (through the process, not a
+ * path the agent named).
+ */
+executable_verified: boolean, 
+/**
  * Why the executable could not be hashed, when it could not.
  */
 executable_unreadable: string | null, 
+/**
+ * What the bridge said about the process that started it: not verified.
+ */
+reported_by_bridge: BridgeClaim | null, 
 /**
  * When the agent process started (unix ms).
  */
@@ -90,6 +104,8 @@ started_at_ms: number | null, cwd: string | null,
  * Parents of the agent, nearest first.
  */
 parent_chain: Array<AncestorCard>, };
+
+export type BridgeClaim = { parent_pid: number, parent_executable: string | null, parent_executable_blake3: string | null, parent_executable_unreadable: string | null, bridge_executable: string | null, };
 
 export type ApprovalProof = { mode: string, 
 /**

@@ -2,7 +2,7 @@ import { fireEvent, render, screen, within } from "@testing-library/svelte";
 import userEvent from "@testing-library/user-event";
 import { describe, expect, test } from "vitest";
 import { emitEvent, mockBackend, settle } from "../test/backend";
-import { CARD_DIGEST, EXE_BLAKE3, FINGERPRINT, approvalCard } from "../test/fixtures";
+import { CARD_DIGEST, EXE_BLAKE3, FINGERPRINT, agent, approvalCard } from "../test/fixtures";
 import Approvals from "./Approvals.svelte";
 
 async function renderWith(cards = [approvalCard()], answer: unknown = null) {
@@ -114,13 +114,45 @@ describe("Approvals", () => {
     expect(within(card).queryByTestId("card-headers")).toBeNull();
   });
 
-  test("an agent whose binary could not be hashed says why", async () => {
+  // Regression: issue 26 (item 5): a broker running as another user could not read the
+  // agent's executable, and the card showed the argv the agent chose as its name.
+  test("an agent the broker could not read is named by uid and pid, and its claims are labelled", async () => {
     await renderWith([
       approvalCard({
-        recorded_agent: { ...approvalCard().recorded_agent!, executable_blake3: null, executable_unreadable: "Permission denied (os error 13)" },
+        recorded_agent: {
+          ...approvalCard().recorded_agent!,
+          user_name: "agentuser",
+          uid: 1001,
+          executable: null,
+          executable_blake3: null,
+          executable_verified: false,
+          executable_unreadable: "Permission denied (os error 13)",
+          reported_by_bridge: {
+            parent_pid: 4242,
+            parent_executable: "/usr/bin/bash",
+            parent_executable_blake3: EXE_BLAKE3,
+            parent_executable_unreadable: null,
+            bridge_executable: "/usr/bin/postern",
+          },
+        },
+        agent: agent({
+          agent: { pid: 4242, executable: null, claimed_command: "/usr/local/bin/claude-code --approved-by-security-team", cwd: null },
+        }),
       }),
     ]);
-    expect(screen.getByTestId("card-agent-digest").textContent).toContain("binary not hashed: Permission denied");
+    expect(screen.getByTestId("card-agent-known").textContent).toMatch(/uid 1001 \(agentuser\)\s+pid 4242/);
+    expect(screen.getByTestId("card-agent-unverified").textContent).toContain("executable not verified");
+    expect(screen.getByTestId("card-agent-unverified").textContent).toContain("Permission denied");
+    expect(screen.queryByTestId("card-agent-digest")).toBeNull();
+    const claim = screen.getByTestId("card-agent-bridge-claim").textContent ?? "";
+    expect(claim).toContain("claimed by the bridge, not verified");
+    expect(claim).toContain("/usr/bin/bash");
+    const argv = screen.getByTestId("card-agent-argv").textContent ?? "";
+    expect(argv).toContain("as the process claims it");
+    expect(argv).toContain("--approved-by-security-team");
+    // The forged name appears only under the claim.
+    const known = screen.getByTestId("card-agent-known").textContent ?? "";
+    expect(known).not.toContain("claude-code");
   });
 
   test("the body preview is shown as text, never as markup", async () => {

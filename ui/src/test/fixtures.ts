@@ -16,10 +16,10 @@ export const FINGERPRINT = "f1e2d3c4b5a697887766554433221100aabbccddeeff00112233
 export function agent(overrides: Partial<AgentCard> = {}): AgentCard {
   return {
     session: "sess-1",
-    agent: { pid: 4242, executable: "/usr/bin/claude", command: "claude --mcp", cwd: "/home/ada/project" },
+    agent: { pid: 4242, executable: "/usr/bin/claude", claimed_command: "claude --mcp", cwd: "/home/ada/project" },
     parent_chain: [
-      { pid: 4100, executable: "/usr/bin/zsh", command: "zsh", cwd: "/home/ada" },
-      { pid: 1, executable: "/sbin/init", command: "init", cwd: "/" },
+      { pid: 4100, executable: "/usr/bin/zsh", claimed_command: "zsh", cwd: "/home/ada" },
+      { pid: 1, executable: "/sbin/init", claimed_command: "init", cwd: "/" },
     ],
     first_seen_ms: Date.now() - 192_000,
     ended_at_ms: null,
@@ -37,9 +37,12 @@ export function recordedAgent(overrides: Partial<RecordedAgent> = {}): RecordedA
     session: "sess-1",
     pid: 4242,
     uid: 1000,
+    user_name: "ada",
     executable: "/usr/bin/claude",
     executable_blake3: EXE_BLAKE3,
+    executable_verified: true,
     executable_unreadable: null,
+    reported_by_bridge: null,
     started_at_ms: Date.now() - 600_000,
     cwd: "/home/ada/project",
     parent_chain: [

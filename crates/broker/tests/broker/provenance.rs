@@ -34,7 +34,7 @@ fn this_process_opened(session: &str) -> SessionOpened {
     let me = std::process::id();
     let start = observe_process(me, None).unwrap().start_ticks;
     let (parent, _) = postern_broker::platform::process_start(me).unwrap();
-    SessionOpened::observe(session, me, start, &[parent], me).unwrap()
+    SessionOpened::observe(session, me, start, &[parent], me, None).unwrap()
 }
 
 #[cfg(target_os = "linux")]
