@@ -1522,6 +1522,46 @@ sys.stdin.read()
         answer["result"]["structuredContent"]["outcome"],
         "committed"
     );
+    // The flooding user's next bridge is past its cap: the broker says so in a line
+    // before closing, and the agent is told with the contract's code and retry, never
+    // "may or may not have run": a request the bridge had forwarded is answered with
+    // them, and later ones by the bridge's own unavailable server.
+    let mut command = accounts.command_as(&accounts.agent, &layout.binary());
+    command.env("HOME", "/");
+    let mut refused = Bridge::spawn_with(command, &layout.agent_socket());
+    assert!(
+        refused.send_json(&json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "flood", "version": "0"}}}))
+    );
+    let (_, answer) = refused.recv_until_id(&json!(1), Duration::from_secs(30));
+    let answer = answer.expect("the refused bridge answers");
+    let error = if answer.get("error").is_some() {
+        answer["error"]["data"].clone()
+    } else {
+        assert!(
+            refused.send_json(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+        );
+        assert!(refused.send_json(&http_call(2, &server.url("/v1/items"))));
+        let (others, answer) = refused.recv_until_id(&json!(2), Duration::from_secs(30));
+        let Some(answer) = answer else {
+            panic!(
+                "the refused bridge answers the call: {others:?} {}",
+                refused.stderr(Duration::from_secs(5))
+            );
+        };
+        answer["result"]["structuredContent"]["error"].clone()
+    };
+    assert_eq!(error["code"], "BROKER_UNAVAILABLE", "{error}");
+    assert_eq!(error["retry"], "backoff", "{error}");
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("64 connections"),
+        "{error}"
+    );
+    drop(refused);
     eprintln!("daemon resident: {before} before, {during} under the flood ({line})");
     drop(flooder.stdin.take());
     let _ = flooder.kill();

@@ -65,7 +65,7 @@ use tokio::sync::{Notify, mpsc};
 
 use postern_broker::provenance::BridgeReport;
 
-use crate::server::{BRIDGE_REPORT, DELIVERED};
+use crate::server::{BRIDGE_REPORT, DELIVERED, REFUSED};
 use crate::tools;
 
 /// Longest line accepted (16 MiB, bytes before the newline). A longer line is discarded
@@ -114,18 +114,23 @@ pub async fn run(socket: &Path) -> Result<(), BridgeError> {
             if let Err(why) = verify_broker(socket, &stream) {
                 // Closed unused: the server gets nothing from this agent.
                 drop(stream);
-                return unavailable(untrusted_message(socket, &why)).await;
+                return unavailable(untrusted_message(socket, &why), agent_input()).await;
             }
             let mut stream = stream;
             // The report goes first; a connection that cannot take it fails the relay
             // the same way.
             let _ = stream.write_all(&report_line().await).await;
-            match relay(stream, agent_input(), agent_output(), true).await {
+            // One reader of stdin for the session, whoever serves it: a second one would
+            // lose what the first had read.
+            let mut input = agent_input();
+            match relay(stream, &mut input, agent_output(), true).await {
                 End::BrokerClosed => Err(BridgeError::BrokerClosed(socket.display().to_string())),
+                // The agent keeps an MCP server that says why, as with no broker.
+                End::Refused(message) => unavailable(message, input).await,
                 End::AgentDone | End::AgentGone => Ok(()),
             }
         }
-        Err(error) => unavailable(unreachable_message(socket, &error)).await,
+        Err(error) => unavailable(unreachable_message(socket, &error), agent_input()).await,
     }
 }
 
@@ -376,6 +381,14 @@ pub fn nesting_exceeds(bytes: &[u8], limit: usize) -> bool {
         }
     }
     false
+}
+
+/// The params of the broker's [`REFUSED`] notification, if `line` is one.
+fn refusal(line: &[u8]) -> Option<Value> {
+    memchr::memmem::find(line, REFUSED.as_bytes())?;
+    let value: Value = serde_json::from_slice(line).ok()?;
+    (value.get("method").and_then(Value::as_str) == Some(REFUSED) && value.get("id").is_none())
+        .then(|| value.get("params").cloned().unwrap_or(Value::Null))
 }
 
 /// A JSON-RPC error response.
@@ -753,7 +766,7 @@ fn cancelled_request(method: &str, map: &Map<String, Value>) -> Option<RequestId
 }
 
 /// How a relay ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum End {
     /// The agent closed stdin and everything owed was delivered (or the drain timed out).
     AgentDone,
@@ -761,6 +774,8 @@ pub enum End {
     AgentGone,
     /// The broker closed the connection while the agent was still talking.
     BrokerClosed,
+    /// The broker refused the connection ([`REFUSED`]) and closed it: what it said.
+    Refused(String),
 }
 
 /// State the two directions share.
@@ -773,6 +788,8 @@ struct Shared<O> {
     /// and notifications or responses may go to it (before that its MCP layer ends the
     /// connection on anything but a request).
     started: AtomicBool,
+    /// The broker refused the connection ([`REFUSED`]): its params.
+    refused: Mutex<Option<Value>>,
 }
 
 impl<O: AsyncWrite + Unpin> Shared<O> {
@@ -926,6 +943,13 @@ where
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
+        if let Some(params) = refusal(&line) {
+            // Not the agent's: kept to answer what was forwarded.
+            if let Ok(mut refused) = shared.refused.lock() {
+                *refused = Some(params);
+            }
+            continue;
+        }
         let head = response_head(&line);
         let key = head
             .as_ref()
@@ -986,6 +1010,7 @@ where
         pending: Mutex::new(HashMap::new()),
         answered: Notify::new(),
         started: AtomicBool::new(false),
+        refused: Mutex::new(None),
     };
     let end = {
         let from_agent = agent_to_broker(input, &shared, to_broker.clone());
@@ -1023,6 +1048,33 @@ where
         // Leaving this block drops both directions and with them every sender, so the
         // writer drains its queue (the last acknowledgements) and shuts down.
     };
+    let refused = shared.refused.lock().ok().and_then(|r| r.clone());
+    let end = match (end, &refused) {
+        (End::BrokerClosed, Some(params)) => End::Refused(
+            params["message"]
+                .as_str()
+                .unwrap_or("the broker refused the connection")
+                .to_string(),
+        ),
+        (end, _) => end,
+    };
+    if let End::Refused(message) = &end {
+        // Nothing was read: what was forwarded is answered with the broker's code and
+        // retry.
+        for id in shared.take_pending() {
+            let mut reply = error_reply(
+                Some(&id),
+                INTERNAL_ERROR,
+                format!("BROKER_UNAVAILABLE (retry: backoff, not attempted): {message}"),
+            );
+            if let Some(params) = &refused {
+                reply["error"]["data"] = params.clone();
+            }
+            if shared.write(reply.to_string().as_bytes()).await.is_err() {
+                break;
+            }
+        }
+    }
     if end == End::BrokerClosed {
         for id in shared.take_pending() {
             let reply = error_reply(
@@ -1079,7 +1131,10 @@ impl ServerHandler for Unavailable {
 }
 
 /// Serves the unavailable answer on stdio, behind the same line filter as the relay.
-async fn unavailable(message: String) -> Result<(), BridgeError> {
+async fn unavailable(
+    message: String,
+    input: Box<dyn AsyncRead + Unpin + Send>,
+) -> Result<(), BridgeError> {
     eprintln!("postern mcp: {message}");
     let server = Unavailable { message };
     let (bridge_side, server_side) = tokio::io::duplex(64 * 1024);
@@ -1088,7 +1143,7 @@ async fn unavailable(message: String) -> Result<(), BridgeError> {
             let _ = running.waiting().await;
         }
     });
-    relay(bridge_side, tokio::io::stdin(), tokio::io::stdout(), false).await;
+    relay(bridge_side, input, agent_output(), false).await;
     // The relay shut its side down; the server ends on that EOF.
     let _ = tokio::time::timeout(FLUSH_TIMEOUT, service).await;
     Ok(())

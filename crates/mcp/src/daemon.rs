@@ -57,6 +57,7 @@ use std::time::Duration;
 use rmcp::ErrorData as McpError;
 use rmcp::model::{ClientNotification, ClientRequest, ServerConfig, ServerResult};
 use rmcp::service::{NotificationContext, RequestContext, RoleServer, Service, ServiceExt};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::Notify;
 
 use postern_broker::approvals::Approver;
@@ -952,8 +953,20 @@ pub async fn serve_connection_with(
     let Ok(cred) = platform::peer_of(&stream) else {
         return;
     };
-    // A user past its own cap is closed at once (see [`crate::admission`]).
+    // A user past its own cap is told so in one line and closed (see
+    // [`crate::admission`]); nothing from the connection is read.
     let Some(_admitted) = admission.admit(slot, &cred.user) else {
+        let mut stream = stream;
+        let line = crate::server::refused_line(&format!(
+            "This user already holds {} connections to the broker; nothing from this \
+             connection was read or run. Close idle sessions or retry later.",
+            crate::admission::MAX_PER_USER
+        ));
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            stream.write_all(&line).await?;
+            stream.shutdown().await
+        })
+        .await;
         return;
     };
     let Ok(me) = platform::current_user() else {

@@ -61,6 +61,28 @@ pub const DELIVERED: &str = "notifications/postern/delivered";
 /// ([`postern_broker::provenance::BridgeReport`]). Taken by the daemon's input guard, as
 /// the connection's first line only; never handed to the MCP layer.
 pub const BRIDGE_REPORT: &str = "notifications/postern/bridge_report";
+/// The one line the broker sends on a connection it will not serve (a user past its
+/// connection cap), before closing it: nothing from that connection was read or run.
+/// Its params say `BROKER_UNAVAILABLE`, `backoff` and why; the bridge answers every
+/// request it forwarded with them.
+pub const REFUSED: &str = "notifications/postern/refused";
+
+/// The [`REFUSED`] line for `message`.
+pub fn refused_line(message: &str) -> Vec<u8> {
+    let mut line = serde_json::to_vec(&json!({
+        "jsonrpc": "2.0",
+        "method": REFUSED,
+        "params": {
+            "code": Code::BrokerUnavailable,
+            "outcome": Outcome::NotAttempted,
+            "retry": Retry::Backoff,
+            "message": message,
+        },
+    }))
+    .unwrap_or_default();
+    line.push(b'\n');
+    line
+}
 
 /// One agent session as the broker knows it.
 #[derive(Debug, Clone, serde::Serialize)]

@@ -66,6 +66,22 @@ pub use windows::{
     user_name,
 };
 
+/// Whether `error` says this process or the system is out of descriptors (EMFILE,
+/// ENFILE; WSAEMFILE on Windows): the broker's own state, never a remote's doing or a
+/// credential problem (issue 26).
+pub fn out_of_descriptors(error: &std::io::Error) -> bool {
+    #[cfg(unix)]
+    let codes = [
+        rustix::io::Errno::MFILE.raw_os_error(),
+        rustix::io::Errno::NFILE.raw_os_error(),
+    ];
+    #[cfg(windows)]
+    let codes = [10024];
+    error
+        .raw_os_error()
+        .is_some_and(|code| codes.contains(&code))
+}
+
 /// Windows has no descriptor limit to raise (handles are limited per process by memory).
 #[cfg(windows)]
 pub fn raise_descriptor_limit() -> Option<u64> {

@@ -265,8 +265,9 @@ fn address_refused(attempt: &Attempt<'_, Http>, n: u32, refusal: Refusal) -> Htt
 
 /// How a direct connection failed before dispatch, judged from what the probe observed.
 fn direct_failure(probe: &Probe, https: bool, error: &reqwest::Error) -> SetupFailure {
-    let (io_kind, tls) = transport::error_chain_facts(error);
-    let (stage, code) = probe.setup_failure(https, io_kind, tls);
+    let facts = transport::error_chain_facts(error);
+    let (stage, code) =
+        probe.setup_failure(https, facts.io_kind, facts.tls, facts.out_of_descriptors);
     let reason = match probe.tls() {
         Some(transport::TlsVerdict::Rejected { reason }) => format!(" (certificate {reason})"),
         _ => String::new(),

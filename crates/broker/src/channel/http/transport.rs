@@ -118,14 +118,20 @@ impl Probe {
     /// The connection-setup stage that failed and its code, judged from what was
     /// observed (never from an error message). `io_kind` is the kind of the first
     /// `std::io::Error` in the failure's source chain, if any; `tls_error` whether a
-    /// `rustls::Error` was in it.
+    /// `rustls::Error` was in it; `out_of_descriptors` whether the broker could not
+    /// open a socket at all ([`crate::platform::out_of_descriptors`]): BROKER_UNAVAILABLE
+    /// and backoff, never a refused connection or a rejected certificate (issue 26).
     pub fn setup_failure(
         &self,
         https: bool,
         io_kind: Option<std::io::ErrorKind>,
         tls_error: bool,
+        out_of_descriptors: bool,
     ) -> (Stage, Code) {
         use std::io::ErrorKind as K;
+        if out_of_descriptors && self.tls().is_none() {
+            return (Stage::TcpConnect, Code::BrokerUnavailable);
+        }
         if self.refused().is_some() {
             return (Stage::AddressGuard, Code::AddressRefused);
         }
@@ -157,16 +163,26 @@ impl Probe {
     }
 }
 
-/// The first `io::Error` kind and whether a `rustls::Error` appears in `err`'s chain.
-pub fn error_chain_facts(
-    err: &(dyn std::error::Error + 'static),
-) -> (Option<std::io::ErrorKind>, bool) {
+/// What a failure's source chain says: the first `io::Error` kind, whether a
+/// `rustls::Error` appears in it, and whether an `io::Error` in it is the broker out of
+/// descriptors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ChainFacts {
+    pub io_kind: Option<std::io::ErrorKind>,
+    pub tls: bool,
+    pub out_of_descriptors: bool,
+}
+
+/// [`ChainFacts`] of `err`.
+pub fn error_chain_facts(err: &(dyn std::error::Error + 'static)) -> ChainFacts {
     let mut io_kind = None;
     let mut tls = false;
+    let mut out_of_descriptors = false;
     let mut current: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(e) = current {
         if let Some(io) = e.downcast_ref::<std::io::Error>() {
             io_kind.get_or_insert(io.kind());
+            out_of_descriptors |= crate::platform::out_of_descriptors(io);
             if io
                 .get_ref()
                 .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
@@ -179,7 +195,11 @@ pub fn error_chain_facts(
         }
         current = e.source();
     }
-    (io_kind, tls)
+    ChainFacts {
+        io_kind,
+        tls,
+        out_of_descriptors,
+    }
 }
 
 /// Records the DNS stage and guards what it resolved: the connector is handed exactly
@@ -570,6 +590,7 @@ fn inflate(input: &[u8], limit: usize) -> Result<Vec<u8>, Fault> {
 mod tests {
     use super::*;
     use crate::channel::http::BodyWithheld;
+    use crate::contract::{Outcome, Retry};
     use std::io::Write;
 
     fn gzip(data: &[u8]) -> Vec<u8> {
@@ -665,5 +686,62 @@ mod tests {
         h.append("content-encoding", "deflate".parse().unwrap());
         h.append("transfer-encoding", "gzip, chunked".parse().unwrap());
         assert_eq!(codings(&h), list(&["gzip", "deflate", "gzip"]));
+    }
+
+    /// An error chain as reqwest builds one: its own error around hyper's around the
+    /// connector's io::Error.
+    #[derive(Debug)]
+    struct Wrapped(Box<dyn std::error::Error + Send + Sync + 'static>);
+    impl std::fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "wrapped")
+        }
+    }
+    impl std::error::Error for Wrapped {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(self.0.as_ref())
+        }
+    }
+
+    // Regression: issue 26 (item 4): a broker out of descriptors reported other users'
+    // HTTP calls as CONNECTION_REFUSED (after_correction), and over https as a rejected
+    // certificate.
+    #[test]
+    fn a_socket_the_broker_could_not_open_is_broker_unavailable_not_the_remotes_doing() {
+        #[cfg(unix)]
+        let codes = [
+            rustix::io::Errno::MFILE.raw_os_error(),
+            rustix::io::Errno::NFILE.raw_os_error(),
+        ];
+        #[cfg(windows)]
+        let codes = [10024];
+        for code in codes {
+            let chain = Wrapped(Box::new(Wrapped(Box::new(
+                std::io::Error::from_raw_os_error(code),
+            ))));
+            let facts = error_chain_facts(&chain);
+            assert!(facts.out_of_descriptors, "{code}");
+            for https in [false, true] {
+                let (stage, code) = Probe::default().setup_failure(
+                    https,
+                    facts.io_kind,
+                    facts.tls,
+                    facts.out_of_descriptors,
+                );
+                assert_eq!((stage, code), (Stage::TcpConnect, Code::BrokerUnavailable));
+                assert_eq!(code.spec().retry, Retry::Backoff);
+                assert_eq!(code.spec().outcome, Some(Outcome::NotAttempted));
+            }
+        }
+        // A refused connection is still the remote's answer.
+        let refused = Wrapped(Box::new(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused,
+        )));
+        let facts = error_chain_facts(&refused);
+        assert!(!facts.out_of_descriptors);
+        assert_eq!(
+            Probe::default().setup_failure(false, facts.io_kind, facts.tls, false),
+            (Stage::TcpConnect, Code::ConnectionRefused)
+        );
     }
 }

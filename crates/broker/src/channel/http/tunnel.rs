@@ -51,6 +51,8 @@ pub(super) enum TunnelError {
     ProxyDns,
     /// No TCP connection to any of the proxy's addresses.
     Unreachable(std::io::ErrorKind),
+    /// The broker could not open a socket: it is out of descriptors.
+    OutOfDescriptors,
     /// The proxy answered CONNECT with this status (not 2xx).
     Refused(u16),
     /// The proxy closed or broke the CONNECT exchange before a complete answer; says how.
@@ -107,6 +109,14 @@ impl TunnelError {
                 Code::ProxyUnreachable,
                 Retry::Backoff,
                 format!("No TCP connection to the proxy {hop} ({kind}); nothing was sent."),
+            ),
+            TunnelError::OutOfDescriptors => failure(
+                Stage::ProxyTunnel,
+                Code::BrokerUnavailable,
+                Retry::Backoff,
+                format!(
+                    "The broker is out of descriptors and could not open a connection to the proxy {hop}; nothing was sent. Retry later."
+                ),
             ),
             TunnelError::Refused(status) => failure(
                 Stage::ProxyTunnel,
@@ -271,6 +281,9 @@ async fn connect(
                 let _ = tcp.set_nodelay(true);
                 probe.mark_proxy_connected();
                 return Ok(tcp);
+            }
+            Err(e) if crate::platform::out_of_descriptors(&e) => {
+                return Err(TunnelError::OutOfDescriptors);
             }
             Err(e) => last = e.kind(),
         }

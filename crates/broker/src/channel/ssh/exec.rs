@@ -174,7 +174,7 @@ pub(super) async fn attempt(
         Ok(Err(e)) => {
             let code = if e.kind() == std::io::ErrorKind::TimedOut {
                 Code::ConnectTimeout
-            } else if matches!(e.raw_os_error(), Some(23 | 24)) {
+            } else if crate::platform::out_of_descriptors(&e) {
                 // The broker is out of descriptors (ENFILE, EMFILE): not the remote's
                 // doing, and nothing to correct (issue 26).
                 Code::BrokerUnavailable
