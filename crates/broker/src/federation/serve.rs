@@ -170,6 +170,17 @@ impl PeerService {
         &self.broker.journal
     }
 
+    /// Whether `key_name` is the key name of a pinned `[[peer]]`: a cheap check the
+    /// transport can make before it buffers a large request (it proves nothing: the
+    /// name is not secret, only the signature over the request authenticates).
+    pub fn is_pinned_peer(&self, key_name: &str) -> bool {
+        self.broker
+            .config
+            .current()
+            .peer_by_key_name(key_name)
+            .is_some()
+    }
+
     /// B's key name: its audit log origin, what its peers pin it as.
     pub fn key_name(&self) -> String {
         crate::audit::log_origin(&self.journal().verifying_key())
