@@ -36,7 +36,7 @@ use postern_broker::federation::wire::{
     self, ALL_CAPABILITIES, CallAnswer, CallArgs, CapabilitiesAnswer, CapabilitiesArgs, Capability,
     PeerOutcome, PeerResponse, ReconcileArgs, TOOL_CALL, TOOL_CAPABILITIES, TOOL_RECONCILE,
 };
-use postern_broker::federation::{AttestationKind, Statement};
+use postern_broker::federation::{AttestationKind, CallBinding, Statement};
 use postern_broker::transparency::note::{KeyAlg, VerifierKey};
 
 /// How the peer answers one `peer_call`.
@@ -54,6 +54,9 @@ pub enum Step {
     Unavailable,
     /// A tool result without an attestation (an empty descriptor).
     NoEnvelope,
+    /// A committed outcome, genuinely signed and about this request, but bound to another
+    /// call (another nonce): a replayed answer.
+    OutcomeForAnotherCall,
     /// A denial signed by another key.
     Forged,
     /// HTTP 429 from a rate limiter in front of the MCP endpoint (the call never reaches
@@ -310,6 +313,7 @@ fn error_envelope(invocation_id: &str, code: Code, outcome: Outcome, retry: Retr
 }
 
 impl Tools {
+    #[allow(clippy::too_many_arguments)]
     fn sign(
         &self,
         kind: AttestationKind,
@@ -317,6 +321,7 @@ impl Tools {
         fingerprint: &str,
         policy_version: &str,
         outcome_digest: Option<String>,
+        call: &CallBinding,
         key: &SigningKey,
     ) -> postern_broker::federation::Attestation {
         Statement {
@@ -327,6 +332,7 @@ impl Tools {
             policy_version: policy_version.to_string(),
             issued_at_ms: now_ms(),
             outcome_digest,
+            call: call.clone(),
         }
         .sign(key)
     }
@@ -369,6 +375,7 @@ impl Tools {
             &digest,
             &version,
             (kind == AttestationKind::Outcome).then(|| digest.clone()),
+            &CallBinding::of(&args.auth, None, None),
             &self.key,
         );
         CallToolResult::structured(
@@ -398,7 +405,12 @@ impl Tools {
         self.check_auth(
             &args.auth,
             TOOL_CALL,
-            &wire::call_subject(&fingerprint, &args.caller_invocation),
+            &wire::call_subject(
+                &fingerprint,
+                &args.caller_invocation,
+                args.caller_attempt,
+                args.policy_version.as_deref(),
+            ),
         );
         let (step, recorded) = match self.state.lock() {
             Ok(mut s) => {
@@ -419,6 +431,7 @@ impl Tools {
                 &fingerprint,
                 &version,
                 Some(record.digest()),
+                &bound_to(&args),
                 &self.key,
             );
             return self.answer(attestation, Some(record));
@@ -454,8 +467,17 @@ impl Tools {
         Box::pin(async move {
             let version = self.policy_version();
             let b_invocation = format!("inv_peer_{}", args.caller_invocation);
+            let call = bound_to(args);
             let signed = |kind, digest| {
-                self.sign(kind, capability, fingerprint, &version, digest, &self.key)
+                self.sign(
+                    kind,
+                    capability,
+                    fingerprint,
+                    &version,
+                    digest,
+                    &call,
+                    &self.key,
+                )
             };
             match step {
                 Step::Outcome { status, body } => {
@@ -512,6 +534,30 @@ impl Tools {
                     )
                 }
                 Step::Denial => self.answer(signed(AttestationKind::Denial, None), None),
+                Step::OutcomeForAnotherCall => {
+                    let outcome = PeerOutcome {
+                        invocation_id: b_invocation,
+                        outcome: Outcome::Committed,
+                        error: None,
+                        response: None,
+                    };
+                    // Genuinely signed, about this request, but naming another call's
+                    // nonce: what a relay replaying an earlier answer hands over.
+                    let other = CallBinding {
+                        nonce: "0".repeat(32),
+                        ..call.clone()
+                    };
+                    let attestation = self.sign(
+                        AttestationKind::Outcome,
+                        capability,
+                        fingerprint,
+                        &version,
+                        Some(outcome.digest()),
+                        &other,
+                        &self.key,
+                    );
+                    self.answer(attestation, Some(outcome))
+                }
                 Step::Unavailable => self.answer(signed(AttestationKind::Unavailable, None), None),
                 Step::NoEnvelope => CallToolResult::structured(
                     json!({"error": "capability_not_found", "descriptor": null}),
@@ -524,6 +570,7 @@ impl Tools {
                         fingerprint,
                         &version,
                         None,
+                        &call,
                         &other,
                     );
                     self.answer(forged, None)
@@ -546,7 +593,15 @@ impl Tools {
     }
 
     fn reconcile(&self, args: ReconcileArgs) -> CallToolResult {
-        self.check_auth(&args.auth, TOOL_RECONCILE, &args.invocation_id);
+        self.check_auth(
+            &args.auth,
+            TOOL_RECONCILE,
+            &wire::reconcile_subject(
+                &args.invocation_id,
+                &args.capability,
+                &args.request_fingerprint,
+            ),
+        );
         let record = match self.state.lock() {
             Ok(mut s) => {
                 s.seen.reconciles += 1;
@@ -576,10 +631,20 @@ impl Tools {
             &args.request_fingerprint,
             &self.policy_version(),
             Some(record.digest()),
+            &CallBinding::of(&args.auth, None, None),
             &self.key,
         );
         self.answer(attestation, Some(record))
     }
+}
+
+/// The call `args` is, as a real peer binds its answer to it.
+fn bound_to(args: &CallArgs) -> CallBinding {
+    CallBinding::of(
+        &args.auth,
+        Some(&args.caller_invocation),
+        Some(args.caller_attempt),
+    )
 }
 
 fn parse<T: serde::de::DeserializeOwned>(request: &CallToolRequestParams) -> Result<T, McpError> {

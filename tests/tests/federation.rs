@@ -370,6 +370,43 @@ async fn no_envelope_is_unknown_never_a_denial_and_a_contract_violation_after_li
     assert_eq!(incidents[0].transient_used, 0);
 }
 
+// Regression: issue 27 (item 1). An answer genuinely signed by the peer and about the
+// same request, but naming another call (another nonce: what a relay replays), settled
+// the call as committed. It is unknown, never a verdict, and the record says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_bound_to_another_call_is_unknown_never_committed() {
+    let peer = start_peer(vec![Step::OutcomeForAnotherCall; 10]).await;
+    let f = fixture(&config(&peer, ""));
+    let out = call(&f, charge()).await;
+    let env = out.error.clone().unwrap();
+    assert_eq!(env.error.code, Code::PeerContractViolation, "{env:?}");
+    assert_eq!(env.error.outcome, Outcome::Unknown);
+    assert_eq!(env.error.retry, Retry::Reconcile);
+    assert!(
+        out.result.is_none(),
+        "no result is taken from another call's answer"
+    );
+    let answers: Vec<_> = f
+        .events(&out.invocation_id)
+        .into_iter()
+        .filter_map(|b| match b {
+            EventBody::PeerAnswer(a) => Some(*a),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(answers.len(), 4, "the first ask and three retries");
+    for a in &answers {
+        assert_eq!(a.verdict, VerdictKind::Unknown);
+        assert!(
+            a.reason
+                .as_deref()
+                .unwrap_or_default()
+                .contains("another call"),
+            "{a:?}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_denial_signed_by_another_key_is_unknown_and_never_terminal() {
     let peer = start_peer(vec![Step::Forged; 10]).await;

@@ -16,18 +16,26 @@
 //! |---|---|---|
 //! | signed `denial` | terminal | never retried, no failover; a *policy incident* for the peering owner |
 //! | signed `unavailable` | transient | bounded backoff, then *transient exhaustion* for the local operator |
-//! | no envelope, bad signature, wrong key, or an envelope about another request | unknown | limited retries, then a *broker-contract violation* for B's operator |
+//! | no envelope, bad signature, wrong key, or an envelope about another request or another call (caller, nonce, invocation, attempt) | unknown | limited retries, then a *broker-contract violation* for B's operator |
+//! | signed `denial` that B could not place under a policy (it could not authenticate the call: the call was changed on the way) or under a policy version this broker does not know | unknown | as above: a denial is terminal only when it is about this very call and under a policy this broker can place |
 //! | transport error (429, timeout, reset) | transient | backoff; never counted toward any denial or contract budget |
 //! | signed, but B's policy version changed since the attempt began | abandoned | the attempt stops unclassified |
 //!
 //! # Attestation encoding, version 1
 //!
 //! The digest is BLAKE3 in key-derivation mode with context
-//! `"postern 2026 federation-attestation v1"` over, in order, the format version byte,
-//! the kind, peer, capability, request fingerprint, policy version, issue time (i64 LE)
-//! and the outcome digest (a presence byte, then the text), each preceded by its length
-//! as u64 LE. The signature is Ed25519 over [`SIGNING_CONTEXT`] followed by the digest's
-//! text (`blake3:` + hex).
+//! `"postern 2026 federation-attestation v1"` over, in order, the format version byte
+//! (2), the kind, peer, capability, request fingerprint, policy version, issue time (i64
+//! LE), the outcome digest (a presence byte, then the text), and the call it answers
+//! ([`CallBinding`]): the caller's key name, the caller's nonce, the caller's invocation
+//! id (a presence byte, then the text) and attempt (a presence byte, then u32 LE); each
+//! field preceded by its length as u64 LE. The signature is Ed25519 over
+//! [`SIGNING_CONTEXT`] followed by the digest's text (`blake3:` + hex).
+//!
+//! Format 2 binds every answer to the one call it answers (issue 27): the nonce is fresh
+//! for every call the asking broker signs, so an answer captured for one call, however
+//! genuine, is never accepted as the answer to another, and a denial or `unavailable`
+//! saved from an earlier try cannot stand in for a later one.
 
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
@@ -38,7 +46,7 @@ pub mod serve;
 pub mod wire;
 
 const DIGEST_CONTEXT: &str = "postern 2026 federation-attestation v1";
-const FORMAT: u8 = 1;
+const FORMAT: u8 = 2;
 /// What a broker's signature on an attestation covers, before the digest.
 pub const SIGNING_CONTEXT: &[u8] = b"postern federation-attestation signature v1\n";
 
@@ -65,6 +73,34 @@ impl AttestationKind {
     }
 }
 
+/// The one call an attestation answers, as the answering broker read it from the call's
+/// signed auth: who asked (the asking broker's key name), the auth's nonce (fresh for
+/// every call), and for a `peer_call` the asking broker's invocation id and attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallBinding {
+    pub caller: String,
+    pub nonce: String,
+    pub invocation: Option<String>,
+    pub attempt: Option<u32>,
+}
+
+impl CallBinding {
+    /// The binding of the call whose auth is `auth`.
+    pub fn of(
+        auth: &wire::PeerAuth,
+        invocation: Option<&str>,
+        attempt: Option<u32>,
+    ) -> CallBinding {
+        CallBinding {
+            caller: auth.peer.clone(),
+            nonce: auth.nonce.to_ascii_lowercase(),
+            invocation: invocation.map(str::to_string),
+            attempt,
+        }
+    }
+}
+
 /// A peer broker's signed statement about one request for one capability.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -83,6 +119,10 @@ pub struct Attestation {
     pub issued_at_ms: i64,
     /// For `outcome`: the digest of the attesting broker's outcome envelope.
     pub outcome_digest: Option<String>,
+    /// The call answered. Empty in records written before format 2, which a fresh
+    /// answer never verifies as.
+    #[serde(default)]
+    pub call: CallBinding,
     /// `blake3:` + hex over the fields above ([`Attestation::digest`]).
     pub digest: String,
     /// ed25519 signature, hex, over [`SIGNING_CONTEXT`] followed by `digest`.
@@ -99,6 +139,7 @@ pub struct Statement {
     pub policy_version: String,
     pub issued_at_ms: i64,
     pub outcome_digest: Option<String>,
+    pub call: CallBinding,
 }
 
 impl Statement {
@@ -123,6 +164,22 @@ impl Statement {
                 field(d.as_bytes());
             }
         }
+        field(self.call.caller.as_bytes());
+        field(self.call.nonce.as_bytes());
+        match &self.call.invocation {
+            None => field(&[0]),
+            Some(id) => {
+                field(&[1]);
+                field(id.as_bytes());
+            }
+        }
+        match self.call.attempt {
+            None => field(&[0]),
+            Some(n) => {
+                field(&[1]);
+                field(&n.to_le_bytes());
+            }
+        }
         format!("blake3:{}", h.finalize().to_hex())
     }
 
@@ -138,6 +195,7 @@ impl Statement {
             policy_version: self.policy_version,
             issued_at_ms: self.issued_at_ms,
             outcome_digest: self.outcome_digest,
+            call: self.call,
             digest,
             signature: hex::encode(signature.to_bytes()),
         }
@@ -168,6 +226,12 @@ pub enum Unverified {
     #[error("an outcome attestation carries no outcome digest")]
     OutcomeWithoutDigest,
     #[error(
+        "the attestation answers another call ({found}), not this one ({expected}): a replayed or swapped answer"
+    )]
+    WrongCall { expected: String, found: String },
+    #[error("the call was sent without a binding to check the answer against")]
+    Unbound,
+    #[error(
         "the attestation was issued at {issued_at_ms} ms, outside the call it answers ({sent_at_ms}..{answered_at_ms} ms, give or take {CLOCK_SKEW_MS} ms): a replayed answer, or the peer's clock is off"
     )]
     Stale {
@@ -188,6 +252,7 @@ impl Attestation {
             policy_version: self.policy_version.clone(),
             issued_at_ms: self.issued_at_ms,
             outcome_digest: self.outcome_digest.clone(),
+            call: self.call.clone(),
         }
     }
 
@@ -230,6 +295,15 @@ impl Attestation {
         if self.kind == AttestationKind::Outcome && self.outcome_digest.is_none() {
             return Err(Unverified::OutcomeWithoutDigest);
         }
+        let Some(call) = &request.call else {
+            return Err(Unverified::Unbound);
+        };
+        if self.call != *call {
+            return Err(Unverified::WrongCall {
+                expected: describe_call(call),
+                found: describe_call(&self.call),
+            });
+        }
         if let Some(asked) = request.in_flight
             && !(asked.sent_at_ms.saturating_sub(CLOCK_SKEW_MS)
                 ..=asked.answered_at_ms.saturating_add(CLOCK_SKEW_MS))
@@ -245,6 +319,18 @@ impl Attestation {
     }
 }
 
+/// A call binding in one line, for a reason recorded in the journal.
+fn describe_call(call: &CallBinding) -> String {
+    let short = |s: &str| s.chars().take(64).collect::<String>();
+    format!(
+        "caller {}, nonce {}, invocation {}, attempt {}",
+        short(&call.caller),
+        short(&call.nonce),
+        call.invocation.as_deref().map_or("-".to_string(), short),
+        call.attempt.map_or("-".to_string(), |n| n.to_string())
+    )
+}
+
 /// What the asking broker sent, and what it knew of the peer's policy when it began.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request {
@@ -258,6 +344,9 @@ pub struct Request {
     /// attestation issued outside that interval (widened by [`CLOCK_SKEW_MS`] each way)
     /// is stale: a replay of an older answer, or a peer whose clock is off.
     pub in_flight: Option<InFlight>,
+    /// The call this try sent: an answer must name exactly it. `None` only before a
+    /// call is signed; an answer checked against no binding is unknown.
+    pub call: Option<CallBinding>,
 }
 
 /// The interval one try was in flight, Unix ms by the asking broker's clock.
@@ -282,7 +371,9 @@ pub enum TransportFault {
     Reset,
 }
 
-/// What came back from the peer for one attempt.
+/// What came back from the peer for one attempt. One exists per try, briefly: its size
+/// is not worth a box at every construction site.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Answer {
     Transport(TransportFault),
@@ -327,6 +418,18 @@ pub fn classify(answer: &Answer, pinned: &VerifyingKey, request: &Request) -> Ve
             reason: e.to_string(),
         };
     }
+    // A denial is terminal only under a policy this broker can place (seed 002; issue
+    // 27). B's refusal to authenticate the call (`NO_POLICY`: its signature did not
+    // verify, as when a party on the path changed it) is about this try only and says
+    // nothing of earlier tries of the same call, so it is neither a verdict nor a policy
+    // change.
+    if envelope.kind == AttestationKind::Denial && envelope.policy_version == serve::NO_POLICY {
+        return Verdict::Unknown {
+            reason: "the peer could not authenticate this call (a denial under no policy): the \
+                     call was changed on the way, or the keys pinned on the two sides disagree"
+                .into(),
+        };
+    }
     if let Some(began) = &request.policy_version
         && *began != envelope.policy_version
     {
@@ -336,6 +439,13 @@ pub fn classify(answer: &Answer, pinned: &VerifyingKey, request: &Request) -> Ve
         };
     }
     match envelope.kind {
+        AttestationKind::Denial if request.policy_version.is_none() => Verdict::Unknown {
+            reason: format!(
+                "a denial under policy version {}, which this broker cannot place: it knew no \
+                 verified listing of the peer when the call began",
+                envelope.policy_version.chars().take(80).collect::<String>()
+            ),
+        },
         AttestationKind::Denial => Verdict::Denial,
         AttestationKind::Unavailable => Verdict::Unavailable,
         AttestationKind::Outcome => Verdict::Outcome,

@@ -54,11 +54,24 @@ impl Asker {
     }
 
     fn call(&self, request: &PeerRequest, caller_invocation: &str) -> Value {
+        self.call_under(request, caller_invocation, None)
+    }
+
+    /// A call whose signed auth says the asker saw B's policy at `policy_version`.
+    fn call_under(
+        &self,
+        request: &PeerRequest,
+        caller_invocation: &str,
+        policy_version: Option<&str>,
+    ) -> Value {
         let fingerprint = request.fingerprint(&body_of(request));
+        let subject = wire::call_subject(&fingerprint, caller_invocation, 1, policy_version);
         json!({
-            "auth": self.auth(TOOL_CALL, &wire::call_subject(&fingerprint, caller_invocation)),
+            "auth": self.auth(TOOL_CALL, &subject),
             "request": request,
             "caller_invocation": caller_invocation,
+            "caller_attempt": 1,
+            "policy_version": policy_version,
         })
     }
 }
@@ -157,13 +170,18 @@ impl B {
         self.url = peering_url(&self.daemon);
     }
 
+    /// Checks B's signature and what the attestation is about. Which call it answers is
+    /// A's to check (tests/tests/federation.rs); here it must name one.
     fn verify(&self, attestation: &Attestation, capability: &str, fingerprint: &str) {
+        assert_eq!(attestation.call.nonce.len(), 32, "{attestation:?}");
+        assert!(!attestation.call.caller.is_empty(), "{attestation:?}");
         let request = Request {
             peer: self.key.name.clone(),
             capability: capability.into(),
             fingerprint: fingerprint.into(),
             policy_version: None,
             in_flight: None,
+            call: Some(attestation.call.clone()),
         };
         attestation
             .verify(&self.key.key, &request)
@@ -455,8 +473,7 @@ async fn a_capability_not_exported_and_one_that_does_not_exist_get_the_same_sign
     // `unavailable` carrying the current version, which A classifies as a policy change
     // (abandon, seed 002), and keeps no record, so the call may be made again.
     let request = post("payments", "/charges", r#"{"n":7}"#);
-    let mut args = a.call(&request, "inv_7");
-    args["policy_version"] = json!("blake3:an-older-policy");
+    let args = a.call_under(&request, "inv_7", Some("blake3:an-older-policy"));
     let moved: CallAnswer =
         serde_json::from_value(tool(&b.url, TOOL_CALL, args).await.unwrap()).unwrap();
     assert_eq!(moved.attestation.kind, AttestationKind::Unavailable);
@@ -465,6 +482,7 @@ async fn a_capability_not_exported_and_one_that_does_not_exist_get_the_same_sign
         first.attestation.policy_version
     );
     let fingerprint = request.fingerprint(&body_of(&request));
+    let moved_call = moved.attestation.call.clone();
     let verdict = classify(
         &Answer::Attested(Some(moved.attestation)),
         &b.key.key,
@@ -474,6 +492,7 @@ async fn a_capability_not_exported_and_one_that_does_not_exist_get_the_same_sign
             fingerprint: fingerprint.clone(),
             policy_version: Some("blake3:an-older-policy".into()),
             in_flight: None,
+            call: Some(moved_call),
         },
     );
     assert!(
@@ -505,6 +524,78 @@ async fn a_capability_not_exported_and_one_that_does_not_exist_get_the_same_sign
     assert!(log.contains("does not verify"), "{log}");
     assert!(log.contains("already used"), "{log}");
     assert!(!log.contains(SECRET));
+}
+
+// Regression: issue 27 (item 1). B kept the nonces it had seen in memory only: a
+// captured call replayed after B restarted (inside the auth's time window) was answered
+// again, signed. B now journals them before answering; and every answer names the call
+// (caller, nonce, invocation, attempt) it answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_captured_call_replayed_after_b_restarts_is_not_answered_again() {
+    let origin = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let a = Asker::new(7);
+    let mut b = B::start(&b_config(&origin.base_url(), &a, "none"));
+    let request = post("payments", "/charges", r#"{"amount":9}"#);
+    let args = a.call(&request, "inv_r_1");
+    let first: CallAnswer =
+        serde_json::from_value(tool(&b.url, TOOL_CALL, args.clone()).await.unwrap()).unwrap();
+    assert_eq!(first.attestation.kind, AttestationKind::Outcome);
+    let auth: PeerAuth = serde_json::from_value(args["auth"].clone()).unwrap();
+    assert_eq!(first.attestation.call.caller, a.name);
+    assert_eq!(first.attestation.call.nonce, auth.nonce);
+    assert_eq!(
+        first.attestation.call.invocation.as_deref(),
+        Some("inv_r_1")
+    );
+    assert_eq!(first.attestation.call.attempt, Some(1));
+    // The listing is bound to its call too.
+    let listing_auth = a.auth(TOOL_CAPABILITIES, "");
+    let listing = tool(&b.url, TOOL_CAPABILITIES, json!({"auth": listing_auth}))
+        .await
+        .unwrap();
+    assert_eq!(
+        listing["attestation"]["call"]["nonce"],
+        json!(listing_auth.nonce)
+    );
+
+    b.kill_9_and_restart();
+    let replayed = tool(&b.url, TOOL_CALL, args).await.unwrap_err();
+    assert_eq!(replayed.code, rmcp::model::ErrorCode::INVALID_REQUEST);
+    assert!(replayed.message.contains("nonce"), "{}", replayed.message);
+    let relisted = tool(&b.url, TOOL_CAPABILITIES, json!({"auth": listing_auth}))
+        .await
+        .unwrap_err();
+    assert!(relisted.message.contains("nonce"), "{}", relisted.message);
+    assert_eq!(origin.requests().len(), 1, "the call ran once");
+}
+
+// Regression: issue 27 (item 5). A stale auth under a pinned key name got an unsigned
+// error while an unknown name got a signed denial: anyone could learn which names are
+// pinned. Both are now refused the same way, unsigned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_auth_is_refused_the_same_way_whether_or_not_its_name_is_pinned() {
+    let origin = Adversary::start(Behavior::ok_json("{}")).await.unwrap();
+    let a = Asker::new(7);
+    let stranger = Asker::new(8);
+    let b = B::start(&b_config(&origin.base_url(), &a, "none"));
+    let stale = now_ms() - 10 * 60 * 1000;
+    let mut answers = Vec::new();
+    for asker in [&a, &stranger] {
+        let auth = PeerAuth::sign(
+            &asker.key,
+            TOOL_CAPABILITIES,
+            &asker.name,
+            "",
+            stale,
+            nonce(),
+        );
+        let refused = tool(&b.url, TOOL_CAPABILITIES, json!({"auth": auth}))
+            .await
+            .unwrap_err();
+        answers.push((refused.code, refused.message.replace(&asker.name, "NAME")));
+    }
+    assert_eq!(answers[0].0, answers[1].0, "{answers:?}");
+    assert_eq!(answers[0].0, rmcp::model::ErrorCode::INVALID_REQUEST);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -549,7 +640,10 @@ async fn a_call_cut_by_kill_9_of_b_is_answered_from_b_s_record_and_reconciled_ov
 
     // Reconcile over peering: B runs its query, the settlement comes back signed.
     let args = json!({
-        "auth": a.auth(TOOL_RECONCILE, &outcome.invocation_id),
+        "auth": a.auth(
+            TOOL_RECONCILE,
+            &wire::reconcile_subject(&outcome.invocation_id, "payments", &fingerprint)
+        ),
         "capability": "payments",
         "invocation_id": outcome.invocation_id,
         "request_fingerprint": fingerprint,
@@ -573,7 +667,10 @@ async fn a_call_cut_by_kill_9_of_b_is_answered_from_b_s_record_and_reconciled_ov
     // Another asker cannot reconcile (or learn of) A's invocation.
     let c = Asker::new(8);
     let args = json!({
-        "auth": c.auth(TOOL_RECONCILE, &outcome.invocation_id),
+        "auth": c.auth(
+            TOOL_RECONCILE,
+            &wire::reconcile_subject(&outcome.invocation_id, "payments", &fingerprint)
+        ),
         "capability": "payments",
         "invocation_id": outcome.invocation_id,
         "request_fingerprint": fingerprint,

@@ -154,7 +154,7 @@ pub fn tools() -> Vec<Tool> {
             schema(json!({
                 "type": "object",
                 "additionalProperties": false,
-                "required": ["auth", "request", "caller_invocation"],
+                "required": ["auth", "request", "caller_invocation", "caller_attempt"],
                 "properties": {
                     "auth": auth_schema(),
                     "request": {
@@ -173,6 +173,7 @@ pub fn tools() -> Vec<Tool> {
                         }
                     },
                     "caller_invocation": {"type": "string", "description": "The asking broker's invocation id."},
+                    "caller_attempt": {"type": "integer", "minimum": 0, "description": "The asking broker's attempt (dispatch generation) this call belongs to; signed, and named by the answer."},
                     "policy_version": {"type": ["string", "null"], "description": "This broker's export policy version as the asker last saw it."}
                 }
             })),

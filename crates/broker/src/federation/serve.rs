@@ -51,7 +51,7 @@ use super::wire::{
     self, AUTH_WINDOW_MS, AuthRefused, CallAnswer, CallArgs, CapabilitiesAnswer, CapabilitiesArgs,
     Capability, PeerAuth, PeerOutcome, PeerResponse, ReconcileArgs,
 };
-use super::{Attestation, AttestationKind, Statement};
+use super::{Attestation, AttestationKind, CallBinding, Statement};
 use crate::action::NormalizedHttp;
 use crate::broker::Broker;
 use crate::channel::http::{HttpOutcome, HttpRequest};
@@ -105,6 +105,11 @@ pub enum NotAnswered {
     /// The auth's nonce was already used within the window.
     #[error("the request's nonce was already used: a replay is not answered")]
     Replayed,
+    /// The request authenticated, but its nonce could not be recorded (the journal
+    /// refuses writes): answering would let a captured copy be answered again after a
+    /// restart, and a signed `unavailable` would attest that the call never ran here.
+    #[error("the broker cannot record the request now ({0}); ask again later")]
+    Unrecorded(String),
     /// The caller invocation already names another request here.
     #[error(
         "caller invocation {0} was already used for another request; a new request needs a new caller invocation"
@@ -128,6 +133,13 @@ enum AuthFailure {
     Denied(String),
     /// Not a verdict (stale, replayed).
     NotAnswered(NotAnswered),
+}
+
+/// What an answer is about: the capability, the request's fingerprint and the call.
+struct About<'a> {
+    capability: &'a str,
+    fingerprint: &'a str,
+    call: CallBinding,
 }
 
 /// Where a refusal is logged.
@@ -186,47 +198,37 @@ impl PeerService {
         crate::audit::log_origin(&self.journal().verifying_key())
     }
 
+    /// Signs a statement answering exactly `call` (issue 27: every answer is bound to
+    /// the asker's key name, nonce, invocation and attempt as the call's auth named them).
     fn attest(
         &self,
         kind: AttestationKind,
-        capability: &str,
-        fingerprint: &str,
+        about: &About<'_>,
         policy_version: &str,
         outcome_digest: Option<String>,
     ) -> Attestation {
         self.journal().sign_attestation(Statement {
             kind,
             peer: self.key_name(),
-            capability: capability.to_string(),
-            request_fingerprint: fingerprint.to_string(),
+            capability: about.capability.to_string(),
+            request_fingerprint: about.fingerprint.to_string(),
             policy_version: policy_version.to_string(),
             issued_at_ms: self.journal().now_ms(),
             outcome_digest,
+            call: about.call.clone(),
         })
     }
 
-    fn denial(&self, capability: &str, fingerprint: &str, policy: &str) -> CallAnswer {
+    fn denial(&self, about: &About<'_>, policy: &str) -> CallAnswer {
         CallAnswer {
-            attestation: self.attest(
-                AttestationKind::Denial,
-                capability,
-                fingerprint,
-                policy,
-                None,
-            ),
+            attestation: self.attest(AttestationKind::Denial, about, policy, None),
             outcome: None,
         }
     }
 
-    fn unavailable(&self, capability: &str, fingerprint: &str, policy: &str) -> CallAnswer {
+    fn unavailable(&self, about: &About<'_>, policy: &str) -> CallAnswer {
         CallAnswer {
-            attestation: self.attest(
-                AttestationKind::Unavailable,
-                capability,
-                fingerprint,
-                policy,
-                None,
-            ),
+            attestation: self.attest(AttestationKind::Unavailable, about, policy, None),
             outcome: None,
         }
     }
@@ -241,7 +243,12 @@ impl PeerService {
     }
 
     /// The pinned peer `auth` is from, its signature over `subject` for `tool` checked
-    /// and its nonce remembered.
+    /// and its nonce remembered, durably (a captured call is not answered twice, even
+    /// after a restart: issue 27).
+    ///
+    /// An auth outside the time window is refused unsigned before the asker's key name
+    /// is looked up, so the answer is the same for a pinned name and an unknown one and
+    /// nobody learns which names are pinned (issue 27, item 5).
     fn authenticate<'c>(
         &self,
         config: &'c Config,
@@ -250,6 +257,14 @@ impl PeerService {
         subject: &str,
         now_ms: i64,
     ) -> Result<&'c PeerConfig, AuthFailure> {
+        if (now_ms - auth.issued_at_ms).abs() > AUTH_WINDOW_MS {
+            return Err(AuthFailure::NotAnswered(NotAnswered::Stale(
+                AuthRefused::Stale {
+                    issued_at_ms: auth.issued_at_ms,
+                    now_ms,
+                },
+            )));
+        }
         let Some(peer) = config.peer_by_key_name(&auth.peer) else {
             return Err(AuthFailure::Denied("the asker is not a pinned peer".into()));
         };
@@ -260,18 +275,34 @@ impl PeerService {
             }
             Err(e) => return Err(AuthFailure::Denied(e.to_string())),
         }
-        let mut seen = self
-            .nonces
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        // Verification refuses an auth outside the window, so older nonces can go.
-        seen.retain(|_, issued| (now_ms - *issued).abs() <= AUTH_WINDOW_MS);
-        let key = (auth.peer.clone(), auth.nonce.to_ascii_lowercase());
-        if seen.contains_key(&key) {
-            return Err(AuthFailure::NotAnswered(NotAnswered::Replayed));
+        let nonce = auth.nonce.to_ascii_lowercase();
+        {
+            let mut seen = self
+                .nonces
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            // Verification refuses an auth outside the window, so older nonces can go.
+            seen.retain(|_, issued| (now_ms - *issued).abs() <= AUTH_WINDOW_MS);
+            let key = (auth.peer.clone(), nonce.clone());
+            if seen.contains_key(&key) {
+                return Err(AuthFailure::NotAnswered(NotAnswered::Replayed));
+            }
+            seen.insert(key, auth.issued_at_ms);
         }
-        seen.insert(key, auth.issued_at_ms);
-        Ok(peer)
+        // The journal's memory outlives a restart; a request whose nonce it cannot
+        // record is not answered at all (unsigned: the asker asks again).
+        match self.journal().remember_peer_nonce(
+            &auth.peer,
+            &nonce,
+            auth.issued_at_ms,
+            now_ms - 2 * AUTH_WINDOW_MS,
+        ) {
+            Ok(true) => Ok(peer),
+            Ok(false) => Err(AuthFailure::NotAnswered(NotAnswered::Replayed)),
+            Err(e) => Err(AuthFailure::NotAnswered(NotAnswered::Unrecorded(
+                e.to_string(),
+            ))),
+        }
     }
 
     /// `peer_capabilities`: what this broker exports to the asker, attested as an
@@ -281,21 +312,26 @@ impl PeerService {
         let config = self.broker.config.current();
         let now = self.journal().now_ms();
         let tool = wire::TOOL_CAPABILITIES;
+        let nothing = wire::capabilities_digest(&[]);
+        let call = CallBinding::of(&args.auth, None, None);
+        let empty = |kind, policy: &str| CapabilitiesAnswer {
+            attestation: self.attest(
+                kind,
+                &About {
+                    capability: ALL_CAPABILITIES,
+                    fingerprint: &nothing,
+                    call: call.clone(),
+                },
+                policy,
+                None,
+            ),
+            capabilities: Vec::new(),
+        };
         let peer = match self.authenticate(&config, tool, &args.auth, "", now) {
             Ok(peer) => peer,
             Err(AuthFailure::Denied(reason)) => {
                 self.refused(tool, &args.auth.peer, ALL_CAPABILITIES, &reason);
-                let nothing = wire::capabilities_digest(&[]);
-                return Ok(CapabilitiesAnswer {
-                    attestation: self.attest(
-                        AttestationKind::Denial,
-                        ALL_CAPABILITIES,
-                        &nothing,
-                        NO_POLICY,
-                        None,
-                    ),
-                    capabilities: Vec::new(),
-                });
+                return Ok(empty(AttestationKind::Denial, NO_POLICY));
             }
             Err(AuthFailure::NotAnswered(e)) => {
                 self.refused(tool, &args.auth.peer, ALL_CAPABILITIES, &e.to_string());
@@ -318,8 +354,11 @@ impl PeerService {
         Ok(CapabilitiesAnswer {
             attestation: self.attest(
                 AttestationKind::Outcome,
-                ALL_CAPABILITIES,
-                &fingerprint,
+                &About {
+                    capability: ALL_CAPABILITIES,
+                    fingerprint: &fingerprint,
+                    call,
+                },
                 &policy,
                 Some(fingerprint.clone()),
             ),
@@ -346,12 +385,26 @@ impl PeerService {
         let capability = args.request.capability.clone();
         let config = self.broker.config.current();
         let now = self.journal().now_ms();
-        let subject = wire::call_subject(&fingerprint, &args.caller_invocation);
+        let subject = wire::call_subject(
+            &fingerprint,
+            &args.caller_invocation,
+            args.caller_attempt,
+            args.policy_version.as_deref(),
+        );
+        let about = About {
+            capability: &capability,
+            fingerprint: &fingerprint,
+            call: CallBinding::of(
+                &args.auth,
+                Some(&args.caller_invocation),
+                Some(args.caller_attempt),
+            ),
+        };
         let peer = match self.authenticate(&config, tool, &args.auth, &subject, now) {
             Ok(peer) => peer,
             Err(AuthFailure::Denied(reason)) => {
                 self.refused(tool, &args.auth.peer, &capability, &reason);
-                return Ok(self.denial(&capability, &fingerprint, NO_POLICY));
+                return Ok(self.denial(&about, NO_POLICY));
             }
             Err(AuthFailure::NotAnswered(e)) => {
                 self.refused(tool, &args.auth.peer, &capability, &e.to_string());
@@ -359,6 +412,28 @@ impl PeerService {
             }
         };
         let policy = config.export_policy_version(&peer.name).unwrap_or_default();
+        // A call already recorded here is answered from its record, whatever the export
+        // policy says now: a denial or `unavailable` then always means that this caller
+        // invocation never ran here, which is what lets the asker end it not_attempted
+        // (issue 27). One that ended unsent for a transient reason may run anew below.
+        match self
+            .journal()
+            .peer_call(&peer.key.name, &args.caller_invocation)
+        {
+            Ok(Some(row)) => {
+                if row.request_fingerprint != fingerprint || row.capability != capability {
+                    return Err(NotAnswered::CallerInvocationReused(
+                        args.caller_invocation.clone(),
+                    ));
+                }
+                if let Recorded::Answer(answer) = self.recorded(&row.invocation_id).await {
+                    return Ok(self.answer(&about, &row.policy_version, answer));
+                }
+            }
+            Ok(None) => {}
+            // Whether it ran here cannot be read: nothing may be signed about it.
+            Err(e) => return Err(NotAnswered::Unrecorded(e.to_string())),
+        }
         let Some(request) = exported_request(&config, peer, &args, body) else {
             // Not exported, no such target, or a path that leaves the target: one answer.
             self.refused(
@@ -367,20 +442,15 @@ impl PeerService {
                 &capability,
                 "the capability is not exported to this peer",
             );
-            return Ok(self.denial(&capability, &fingerprint, &policy));
+            return Ok(self.denial(&about, &policy));
         };
         let prepared = Prepared {
             request,
-            capability,
-            fingerprint,
+            capability: capability.clone(),
+            fingerprint: fingerprint.clone(),
         };
         let (answer, decided_under) = self.run_once(peer, &args, &policy, &prepared).await?;
-        Ok(self.answer(
-            &prepared.capability,
-            &prepared.fingerprint,
-            &decided_under,
-            answer,
-        ))
+        Ok(self.answer(&about, &decided_under, answer))
     }
 
     /// Why B cannot take a new call now, if it cannot. A journal in low-space mode is
@@ -560,25 +630,13 @@ impl PeerService {
     }
 
     /// The signed answer for `answer`.
-    fn answer(
-        &self,
-        capability: &str,
-        fingerprint: &str,
-        policy: &str,
-        answer: Answer,
-    ) -> CallAnswer {
+    fn answer(&self, about: &About<'_>, policy: &str, answer: Answer) -> CallAnswer {
         match answer {
-            Answer::Unavailable => self.unavailable(capability, fingerprint, policy),
+            Answer::Unavailable => self.unavailable(about, policy),
             Answer::Outcome(outcome) => {
                 let digest = outcome.digest();
                 CallAnswer {
-                    attestation: self.attest(
-                        AttestationKind::Outcome,
-                        capability,
-                        fingerprint,
-                        policy,
-                        Some(digest),
-                    ),
+                    attestation: self.attest(AttestationKind::Outcome, about, policy, Some(digest)),
                     outcome: Some(*outcome),
                 }
             }
@@ -592,11 +650,17 @@ impl PeerService {
         let config = self.broker.config.current();
         let now = self.journal().now_ms();
         let (capability, fingerprint) = (&args.capability, &args.request_fingerprint);
-        let peer = match self.authenticate(&config, tool, &args.auth, &args.invocation_id, now) {
+        let subject = wire::reconcile_subject(&args.invocation_id, capability, fingerprint);
+        let about = About {
+            capability,
+            fingerprint,
+            call: CallBinding::of(&args.auth, None, None),
+        };
+        let peer = match self.authenticate(&config, tool, &args.auth, &subject, now) {
             Ok(peer) => peer,
             Err(AuthFailure::Denied(reason)) => {
                 self.refused(tool, &args.auth.peer, capability, &reason);
-                return Ok(self.denial(capability, fingerprint, NO_POLICY));
+                return Ok(self.denial(&about, NO_POLICY));
             }
             Err(AuthFailure::NotAnswered(e)) => {
                 self.refused(tool, &args.auth.peer, capability, &e.to_string());
@@ -627,7 +691,7 @@ impl PeerService {
                 .is_ok_and(|p| p.session.as_deref() == Some(session.as_str()));
         if !owned {
             if row.is_err() {
-                return Ok(self.unavailable(capability, fingerprint, &policy));
+                return Ok(self.unavailable(&about, &policy));
             }
             self.refused(
                 tool,
@@ -635,14 +699,14 @@ impl PeerService {
                 capability,
                 "the invocation is not this peer's call of this request",
             );
-            return Ok(self.denial(capability, fingerprint, &policy));
+            return Ok(self.denial(&about, &policy));
         }
         if let Some(reason) = self.unable() {
             self.refused(tool, &args.auth.peer, capability, &reason);
-            return Ok(self.unavailable(capability, fingerprint, &policy));
+            return Ok(self.unavailable(&about, &policy));
         }
         if projection.is_ok_and(|p| !p.terminal) {
-            return Ok(self.unavailable(capability, fingerprint, &policy));
+            return Ok(self.unavailable(&about, &policy));
         }
         let _ = self
             .broker
@@ -653,7 +717,7 @@ impl PeerService {
             Ok(p) => Answer::of_outcome(self.outcome_of(&p)),
             Err(_) => Answer::Unavailable,
         };
-        Ok(self.answer(capability, fingerprint, &policy, answer))
+        Ok(self.answer(&about, &policy, answer))
     }
 }
 
@@ -825,6 +889,7 @@ exports = ["payments"]
                 ..Default::default()
             },
             caller_invocation: "inv_1".into(),
+            caller_attempt: 1,
             policy_version: None,
         }
     }

@@ -16,10 +16,16 @@
 //!   path, headers (list of pairs), query (list of pairs), body (the bytes), idempotency
 //!   key (optional), timeout ms (optional u64 LE).
 //! - Auth digest (context `"postern 2026 peer-auth v1"`): tool name, asking broker's
-//!   key name, issued-at (i64 LE), nonce, subject: [`call_subject`] for `peer_call` (the
-//!   request fingerprint and the caller's invocation id), the invocation id on the
-//!   answering broker for `peer_reconcile`, empty for `peer_capabilities`. The signature is
-//!   Ed25519 over [`AUTH_SIGNING_CONTEXT`] followed by the digest's text.
+//!   key name, issued-at (i64 LE), nonce, subject: [`call_subject`] for `peer_call`
+//!   (every field of the call the answer depends on: the request fingerprint, the
+//!   caller's invocation id and attempt, and the policy version the caller saw),
+//!   [`reconcile_subject`] for `peer_reconcile` (the invocation on the answering broker,
+//!   the capability and the request fingerprint), empty for `peer_capabilities`. The
+//!   signature is Ed25519 over [`AUTH_SIGNING_CONTEXT`] followed by the digest's text.
+//!
+//! A party on the path can therefore change nothing a broker decides on without the
+//! call's signature failing (issue 27: a rewritten `policy_version` had B sign a genuine
+//! `unavailable` that the relay then replayed over B's committed outcome).
 
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
@@ -251,6 +257,9 @@ pub struct CallArgs {
     /// once per (asking broker, caller invocation): asking again, after a timeout or a
     /// reset, returns what its record says instead of running it again.
     pub caller_invocation: String,
+    /// The asking broker's attempt (its dispatch generation) this call belongs to. Signed
+    /// with the call, and named by the answer's attestation.
+    pub caller_attempt: u32,
     /// B's export policy version A saw when the attempt began, if it knew one.
     #[serde(default)]
     pub policy_version: Option<String>,
@@ -288,10 +297,28 @@ impl PeerOutcome {
     }
 }
 
-/// The subject a `peer_call` auth signs: the request fingerprint and the caller's
-/// invocation id, on two lines.
-pub fn call_subject(request_fingerprint: &str, caller_invocation: &str) -> String {
-    format!("{request_fingerprint}\n{caller_invocation}")
+/// The subject a `peer_call` auth signs: the request fingerprint, the caller's
+/// invocation id and attempt, and the policy version the caller saw (`-` for none, else
+/// `=` and the version), one per line. Every field is printable ASCII without a newline
+/// (the invocation id is checked), so the lines cannot run into each other.
+pub fn call_subject(
+    request_fingerprint: &str,
+    caller_invocation: &str,
+    caller_attempt: u32,
+    policy_version: Option<&str>,
+) -> String {
+    let policy = policy_version.map_or_else(|| "-".to_string(), |v| format!("={v}"));
+    format!("{request_fingerprint}\n{caller_invocation}\n{caller_attempt}\n{policy}")
+}
+
+/// The subject a `peer_reconcile` auth signs: the invocation on the answering broker,
+/// the capability and the request fingerprint, one per line.
+pub fn reconcile_subject(
+    invocation_id: &str,
+    capability: &str,
+    request_fingerprint: &str,
+) -> String {
+    format!("{invocation_id}\n{capability}\n{request_fingerprint}")
 }
 
 /// `peer_call` and `peer_reconcile` answer: always an attestation; an outcome when its

@@ -1193,6 +1193,22 @@ impl Journal {
         })
     }
 
+    /// Records a federated peer's request nonce, durably (fsynced), forgetting those
+    /// issued before `forget_before_ms`; `false` when it was already recorded: the
+    /// request is a replay, also across a restart of this broker.
+    pub fn remember_peer_nonce(
+        &self,
+        asker: &str,
+        nonce: &str,
+        issued_at_ms: i64,
+        forget_before_ms: i64,
+    ) -> Result<bool, JournalError> {
+        let (asker, nonce) = (asker.to_string(), nonce.to_string());
+        self.write(true, move |ctx| {
+            peer_calls::remember_nonce(ctx, &asker, &nonce, issued_at_ms, forget_before_ms)
+        })
+    }
+
     /// The recorded peer call `caller_invocation` of `asker`.
     pub fn peer_call(
         &self,

@@ -1,5 +1,7 @@
 //! The `peer_calls` table (`0010_peer_calls.sql`): which invocation on this broker runs
-//! a federated peer's call, keyed by (asking broker, its invocation id).
+//! a federated peer's call, keyed by (asking broker, its invocation id); and the
+//! `peer_nonces` table (`0013_peer_nonces.sql`): the nonces of authenticated peer
+//! requests still inside their time window ([`remember_nonce`]).
 //!
 //! A row is written in the same transaction as the invocation's ACTION_ACCEPTED
 //! ([`accept`]), so the two exist together or not at all. Both commit before the
@@ -124,4 +126,27 @@ pub(super) fn accept(
             ctx.now_ms(),
         ])?;
     Ok(PeerAccept::Accepted { seq: appended.seq })
+}
+
+/// Records `nonce` of `asker` (issued at `issued_at_ms`), first forgetting every nonce
+/// issued before `forget_before_ms`. Whether it was new: `false` when it was already
+/// recorded (a replay).
+pub(super) fn remember_nonce(
+    ctx: &mut WriteCtx<'_>,
+    asker: &str,
+    nonce: &str,
+    issued_at_ms: i64,
+    forget_before_ms: i64,
+) -> Result<bool, JournalError> {
+    ctx.conn()
+        .prepare_cached("DELETE FROM peer_nonces WHERE issued_at_ms < ?1")?
+        .execute(params![forget_before_ms])?;
+    let inserted = ctx
+        .conn()
+        .prepare_cached(
+            "INSERT INTO peer_nonces (asker, nonce, issued_at_ms) VALUES (?1, ?2, ?3)
+             ON CONFLICT (asker, nonce) DO NOTHING",
+        )?
+        .execute(params![asker, nonce, issued_at_ms])?;
+    Ok(inserted == 1)
 }

@@ -28,6 +28,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0010_peer_calls.sql"),
     include_str!("migrations/0011_events_by_kind.sql"),
     include_str!("migrations/0012_peer_incident_index.sql"),
+    include_str!("migrations/0013_peer_nonces.sql"),
 ];
 
 /// Bytes a checkpointed WAL is truncated to (see `configure`).

@@ -4,12 +4,22 @@
 
 use ed25519_dalek::SigningKey;
 use postern_broker::federation::{
-    Answer, Attempts, Attestation, AttestationKind, CLOCK_SKEW_MS, InFlight, Incident, Next, Owner,
-    Request, Statement, TransportFault, Verdict, classify,
+    Answer, Attempts, Attestation, AttestationKind, CLOCK_SKEW_MS, CallBinding, InFlight, Incident,
+    Next, Owner, Request, Statement, TransportFault, Verdict, classify,
 };
 
 fn peer_key() -> SigningKey {
     SigningKey::from_bytes(&[21u8; 32])
+}
+
+/// The call the tests' attestations answer.
+fn call() -> CallBinding {
+    CallBinding {
+        caller: "postern.local/audit/a1".into(),
+        nonce: "00112233445566778899aabbccddeeff".into(),
+        invocation: Some("inv_a_1".into()),
+        attempt: Some(1),
+    }
 }
 
 fn request() -> Request {
@@ -19,6 +29,7 @@ fn request() -> Request {
         fingerprint: "blake3:feed".into(),
         policy_version: Some("policy-7".into()),
         in_flight: None,
+        call: Some(call()),
     }
 }
 
@@ -31,6 +42,7 @@ fn statement(kind: AttestationKind) -> Statement {
         policy_version: "policy-7".into(),
         issued_at_ms: 1_800_000_000_000,
         outcome_digest: (kind == AttestationKind::Outcome).then(|| "blake3:0c".into()),
+        call: call(),
     }
 }
 
@@ -185,7 +197,8 @@ fn a_policy_version_that_changes_mid_flight_abandons_the_attempt() {
         }
     );
     assert_eq!(Attempts::new().next(&verdict), Next::Abandon);
-    // Without a version known at the start there is nothing to compare: it classifies.
+    // Without a version known at the start there is nothing to compare, and a denial
+    // under a policy this broker cannot place is not terminal (issue 27): unknown.
     let unknown_start = Request {
         policy_version: None,
         ..request()
@@ -193,10 +206,10 @@ fn a_policy_version_that_changes_mid_flight_abandons_the_attempt() {
     let mut s = statement(AttestationKind::Denial);
     s.policy_version = "policy-8".into();
     let answer = attested(s.sign(&peer_key()));
-    assert_eq!(
+    assert!(matches!(
         classify(&answer, &peer_key().verifying_key(), &unknown_start),
-        Verdict::Denial
-    );
+        Verdict::Unknown { .. }
+    ));
 }
 
 #[test]
@@ -223,11 +236,11 @@ fn a_signed_outcome_is_done_and_survives_a_json_round_trip() {
 fn attestation_digests_match_an_independent_encoding() {
     assert_eq!(
         statement(AttestationKind::Denial).digest(),
-        "blake3:46fee9a8c1c69cd1e8ed0bd8b46abb586692a9262651ff632e6acf41df010b0d"
+        "blake3:dd1896c1919796038f687daa84e49f291c03443a6844d1c77fce401d1a84abde"
     );
     assert_eq!(
         statement(AttestationKind::Outcome).digest(),
-        "blake3:cfe62a6a4c0a155d11e10b3cdf67378ac4df4db5174b4e6538f4af05b03415ee"
+        "blake3:8e595e0b8c067d6b7f3b0347e6bf3d7a8d46841ba57741562d9c7d43e116abd7"
     );
 }
 
@@ -271,4 +284,89 @@ fn a_denial_issued_outside_the_call_it_answers_is_unknown_never_terminal() {
         assert!(reason.contains("replayed"), "{reason}");
         assert_eq!(Attempts::new().next(&verdict), Next::RetryAfterMs(500));
     }
+}
+
+// Regression: issue 27 (item 1). An attestation bound only to the request's content
+// was accepted as the answer to any call with that content: a committed outcome B signed
+// for one call, replayed by a relay for a new call, settled the new one. Every answer now
+// names the call it answers, and one naming another is unknown.
+#[test]
+fn an_answer_naming_another_call_is_unknown_never_a_verdict() {
+    type Edit = fn(&mut CallBinding);
+    let edits: [(&str, Edit); 5] = [
+        ("nonce", |c| {
+            c.nonce = "ffeeddccbbaa99887766554433221100".into()
+        }),
+        ("caller", |c| c.caller = "postern.local/audit/c3".into()),
+        ("invocation", |c| c.invocation = Some("inv_a_2".into())),
+        ("attempt", |c| c.attempt = Some(2)),
+        ("no invocation", |c| c.invocation = None),
+    ];
+    for kind in [
+        AttestationKind::Outcome,
+        AttestationKind::Denial,
+        AttestationKind::Unavailable,
+    ] {
+        assert!(
+            !matches!(verdict_of(attested(signed(kind))), Verdict::Unknown { .. }),
+            "the answer to this call verifies"
+        );
+        for (what, edit) in edits {
+            let mut other = statement(kind);
+            edit(&mut other.call);
+            let verdict = verdict_of(attested(other.sign(&peer_key())));
+            let Verdict::Unknown { reason } = &verdict else {
+                panic!("an answer to another call ({what}) was taken as {verdict:?}");
+            };
+            assert!(reason.contains("another call"), "{what}: {reason}");
+        }
+    }
+    // An answer checked against no call at all is unknown too.
+    let unbound = Request {
+        call: None,
+        ..request()
+    };
+    let verdict = classify(
+        &attested(signed(AttestationKind::Outcome)),
+        &peer_key().verifying_key(),
+        &unbound,
+    );
+    assert!(matches!(verdict, Verdict::Unknown { .. }), "{verdict:?}");
+}
+
+// Regression: issue 27 (item 3). A relay broke the asker's signature so that B signed
+// its honest "not authenticated" denial (policy `none`); with no policy version known
+// (after a restart), A recorded PEER_DENIED, retry never, and a policy incident. Such a
+// denial, and one under a policy the asker cannot place, is unknown.
+#[test]
+fn a_denial_under_no_policy_or_one_the_asker_cannot_place_is_unknown() {
+    let mut none = statement(AttestationKind::Denial);
+    none.policy_version = postern_broker::federation::serve::NO_POLICY.into();
+    let unplaced = Request {
+        policy_version: None,
+        ..request()
+    };
+    let key = peer_key().verifying_key();
+    for asked in [request(), unplaced.clone()] {
+        let verdict = classify(&attested(none.clone().sign(&peer_key())), &key, &asked);
+        let Verdict::Unknown { reason } = &verdict else {
+            panic!("a denial under no policy was taken as {verdict:?}");
+        };
+        assert!(reason.contains("could not authenticate"), "{reason}");
+    }
+    let verdict = classify(&attested(signed(AttestationKind::Denial)), &key, &unplaced);
+    let Verdict::Unknown { reason } = &verdict else {
+        panic!("a denial under an unplaced policy was taken as {verdict:?}");
+    };
+    assert!(reason.contains("cannot place"), "{reason}");
+    // Under the policy the call began with, it is terminal, as before.
+    assert_eq!(
+        classify(&attested(signed(AttestationKind::Denial)), &key, &request()),
+        Verdict::Denial
+    );
+    // Outcomes and unavailable need no placed policy.
+    assert_eq!(
+        classify(&attested(signed(AttestationKind::Outcome)), &key, &unplaced),
+        Verdict::Outcome
+    );
 }

@@ -50,6 +50,7 @@ fn answer(n: u32, kind: AttestationKind, signature: SignatureCheck) -> PeerAnswe
         policy_version: "policy-v1".into(),
         issued_at_ms: T0,
         outcome_digest: None,
+        call: Default::default(),
     }
     .sign(&SigningKey::from_bytes(&[9u8; 32]));
     PeerAnswer {

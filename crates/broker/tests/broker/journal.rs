@@ -714,6 +714,7 @@ fn a_peer_call_row_survives_a_restart_and_an_attestation_verifies_with_the_journ
         policy_version: "blake3:policy".into(),
         issued_at_ms: T0,
         outcome_digest: None,
+        call: Default::default(),
     });
     let request = Request {
         peer: "b".into(),
@@ -721,6 +722,7 @@ fn a_peer_call_row_survives_a_restart_and_an_attestation_verifies_with_the_journ
         fingerprint: "blake3:req".into(),
         policy_version: None,
         in_flight: None,
+        call: Some(Default::default()),
     };
     assert_eq!(attestation.verify(&key, &request), Ok(()));
 }

@@ -176,6 +176,7 @@ impl Listings {
             self.journal.now_ms(),
             super::nonce(),
         );
+        let call = federation::CallBinding::of(&auth, None, None);
         let args = serde_json::to_value(CapabilitiesArgs { auth }).unwrap_or_default();
         let sent_at_ms = self.journal.now_ms();
         let answered = session.call(TOOL_CAPABILITIES, args, timeout).await;
@@ -198,14 +199,18 @@ impl Listings {
         {
             return refused("the listing is not the one its attestation signed".into());
         }
+        let policy_version = answer.attestation.policy_version.clone();
+        // A listing is where this broker learns the peer's policy: the version it is
+        // signed under is the one a denial of it is placed under (B's refusal to
+        // authenticate, `NO_POLICY`, is still not a verdict).
         let asked = Request {
             peer: peer.key.name.clone(),
             capability: ALL_CAPABILITIES.to_string(),
             fingerprint: digest,
-            policy_version: None,
+            policy_version: Some(policy_version.clone()),
             in_flight,
+            call: Some(call),
         };
-        let policy_version = answer.attestation.policy_version.clone();
         match federation::classify(
             &Answer::Attested(Some(answer.attestation)),
             &peer.key.key,

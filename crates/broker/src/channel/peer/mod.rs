@@ -49,7 +49,8 @@ use crate::federation::wire::{
     self, CallAnswer, CallArgs, PeerOutcome, PeerRequest, ReconcileArgs, TOOL_CALL, TOOL_RECONCILE,
 };
 use crate::federation::{
-    self, Answer, Attempts, Attestation, InFlight, Incident, Next, Request as Asked, Verdict,
+    self, Answer, Attempts, Attestation, CallBinding, InFlight, Incident, Next, Request as Asked,
+    Verdict,
 };
 use crate::invocation::outcome::unrecorded;
 use crate::invocation::{
@@ -340,6 +341,8 @@ struct Received {
     stage: PeerStage,
     /// When the call was sent and its answer arrived (absent when no call left).
     in_flight: Option<InFlight>,
+    /// The call sent (absent when no call left): its answer must name exactly it.
+    call: Option<CallBinding>,
 }
 
 /// An answer classified and checked: the verdict, and what is recorded of it.
@@ -394,6 +397,7 @@ impl<'a, 'b> Run<'a, 'b> {
             fingerprint: attempt.bound().fingerprint.clone(),
             policy_version: op.policy_version.clone(),
             in_flight: None,
+            call: None,
         };
         Ok(Run {
             attempt,
@@ -476,6 +480,7 @@ impl<'a, 'b> Run<'a, 'b> {
                     outcome: None,
                     stage,
                     in_flight: None,
+                    call: None,
                 });
             }
         };
@@ -496,16 +501,24 @@ impl<'a, 'b> Run<'a, 'b> {
         let journal = self.attempt.journal();
         let id = self.attempt.invocation_id().to_string();
         let plan = &self.attempt.bound().plan;
+        let generation = self.attempt.recorder().generation();
         let auth = journal.sign_peer_auth(
             TOOL_CALL,
-            &wire::call_subject(&self.attempt.bound().fingerprint, &id),
+            &wire::call_subject(
+                &self.attempt.bound().fingerprint,
+                &id,
+                generation,
+                self.op.policy_version.as_deref(),
+            ),
             journal.now_ms(),
             nonce(),
         );
+        let call = CallBinding::of(&auth, Some(&id), Some(generation));
         let args = CallArgs {
             auth,
             request: plan.request.clone(),
             caller_invocation: id,
+            caller_attempt: generation,
             policy_version: self.op.policy_version.clone(),
         };
         let sent_at_ms = journal.now_ms();
@@ -522,6 +535,7 @@ impl<'a, 'b> Run<'a, 'b> {
             PeerStage::Call,
             sent_at_ms,
             journal,
+            call,
         ))
     }
 
@@ -771,6 +785,7 @@ fn received_call(
     stage: PeerStage,
     sent_at_ms: i64,
     journal: &Journal,
+    call: CallBinding,
 ) -> Received {
     let in_flight = Some(InFlight {
         sent_at_ms,
@@ -789,6 +804,7 @@ fn received_call(
         outcome,
         stage,
         in_flight,
+        call: Some(call),
     }
 }
 
@@ -802,6 +818,7 @@ fn classify_answer(
 ) -> Classified {
     let asked = Asked {
         in_flight: received.in_flight,
+        call: received.call.clone(),
         ..asked.clone()
     };
     let mut verdict = federation::classify(&received.answer, pinned, &asked);
@@ -1019,6 +1036,7 @@ impl Pipeline<Peer> {
             fingerprint: p.fingerprint.clone().unwrap_or_default(),
             policy_version: None,
             in_flight: None,
+            call: None,
         };
         let classified = classify_answer(received, &pinned, &asked);
         let mut record = classified.record.clone();
@@ -1083,21 +1101,26 @@ impl Pipeline<Peer> {
             .as_ref()
             .and_then(|s| s.last_verified.as_ref())
             .and_then(|a| a.peer_invocation.clone());
-        let (tool, args) = match known {
-            Some(peer_invocation) => (
-                TOOL_RECONCILE,
-                serde_json::to_value(ReconcileArgs {
-                    auth: journal.sign_peer_auth(
-                        TOOL_RECONCILE,
-                        &peer_invocation,
-                        journal.now_ms(),
-                        nonce(),
-                    ),
-                    capability: op.capability.clone(),
-                    invocation_id: peer_invocation,
-                    request_fingerprint: fingerprint,
-                }),
-            ),
+        let (tool, args, call) = match known {
+            Some(peer_invocation) => {
+                let auth = journal.sign_peer_auth(
+                    TOOL_RECONCILE,
+                    &wire::reconcile_subject(&peer_invocation, &op.capability, &fingerprint),
+                    journal.now_ms(),
+                    nonce(),
+                );
+                let call = CallBinding::of(&auth, None, None);
+                (
+                    TOOL_RECONCILE,
+                    serde_json::to_value(ReconcileArgs {
+                        auth,
+                        capability: op.capability.clone(),
+                        invocation_id: peer_invocation,
+                        request_fingerprint: fingerprint,
+                    }),
+                    call,
+                )
+            }
             None => {
                 let stored = journal
                     .load_request(&p.invocation_id)
@@ -1108,19 +1131,29 @@ impl Pipeline<Peer> {
                     .channel()
                     .validate(&request, &config)
                     .map_err(|i| i.message)?;
+                let generation = p.attempt.generation;
+                let auth = journal.sign_peer_auth(
+                    TOOL_CALL,
+                    &wire::call_subject(
+                        &fingerprint,
+                        &p.invocation_id,
+                        generation,
+                        op.policy_version.as_deref(),
+                    ),
+                    journal.now_ms(),
+                    nonce(),
+                );
+                let call = CallBinding::of(&auth, Some(&p.invocation_id), Some(generation));
                 (
                     TOOL_CALL,
                     serde_json::to_value(CallArgs {
-                        auth: journal.sign_peer_auth(
-                            TOOL_CALL,
-                            &wire::call_subject(&fingerprint, &p.invocation_id),
-                            journal.now_ms(),
-                            nonce(),
-                        ),
+                        auth,
                         request: v.plan.request,
                         caller_invocation: p.invocation_id.clone(),
+                        caller_attempt: generation,
                         policy_version: op.policy_version.clone(),
                     }),
+                    call,
                 )
             }
         };
@@ -1139,6 +1172,7 @@ impl Pipeline<Peer> {
             PeerStage::Reconcile,
             sent_at_ms,
             journal,
+            call,
         ))
     }
 }
