@@ -42,6 +42,17 @@ pub enum RelayMode {
     ForgeSignature,
     /// Removes the signature from every attestation in the upstream's answers.
     StripSignature,
+    /// Forwards the first `peer_call` and keeps its answer; answers every later
+    /// `peer_call` itself with that answer (its JSON-RPC id set to the new request's),
+    /// never forwarding it: a genuine, signed answer replayed for another call.
+    ReplayFirstAnswer,
+    /// Changes the first `peer_call`'s `policy_version` on the way and keeps the upstream's
+    /// answer to it; forwards every later `peer_call` unchanged but replaces the
+    /// upstream's answer with the kept one.
+    RewritePolicyThenSwap,
+    /// Answers `peer_capabilities` `503` itself, and renames the caller (`auth.peer`) of
+    /// every `peer_call` it forwards.
+    FailListingRenameCaller,
 }
 
 #[derive(Debug)]
@@ -54,6 +65,9 @@ struct State {
     limited: usize,
     /// Calls forwarded to the upstream whose answer the relay altered.
     altered: usize,
+    /// The answer kept by [`RelayMode::ReplayFirstAnswer`] or
+    /// [`RelayMode::RewritePolicyThenSwap`].
+    kept: Option<Bytes>,
 }
 
 /// A running relay, stopped on drop.
@@ -89,6 +103,7 @@ impl Relay {
             calls: Vec::new(),
             limited: 0,
             altered: 0,
+            kept: None,
         }));
         let shared = state.clone();
         let task = tokio::spawn(async move {
@@ -127,6 +142,7 @@ impl Relay {
         let mut state = lock(&self.state);
         state.mode = mode;
         state.limited = 0;
+        state.kept = None;
     }
 
     /// How many `tools/call` requests naming `tool` reached the relay.
@@ -171,11 +187,36 @@ async fn relay(state: Arc<Mutex<State>>, request: Request<Incoming>) -> Result<A
         .map_err(|e| io::Error::other(format!("reading the request: {e}")))?
         .to_bytes();
     let tool = called_tool(&body);
-    let (upstream, mode) = {
+    let is_call = tool.as_deref() == Some("peer_call");
+    let mut body = body;
+    let (upstream, mode, kept) = {
         let mut state = lock(&state);
         let mode = state.mode;
+        let kept = state.kept.clone();
         if let Some(tool) = &tool {
             state.calls.push(tool.clone());
+            match mode {
+                RelayMode::ReplayFirstAnswer if is_call => {
+                    if let Some(kept) = &kept {
+                        state.altered += 1;
+                        return Ok(json_answer(with_id_of(kept, &body)));
+                    }
+                }
+                RelayMode::RewritePolicyThenSwap if is_call && kept.is_none() => {
+                    body = rewrite_arguments(&body, |args| {
+                        args["policy_version"] = Value::from("blake3:rewritten-by-the-relay");
+                    });
+                }
+                RelayMode::FailListingRenameCaller if tool == "peer_capabilities" => {
+                    return Ok(unavailable());
+                }
+                RelayMode::FailListingRenameCaller if is_call => {
+                    body = rewrite_arguments(&body, |args| {
+                        args["auth"]["peer"] = Value::from("postern.local/audit/renamed");
+                    });
+                }
+                _ => {}
+            }
             if let RelayMode::RateLimit {
                 tool: limited_tool,
                 after,
@@ -189,7 +230,7 @@ async fn relay(state: Arc<Mutex<State>>, request: Request<Incoming>) -> Result<A
                 }
             }
         }
-        (state.upstream, mode)
+        (state.upstream, mode, kept)
     };
 
     let stream = TcpStream::connect(upstream).await?;
@@ -201,10 +242,12 @@ async fn relay(state: Arc<Mutex<State>>, request: Request<Incoming>) -> Result<A
         .method(parts.method)
         .uri(parts.uri.path_and_query().map_or("/", |p| p.as_str()));
     for (name, value) in &parts.headers {
-        if name != hyper::header::HOST {
+        // The body may have been rewritten: its length is the new body's.
+        if name != hyper::header::HOST && name != hyper::header::CONTENT_LENGTH {
             forwarded = forwarded.header(name, value);
         }
     }
+    let forwarded_body = body.clone();
     let forwarded = forwarded
         .header(hyper::header::HOST, upstream.to_string())
         .body(Full::new(body))
@@ -222,6 +265,16 @@ async fn relay(state: Arc<Mutex<State>>, request: Request<Incoming>) -> Result<A
         .map_err(|e| io::Error::other(format!("reading the answer: {e}")))?
         .to_bytes();
     let body = match mode {
+        RelayMode::ReplayFirstAnswer | RelayMode::RewritePolicyThenSwap if is_call => match kept {
+            None => {
+                lock(&state).kept = Some(body.clone());
+                body
+            }
+            Some(kept) => {
+                lock(&state).altered += 1;
+                Bytes::from(with_id_of(&kept, &forwarded_body))
+            }
+        },
         RelayMode::ForgeSignature | RelayMode::StripSignature => {
             match alter(&body, mode == RelayMode::StripSignature) {
                 Some(altered) => {
@@ -231,7 +284,7 @@ async fn relay(state: Arc<Mutex<State>>, request: Request<Incoming>) -> Result<A
                 None => body,
             }
         }
-        RelayMode::Pass | RelayMode::RateLimit { .. } => body,
+        _ => body,
     };
     let mut response = Response::builder().status(parts.status);
     for (name, value) in &parts.headers {
@@ -240,6 +293,63 @@ async fn relay(state: Arc<Mutex<State>>, request: Request<Incoming>) -> Result<A
         }
     }
     response.body(Full::new(body)).map_err(io::Error::other)
+}
+
+/// A `503` the relay answers itself.
+fn unavailable() -> Answer {
+    let mut answer = Response::new(Full::new(Bytes::from_static(b"unavailable\n")));
+    *answer.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    answer
+}
+
+/// A JSON answer the relay makes itself.
+fn json_answer(body: Vec<u8>) -> Answer {
+    let mut answer = Response::new(Full::new(Bytes::from(body)));
+    answer.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    answer
+}
+
+/// `answer` (a JSON-RPC response, plain or as server-sent events) with its id set to
+/// the id of `request`: a kept answer made to look like the answer to a new request.
+fn with_id_of(answer: &[u8], request: &[u8]) -> Vec<u8> {
+    let id = serde_json::from_slice::<Value>(request)
+        .ok()
+        .and_then(|r| r.get("id").cloned())
+        .unwrap_or(Value::Null);
+    let set = |mut v: Value| {
+        v["id"] = id.clone();
+        v.to_string()
+    };
+    if let Ok(value) = serde_json::from_slice::<Value>(answer) {
+        return set(value).into_bytes();
+    }
+    // Server-sent events: each `data:` line holds one message.
+    String::from_utf8_lossy(answer)
+        .lines()
+        .map(|line| match line.strip_prefix("data:") {
+            Some(data) => match serde_json::from_str::<Value>(data.trim()) {
+                Ok(v) if v.get("id").is_some() => format!("data: {}", set(v)),
+                _ => line.to_string(),
+            },
+            None => line.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        .into_bytes()
+}
+
+/// A `tools/call` request body with its arguments changed by `edit`.
+fn rewrite_arguments(body: &[u8], edit: impl FnOnce(&mut Value)) -> Bytes {
+    let Ok(mut value) = serde_json::from_slice::<Value>(body) else {
+        return Bytes::copy_from_slice(body);
+    };
+    if let Some(args) = value.get_mut("params").and_then(|p| p.get_mut("arguments")) {
+        edit(args);
+    }
+    Bytes::from(serde_json::to_vec(&value).unwrap_or_default())
 }
 
 fn too_many_requests() -> Answer {

@@ -443,6 +443,114 @@ async fn a_denial_whose_signature_is_forged_or_stripped_on_the_path_is_unknown_n
     assert_eq!(p.origin.requests().len(), 0);
 }
 
+/// How many calls of `asker` B's journal records (its `peer_calls` rows).
+fn b_calls(p: &Pair) -> i64 {
+    p.b.journal()
+        .query_row("SELECT count(*) FROM peer_calls", [], |r| r.get(0))
+        .unwrap()
+}
+
+// Regression: issue 27 (item 1). B's signed outcome for one call, replayed by the relay
+// as the answer to a new call with the same content, was accepted: the new call was
+// recorded committed, naming B's invocation of the first, while B never heard of it
+// and the origin was never reached. Every answer now names the call it answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_committed_answer_replayed_for_a_new_call_with_the_same_content_is_never_committed() {
+    let p = Pair::start(
+        Behavior::ok_json(r#"{"paid":true}"#),
+        "none",
+        Budgets::default(),
+    )
+    .await;
+    p.relay.set_mode(RelayMode::ReplayFirstAnswer);
+    let first = p.call("POST", "/charges", r#"{"amount":5}"#).await;
+    assert_eq!(first["outcome"], "committed", "{first}");
+    let second = p.call("POST", "/charges", r#"{"amount":5}"#).await;
+    assert_ne!(second["outcome"], "committed", "{second}");
+    assert!(second["result"].is_null(), "{second}");
+    assert_eq!(second["error"]["outcome"], "unknown", "{second}");
+    assert_eq!(code(&second), "PEER_CONTRACT_VIOLATION", "{second}");
+    assert_eq!(second["error"]["retry"], "reconcile", "{second}");
+    let id = invocation(&second);
+    assert_eq!(p.verdicts(&id), vec!["unknown"; 3]);
+    for answer in events(&p.a, &id, "PEER_ANSWER") {
+        assert!(
+            find(&answer, "reason")
+                .as_str()
+                .unwrap()
+                .contains("another call"),
+            "{answer}"
+        );
+    }
+    assert!(p.relay.altered() >= 3);
+    assert_eq!(b_calls(&p), 1, "B never heard of the second call");
+    assert_eq!(p.origin.effects(), 1);
+}
+
+// Regression: issue 27 (item 2). The relay rewrote `policy_version` on the first try, so
+// B signed a genuine `unavailable` for it; on every retry it swapped B's committed
+// outcome for that `unavailable`. A ended PEER_NOT_RUN / not_attempted / backoff while B
+// had run the call and the origin was charged. The asker's signature now covers the
+// policy version, and every answer names its call: never not_attempted here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_kept_from_a_changed_first_try_never_makes_an_executed_call_look_not_run() {
+    let p = Pair::start(
+        Behavior::ok_json(r#"{"paid":true}"#),
+        "none",
+        Budgets::default(),
+    )
+    .await;
+    // A knows B's policy (a verified listing) before the call, as it usually does.
+    let _ = p.agent.peer().list_tools(None).await;
+    p.relay.set_mode(RelayMode::RewritePolicyThenSwap);
+    let answer = p.call("POST", "/charges", r#"{"amount":7}"#).await;
+    assert_ne!(answer["error"]["outcome"], "not_attempted", "{answer}");
+    assert_eq!(answer["error"]["outcome"], "unknown", "{answer}");
+    assert_eq!(code(&answer), "PEER_CONTRACT_VIOLATION", "{answer}");
+    assert_eq!(answer["error"]["retry"], "reconcile", "{answer}");
+    // B ran it once; what B recorded and what the origin saw agree.
+    assert_eq!(p.origin.effects(), 1);
+    assert_eq!(b_calls(&p), 1);
+    let b_invocation: String =
+        p.b.journal()
+            .query_row("SELECT invocation_id FROM peer_calls", [], |r| r.get(0))
+            .unwrap();
+    assert_eq!(events(&p.b, &b_invocation, "RESULT_COMMITTED").len(), 1);
+    assert!(
+        p.incidents()
+            .iter()
+            .all(|i| i["kind"] != "transient_exhaustion")
+    );
+}
+
+// Regression: issue 27 (item 3). With no policy version known (the listing answered 503
+// by the relay), the relay renamed the caller, B signed its "not authenticated" denial
+// (policy `none`), and A recorded PEER_DENIED, retry never, and a policy incident, for
+// a capability B exports. Such a denial is unknown and a contract violation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denial_provoked_by_renaming_the_caller_without_a_known_policy_is_never_terminal() {
+    let p = Pair::start(Behavior::ok_json("{}"), "none", Budgets::default()).await;
+    p.relay.set_mode(RelayMode::FailListingRenameCaller);
+    let answer = p.call("POST", "/charges", "{}").await;
+    assert_ne!(code(&answer), "PEER_DENIED", "{answer}");
+    assert_ne!(answer["error"]["retry"], "never", "{answer}");
+    assert_eq!(code(&answer), "PEER_CONTRACT_VIOLATION", "{answer}");
+    let id = invocation(&answer);
+    assert_eq!(p.verdicts(&id), vec!["unknown"; 3]);
+    let incidents = p.incidents();
+    assert!(
+        incidents.iter().all(|i| i["kind"] != "policy"),
+        "{incidents:?}"
+    );
+    assert!(
+        incidents
+            .iter()
+            .any(|i| i["invocation_id"] == id.as_str() && i["kind"] == "contract_violation"),
+        "{incidents:?}"
+    );
+    assert_eq!(p.origin.requests().len(), 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rate_limiter_answering_429_is_transient_and_never_turns_into_a_denial() {
     let p = Pair::start(
