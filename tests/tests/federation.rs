@@ -118,6 +118,18 @@ impl Fixture {
             .collect()
     }
 
+    /// The retry the last FAILED event of `id` records.
+    fn recorded_retry(&self, id: &str) -> Retry {
+        self.events(id)
+            .into_iter()
+            .filter_map(|b| match b {
+                EventBody::Failed { retry, .. } => Some(retry),
+                _ => None,
+            })
+            .last()
+            .expect("a FAILED event")
+    }
+
     fn incidents(&self, id: &str) -> Vec<PeerIncident> {
         self.events(id)
             .into_iter()
@@ -361,6 +373,8 @@ async fn no_envelope_is_unknown_never_a_denial_and_a_contract_violation_after_li
         4,
         "the first ask and three retries"
     );
+    // Regression: issue 27 (item 5): the record said same_idempotency_key.
+    assert_eq!(f.recorded_retry(&out.invocation_id), Retry::Reconcile);
     let incidents = f.incidents(&out.invocation_id);
     assert_eq!(incidents.len(), 1);
     assert_eq!(incidents[0].incident, Incident::ContractViolation);
@@ -429,6 +443,8 @@ async fn a_denial_signed_by_another_key_is_unknown_and_never_terminal() {
         proof.attestation.map(|a| a.kind),
         Some(AttestationKind::Denial)
     );
+    // Regression: issue 27 (item 5): the record said same_idempotency_key.
+    assert_eq!(f.recorded_retry(&out.invocation_id), Retry::Reconcile);
     let incidents = f.incidents(&out.invocation_id);
     assert_eq!(incidents.len(), 1);
     assert_eq!(incidents[0].incident, Incident::ContractViolation);
@@ -754,6 +770,7 @@ async fn transport_errors_after_dispatch_leave_it_unknown_and_reconcile_asks_the
         Retry::SameIdempotencyKey,
         "the peer runs this invocation at most once"
     );
+    assert_eq!(f.recorded_retry(&out.invocation_id), env.error.retry);
     assert_eq!(
         env.evidence.idempotency.map(|i| i.key),
         Some(out.invocation_id.clone())

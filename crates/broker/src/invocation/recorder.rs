@@ -817,7 +817,7 @@ impl Recorder {
                 EventBody::Failed {
                     phase: Phase::RemoteExecution,
                     outcome: Outcome::Unknown,
-                    retry: p.retry(ctx.now_ms()),
+                    retry: p.retry_once_failed(code, ctx.now_ms()),
                     code,
                     message,
                     field,

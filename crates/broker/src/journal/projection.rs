@@ -846,11 +846,26 @@ impl Projection {
         self.recorded_retry.unwrap_or(Retry::Backoff)
     }
 
+    /// The retry an unknown outcome will have once a failure with `code` is recorded:
+    /// what a FAILED event records, so that the record and the answer built from the
+    /// projection after it agree (issue 27: a contract violation was recorded
+    /// `same_idempotency_key` while the agent was told `reconcile`).
+    pub fn retry_once_failed(&self, code: Code, now_ms: i64) -> Retry {
+        if self.delivery_failed && self.result_id.is_some() && self.result_expired.is_none() {
+            return Retry::FetchResult;
+        }
+        self.unknown_disposition_with(Some(code), now_ms)
+    }
+
     fn unknown_disposition(&self, now_ms: i64) -> Retry {
+        self.unknown_disposition_with(self.code, now_ms)
+    }
+
+    fn unknown_disposition_with(&self, code: Option<Code>, now_ms: i64) -> Retry {
         // A peer that broke the attestation contract is not trusted to de-duplicate,
         // and an unknown the peer itself records is settled there: both reconcile.
         if matches!(
-            self.code,
+            code,
             Some(Code::PeerContractViolation | Code::PeerOutcomeUnknown | Code::PeerPolicyChanged)
         ) {
             return Retry::Reconcile;
