@@ -35,12 +35,9 @@ pub const EMPTY_CONFIG: &str = "\
 /// the data dir, owner-only) when missing: what the console and `postern daemon` without
 /// `--config` start with.
 pub fn default_config(data_dir: &std::path::Path) -> std::io::Result<PathBuf> {
-    use std::os::unix::fs::DirBuilderExt;
     let config = data_dir.join("postern.toml");
     if !config.exists() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
+        postern_broker::platform::owner_only_dir(std::fs::DirBuilder::new().recursive(true))
             .create(data_dir)?;
         std::fs::write(&config, EMPTY_CONFIG)?;
     }
