@@ -37,7 +37,11 @@
 //!   buffered. Small bodies have a budget of their own, so a flood of large ones never
 //!   turns a small call (a `peer_capabilities` listing, an old peer's call) away.
 //! - Memory: a request's bytes go back to the budget when it ends, however it ends
-//!   (answered, refused, timed out, connection closed).
+//!   (answered, refused, timed out, connection closed). [`serve`] fixes the allocator's
+//!   thresholds for the process, so that a large block freed goes back to the operating
+//!   system at once, and once no large body is held the holes left in its arenas go
+//!   back too. Parsing a body briefly holds about one more copy of it, so the port's
+//!   large bodies take at most about twice [`LARGE_BODY_BUDGET`].
 //!
 //! The header proves nothing (it is not secret; the signature in the body is what
 //! authenticates): it only keeps parties that do not even know a pinned peer's key name
@@ -50,6 +54,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -117,6 +122,14 @@ const READ_BUFFER_BYTES: usize = 64 * 1024;
 /// Descriptors kept free for the agent socket's connections, the journal and outgoing
 /// connections when the process may not open many.
 const RESERVED_DESCRIPTORS: usize = 256;
+/// Blocks the allocator maps on their own ([`hand_large_blocks_back`]).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const ALLOCATOR_MMAP_BYTES: libc::c_int = 256 * 1024;
+/// Free bytes at the top of an arena past which it is trimmed ([`hand_large_blocks_back`]).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const ALLOCATOR_TRIM_BYTES: libc::c_int = 1024 * 1024;
+/// How often the port looks whether the heap large bodies were in is owed back.
+const TRIM_EVERY: Duration = Duration::from_secs(1);
 /// How long shutdown waits for the requests in flight.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -256,8 +269,12 @@ pub fn tools() -> Vec<Tool> {
     ]
 }
 
-fn parse<T: serde::de::DeserializeOwned>(request: &CallToolRequestParams) -> Result<T, McpError> {
-    let args = Value::Object(request.arguments.clone().unwrap_or_default());
+/// The arguments of `request`, taken out of it (a peer call's body travels in them, up
+/// to 16 MiB: never copied).
+fn parse<T: serde::de::DeserializeOwned>(
+    request: &mut CallToolRequestParams,
+) -> Result<T, McpError> {
+    let args = Value::Object(request.arguments.take().unwrap_or_default());
     serde_json::from_value(args)
         .map_err(|e| McpError::invalid_params(format!("{}: {e}", request.name), None))
 }
@@ -297,20 +314,21 @@ impl ServerHandler for Peering {
 
     async fn call_tool(
         &self,
-        request: CallToolRequestParams,
+        mut request: CallToolRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let result = match request.name.as_ref() {
+        let name = request.name.clone();
+        let result = match name.as_ref() {
             TOOL_CAPABILITIES => {
-                let args: CapabilitiesArgs = parse(&request)?;
+                let args: CapabilitiesArgs = parse(&mut request)?;
                 structured(&self.service.capabilities(args).map_err(not_answered)?)?
             }
             TOOL_CALL => {
-                let args: CallArgs = parse(&request)?;
+                let args: CallArgs = parse(&mut request)?;
                 structured(&self.service.call(args).await.map_err(not_answered)?)?
             }
             TOOL_RECONCILE => {
-                let args: ReconcileArgs = parse(&request)?;
+                let args: ReconcileArgs = parse(&mut request)?;
                 structured(&self.service.reconcile(args).await.map_err(not_answered)?)?
             }
             other => {
@@ -548,13 +566,56 @@ where
 struct Held<'a> {
     budget: &'a ByteBudget,
     bytes: usize,
+    /// Set when a large body is let go: the heap it was in is owed to the system.
+    trim_owed: Option<&'a AtomicBool>,
 }
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
         self.budget.give_back(self.bytes);
+        if let Some(owed) = self.trim_owed {
+            owed.store(true, Ordering::Release);
+        }
     }
 }
+
+/// Makes the allocator hand large freed blocks back to the operating system at once,
+/// for the whole process. glibc otherwise raises its thresholds to the largest block
+/// freed so far, after which blocks of that size come from its arenas and up to twice
+/// that stays resident in each arena once they are freed (issue 27: 1.66 GB still held
+/// after the connections closed; here, 70 to 115 MiB after a flood of whole 16 MiB
+/// bodies, against under 8 MiB with the thresholds fixed). With them fixed, blocks of
+/// [`ALLOCATOR_MMAP_BYTES`] or more are mapped and unmapped on their own, and the free
+/// top of an arena is trimmed past [`ALLOCATOR_TRIM_BYTES`]. Never called but by
+/// [`serve`]: a process without a peering port keeps glibc's defaults.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)]
+fn hand_large_blocks_back() {
+    // SAFETY: mallopt takes two integers and sets allocator parameters under the
+    // allocator's own lock; it may be called from any thread at any time.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, ALLOCATOR_MMAP_BYTES);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, ALLOCATOR_TRIM_BYTES);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn hand_large_blocks_back() {}
+
+/// Hands the free pages inside the allocator's arenas to the operating system (what the
+/// fixed thresholds of [`hand_large_blocks_back`] leave: holes between blocks in use).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)]
+fn release_freed_memory() {
+    // SAFETY: malloc_trim takes no pointer from us; it walks the allocator's own free
+    // lists under the allocator's locks and may be called from any thread at any time.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn release_freed_memory() {}
 
 /// What the peering port lets its connections hold: connection slots, in all and per
 /// source, and request-body bytes, large bodies against one budget and small ones
@@ -563,6 +624,8 @@ struct Gate {
     admission: Arc<Admission<Source>>,
     large: ByteBudget,
     small: ByteBudget,
+    /// A large body was let go since the freed heap was last handed back.
+    trim_owed: AtomicBool,
     timeouts: BodyTimeouts,
     is_pinned_peer: Box<dyn Fn(&str) -> bool + Send + Sync>,
 }
@@ -579,6 +642,7 @@ impl Gate {
             large: ByteBudget::new(large_budget),
             // One small body per connection: never the reason a small call is refused.
             small: ByteBudget::new(total.saturating_mul(SMALL_BODY_BYTES)),
+            trim_owed: AtomicBool::new(false),
             timeouts,
             is_pinned_peer,
         }
@@ -592,15 +656,24 @@ impl Gate {
 
     /// Takes what `intake` may hold from its budget, or `None` when it does not fit.
     fn reserve(&self, intake: Intake) -> Option<Held<'_>> {
-        let budget = if intake.is_large() {
-            &self.large
-        } else {
-            &self.small
-        };
+        let large = intake.is_large();
+        let budget = if large { &self.large } else { &self.small };
         let bytes = intake.limit();
         // `then`, never `then_some`: a Held made for bytes not taken would give them
         // back when dropped.
-        budget.take(bytes).then(|| Held { budget, bytes })
+        budget.take(bytes).then(|| Held {
+            budget,
+            bytes,
+            trim_owed: large.then_some(&self.trim_owed),
+        })
+    }
+
+    /// Hands the freed heap back once no large body is held any more (at most once per
+    /// [`TRIM_EVERY`]; never while one is held, so never during a flood's worst).
+    fn trim_if_owed(&self) {
+        if self.large.held() == 0 && self.trim_owed.swap(false, Ordering::AcqRel) {
+            release_freed_memory();
+        }
     }
 
     /// Answers one request: passes it to `handle` with its body read whole, once the
@@ -653,10 +726,13 @@ where
     let mut shutdown = std::pin::pin!(shutdown);
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
+    let mut tidy = tokio::time::interval(TRIM_EVERY);
+    tidy.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         while connections.try_join_next().is_some() {}
         tokio::select! {
             () = &mut shutdown => break,
+            _ = tidy.tick() => gate.trim_if_owed(),
             accepted = listener.accept() => {
                 let Ok((stream, peer)) = accepted else {
                     // Out of file descriptors and the like: back off, keep serving.
@@ -723,6 +799,7 @@ where
         Arc::new(NeverSessionManager::default()),
         config,
     );
+    hand_large_blocks_back();
     let pinned = service.clone();
     let gate = Arc::new(Gate::new(
         caps_for_descriptors(postern_broker::platform::raise_descriptor_limit()),
@@ -832,6 +909,30 @@ mod tests {
         assert_eq!(caps_for_descriptors(Some(1024)), (192, MAX_PER_SOURCE));
         assert_eq!(caps_for_descriptors(Some(300)), (11, 5));
         assert_eq!(caps_for_descriptors(Some(10)), (8, 4));
+    }
+
+    // Regression: issue 27 (item 4).
+    #[test]
+    fn the_heap_is_owed_back_once_no_large_body_is_held_and_only_then() {
+        let gate = Gate::new((8, 4), 4 * MAX_REQUEST_BYTES, QUICK, Box::new(pinned));
+        let large = Intake::Declared(SMALL_BODY_BYTES + 1);
+        let first = gate.reserve(large).unwrap();
+        let second = gate.reserve(large).unwrap();
+        drop(gate.reserve(Intake::Declared(10)).unwrap());
+        assert!(
+            !gate.trim_owed.load(Ordering::Acquire),
+            "a small body owes nothing"
+        );
+        drop(first);
+        gate.trim_if_owed();
+        assert!(
+            gate.trim_owed.load(Ordering::Acquire),
+            "not while a large body is still held"
+        );
+        drop(second);
+        assert_eq!(gate.large.held(), 0);
+        gate.trim_if_owed();
+        assert!(!gate.trim_owed.load(Ordering::Acquire));
     }
 
     /// A body whose pieces a test sends when it likes.
