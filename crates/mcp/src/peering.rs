@@ -76,7 +76,7 @@ use rmcp::service::{RequestContext, RoleServer};
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -130,6 +130,10 @@ const ALLOCATOR_MMAP_BYTES: libc::c_int = 256 * 1024;
 const ALLOCATOR_TRIM_BYTES: libc::c_int = 1024 * 1024;
 /// How often the port looks whether the heap large bodies were in is owed back.
 const TRIM_EVERY: Duration = Duration::from_secs(1);
+/// Connections the kernel holds for the port before it accepts them: a burst of a
+/// flood is turned away by the accept loop, not by dropping a peer's connection attempt
+/// (which it would only make again a second later).
+const LISTEN_BACKLOG: u32 = 4096;
 /// How long shutdown waits for the requests in flight.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -157,13 +161,23 @@ pub enum PeeringError {
 }
 
 /// Binds the peering port, refusing a non-loopback address unless `reach` is `Any`.
+/// Its backlog is [`LISTEN_BACKLOG`] (the system may hold it lower).
 pub async fn bind(addr: SocketAddr, reach: Reach) -> Result<TcpListener, PeeringError> {
     if reach == Reach::Loopback && !addr.ip().is_loopback() {
         return Err(PeeringError::NotLoopback(addr));
     }
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| PeeringError::Bind { addr, source })
+    let bound = || -> std::io::Result<TcpListener> {
+        let socket = if addr.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        #[cfg(unix)]
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        socket.listen(LISTEN_BACKLOG)
+    };
+    bound().map_err(|source| PeeringError::Bind { addr, source })
 }
 
 /// The MCP handler of one peering request.
