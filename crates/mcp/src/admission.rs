@@ -7,8 +7,12 @@
 //! kernel's backlog and, once it is full, are refused, which the bridge reports to its
 //! agent as BROKER_UNAVAILABLE (backoff). A user past its own cap is closed at once; the
 //! cap is below the total, so one user alone never fills it.
+//!
+//! The same slots, keyed by source address instead of user, cap the peering port's
+//! connections ([`crate::peering`]).
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use postern_broker::platform::UserId;
@@ -22,45 +26,39 @@ pub const MAX_PER_USER: usize = 64;
 /// process may not open many.
 const RESERVED_DESCRIPTORS: usize = 256;
 
-/// The broker's connection slots.
-pub struct Admission {
+/// The broker's connection slots, counted in all and per `K` (an OS user for agent
+/// connections; a source address for the peering port). A connection is never admitted
+/// past either cap, and its slot and count are never kept after it ends.
+pub struct Admission<K: Eq + Hash = UserId> {
     slots: Arc<Semaphore>,
-    per_user: Mutex<HashMap<UserId, usize>>,
-    max_per_user: usize,
+    per_key: Mutex<HashMap<K, usize>>,
+    max_per_key: usize,
 }
 
-/// One admitted connection; its slot and its user's count are given back when dropped.
-pub struct Admitted {
+/// One admitted connection; its slot and its key's count are given back when dropped.
+pub struct Admitted<K: Eq + Hash = UserId> {
     _slot: OwnedSemaphorePermit,
-    user: UserId,
-    admission: Arc<Admission>,
+    key: K,
+    admission: Arc<Admission<K>>,
 }
 
-impl Drop for Admitted {
+impl<K: Eq + Hash> Drop for Admitted<K> {
     fn drop(&mut self) {
         let mut counts = self
             .admission
-            .per_user
+            .per_key
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if let Some(n) = counts.get_mut(&self.user) {
+        if let Some(n) = counts.get_mut(&self.key) {
             *n = n.saturating_sub(1);
             if *n == 0 {
-                counts.remove(&self.user);
+                counts.remove(&self.key);
             }
         }
     }
 }
 
-impl Admission {
-    pub fn new(total: usize, per_user: usize) -> Arc<Admission> {
-        Arc::new(Admission {
-            slots: Arc::new(Semaphore::new(total)),
-            per_user: Mutex::new(HashMap::new()),
-            max_per_user: per_user,
-        })
-    }
-
+impl Admission<UserId> {
     /// The caps for a process that may hold `descriptors` open: [`MAX_CONNECTIONS`] and
     /// [`MAX_PER_USER`], lowered so that every connection's descriptor and the reserve
     /// fit.
@@ -73,25 +71,50 @@ impl Admission {
             .clamp(8, MAX_CONNECTIONS);
         Admission::new(room, MAX_PER_USER.min(room / 2).max(1))
     }
+}
+
+impl<K: Eq + Hash + Clone> Admission<K> {
+    /// `total` slots, at most `per_key` of them held by one key.
+    pub fn new(total: usize, per_key: usize) -> Arc<Admission<K>> {
+        Arc::new(Admission {
+            slots: Arc::new(Semaphore::new(total)),
+            per_key: Mutex::new(HashMap::new()),
+            max_per_key: per_key,
+        })
+    }
 
     /// Waits for a free slot: while none is free the caller does not accept.
     pub async fn slot(self: &Arc<Self>) -> Option<OwnedSemaphorePermit> {
         self.slots.clone().acquire_owned().await.ok()
     }
 
-    /// Admits a connection of `user` on `slot`; `None` when that user holds its cap.
-    pub fn admit(self: &Arc<Self>, slot: OwnedSemaphorePermit, user: &UserId) -> Option<Admitted> {
-        let mut counts = self.per_user.lock().unwrap_or_else(PoisonError::into_inner);
-        let held = counts.entry(user.clone()).or_insert(0);
-        if *held >= self.max_per_user {
+    /// A free slot now, or `None` when every slot is taken (never waits).
+    pub fn try_slot(self: &Arc<Self>) -> Option<OwnedSemaphorePermit> {
+        self.slots.clone().try_acquire_owned().ok()
+    }
+
+    /// Admits a connection of `key` on `slot`; `None` when that key holds its cap (the
+    /// slot is then free again at once).
+    pub fn admit(self: &Arc<Self>, slot: OwnedSemaphorePermit, key: &K) -> Option<Admitted<K>> {
+        let mut counts = self.per_key.lock().unwrap_or_else(PoisonError::into_inner);
+        let held = counts.entry(key.clone()).or_insert(0);
+        if *held >= self.max_per_key {
+            if *held == 0 {
+                counts.remove(key);
+            }
             return None;
         }
         *held += 1;
         Some(Admitted {
             _slot: slot,
-            user: user.clone(),
+            key: key.clone(),
             admission: self.clone(),
         })
+    }
+
+    /// The most connections one key may hold.
+    pub fn max_per_key(&self) -> usize {
+        self.max_per_key
     }
 
     /// Free slots right now.
@@ -152,11 +175,11 @@ mod tests {
     fn a_low_descriptor_limit_lowers_the_caps_and_keeps_a_reserve() {
         let low = Admission::for_descriptors(Some(1024));
         assert_eq!(low.free(), (1024 - RESERVED_DESCRIPTORS) / 2);
-        assert_eq!(low.max_per_user, MAX_PER_USER);
+        assert_eq!(low.max_per_key(), MAX_PER_USER);
         let high = Admission::for_descriptors(Some(65_536));
         assert_eq!(high.free(), MAX_CONNECTIONS);
         let tiny = Admission::for_descriptors(Some(100));
         assert_eq!(tiny.free(), 8);
-        assert_eq!(tiny.max_per_user, 4);
+        assert_eq!(tiny.max_per_key(), 4);
     }
 }

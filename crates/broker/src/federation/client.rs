@@ -2,15 +2,18 @@
 //! with a peer at `{url}/mcp`, the peering tools called through it, and what came back
 //! sorted into an answer at the attestation layer or a [`TransportFault`] below it.
 //!
-//! A session is opened per try ([`Session::open`]: the MCP handshake, which sends
-//! nothing of the call, so a failure there proves the call was not sent), then one
+//! A session is opened per try ([`Session::open_as`], or [`Session::open`] for a peer
+//! that needs no name: the MCP handshake, which sends nothing of the call, so a failure
+//! there proves the call was not sent), then one
 //! tool is called ([`Session::call`]) and the session closed. An answer is the tool
 //! result's `structuredContent` (or its first text content, parsed as JSON); a tool
 //! result that carries neither, or a JSON-RPC error from the peer, is an answer
 //! without an envelope: unknown, never a denial (seed 002).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
+use reqwest::header::{HeaderName, HeaderValue};
 use rmcp::ServiceExt;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::{RoleClient, RunningService, ServiceError};
@@ -25,6 +28,12 @@ use super::TransportFault;
 
 /// The largest answer read from a peer (its JSON): a call's response body travels in it.
 pub const MAX_ANSWER_BYTES: usize = 32 * 1024 * 1024;
+
+/// The request header naming the asking broker's key (its audit log origin), sent on
+/// every request of a session opened with [`Session::open_as`]. It proves nothing (the
+/// signed auth inside the body does); a peer reads it only to refuse, before buffering
+/// it, a large body from a party it does not pin.
+pub const PEER_HEADER: &str = "postern-peer";
 
 /// A failure below the attestation layer, with what was observed (for people).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -51,10 +60,37 @@ pub fn endpoint(url: &Url) -> String {
 }
 
 impl Session {
-    /// Opens a session with the peer at `url` (the MCP handshake), within `timeout`.
+    /// Opens a session with the peer at `url` (the MCP handshake), within `timeout`,
+    /// naming no one: a peer refuses a request body above its small-body threshold
+    /// (64 KiB) from such a session. Prefer [`Session::open_as`].
     pub async fn open(url: &Url, timeout: Duration) -> Result<Session, Fault> {
+        Session::open_with(url, timeout, HashMap::new()).await
+    }
+
+    /// [`Session::open`], sending [`PEER_HEADER`]`: caller_key_name` (the asking
+    /// broker's key name, as the peer pins it) on every request, so that the peer takes
+    /// request bodies of any size up to its maximum. A name that cannot be a header
+    /// value is not sent; the session then works as one from [`Session::open`].
+    pub async fn open_as(
+        url: &Url,
+        timeout: Duration,
+        caller_key_name: &str,
+    ) -> Result<Session, Fault> {
+        let mut headers = HashMap::new();
+        if let Ok(value) = HeaderValue::from_str(caller_key_name) {
+            headers.insert(HeaderName::from_static(PEER_HEADER), value);
+        }
+        Session::open_with(url, timeout, headers).await
+    }
+
+    async fn open_with(
+        url: &Url,
+        timeout: Duration,
+        headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<Session, Fault> {
         let mut config = StreamableHttpClientTransportConfig::with_uri(endpoint(url));
         config.max_json_response_size = MAX_ANSWER_BYTES;
+        config.custom_headers = headers;
         let transport = StreamableHttpClientTransport::from_config(config);
         match tokio::time::timeout(timeout, ().serve(transport)).await {
             Err(_) => Err(Fault {
@@ -166,5 +202,50 @@ mod tests {
         }
         let behind = Url::parse("https://gw.example/postern/").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(endpoint(&behind), "https://gw.example/postern/mcp");
+    }
+
+    /// The head of the first request a session sends, read by a server that answers
+    /// every request with a 500.
+    async fn first_request_head(open: impl AsyncFnOnce(Url) -> Result<Session, Fault>) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = Url::parse(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+        let server = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = stream.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the client closed before its headers");
+                head.extend_from_slice(&buf[..n]);
+            }
+            let _ = stream
+                .write_all(b"HTTP/1.1 500 No\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                .await;
+            String::from_utf8_lossy(&head).to_ascii_lowercase()
+        });
+        assert!(open(url).await.is_err());
+        server.await.unwrap()
+    }
+
+    // Regression: issue 27 (item 4).
+    #[tokio::test]
+    async fn a_session_opened_as_a_broker_names_it_on_its_requests_and_one_opened_plainly_does_not()
+    {
+        let timeout = Duration::from_secs(5);
+        let named =
+            first_request_head(async |url| Session::open_as(&url, timeout, "postern-7f3a9c").await)
+                .await;
+        assert!(
+            named.contains(&format!("\r\n{PEER_HEADER}: postern-7f3a9c\r\n")),
+            "{named}"
+        );
+        let plain = first_request_head(async |url| Session::open(&url, timeout).await).await;
+        assert!(!plain.contains(PEER_HEADER), "{plain}");
+        // A name that cannot be a header value is left out, not an error of its own.
+        let odd =
+            first_request_head(async |url| Session::open_as(&url, timeout, "bad\nname").await)
+                .await;
+        assert!(!odd.contains(PEER_HEADER), "{odd}");
     }
 }
