@@ -122,11 +122,11 @@ impl Fixture {
     fn recorded_retry(&self, id: &str) -> Retry {
         self.events(id)
             .into_iter()
-            .filter_map(|b| match b {
+            .rev()
+            .find_map(|b| match b {
                 EventBody::Failed { retry, .. } => Some(retry),
                 _ => None,
             })
-            .last()
             .expect("a FAILED event")
     }
 

@@ -551,6 +551,24 @@ async fn a_denial_provoked_by_renaming_the_caller_without_a_known_policy_is_neve
     assert_eq!(p.origin.requests().len(), 0);
 }
 
+// Issue 27 (item 4): B takes a body above 64 KiB only from a session that names a
+// pinned peer in `Postern-Peer`; A names itself on every request, so a large call
+// goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_with_a_large_body_goes_through_the_guarded_peering_port() {
+    let p = Pair::start(
+        Behavior::ok_json(r#"{"ok":true}"#),
+        "none",
+        Budgets::default(),
+    )
+    .await;
+    let body = format!(r#"{{"blob":"{}"}}"#, "x".repeat(200 * 1024));
+    let answer = p.call("POST", "/uploads", &body).await;
+    assert_eq!(answer["outcome"], "committed", "{answer}");
+    assert_eq!(p.origin.effects(), 1);
+    assert_eq!(p.relay.calls(PEER_CALL), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rate_limiter_answering_429_is_transient_and_never_turns_into_a_denial() {
     let p = Pair::start(

@@ -219,9 +219,10 @@ async fn call_with_body(
         body_base64: base64::engine::general_purpose::STANDARD.encode(&body),
         ..PeerRequest::default()
     };
-    let subject = wire::call_subject(&request.fingerprint(&body), caller_invocation);
+    let subject = wire::call_subject(&request.fingerprint(&body), caller_invocation, 1, None);
     let auth = PeerAuth::sign(&a.key, TOOL_CALL, &a.name, &subject, now_ms(), nonce());
-    let args = json!({"auth": auth, "request": request, "caller_invocation": caller_invocation});
+    let args = json!({"auth": auth, "request": request,
+                      "caller_invocation": caller_invocation, "caller_attempt": 1});
     let answer = session.call(TOOL_CALL, args, timeout).await;
     session.close().await;
     match answer {

@@ -166,7 +166,8 @@ impl Listings {
             return State::Refused(ListingError::NotCalled(peer.name.clone()));
         };
         let timeout = peer.timeout.min(LISTING_TIMEOUT);
-        let session = match Session::open(url, timeout).await {
+        let me = crate::audit::log_origin(&self.journal.verifying_key());
+        let session = match Session::open_as(url, timeout, &me).await {
             Ok(s) => s,
             Err(f) => return refused(f.to_string()),
         };

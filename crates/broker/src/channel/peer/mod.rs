@@ -472,7 +472,8 @@ impl<'a, 'b> Run<'a, 'b> {
         } else {
             PeerStage::Setup
         };
-        let session = match Session::open(&self.url, self.per_try).await {
+        let me = crate::audit::log_origin(&self.attempt.journal().verifying_key());
+        let session = match Session::open_as(&self.url, self.per_try, &me).await {
             Ok(s) => s,
             Err(fault) => {
                 return Ok(Received {
@@ -1159,7 +1160,8 @@ impl Pipeline<Peer> {
         };
         let args = args.map_err(|e| e.to_string())?;
         let sent_at_ms = journal.now_ms();
-        let answered = match Session::open(&url, per_try).await {
+        let me = crate::audit::log_origin(&journal.verifying_key());
+        let answered = match Session::open_as(&url, per_try, &me).await {
             Err(fault) => Err(fault),
             Ok(session) => {
                 let answered = session.call(tool, args, per_try).await;
