@@ -175,16 +175,10 @@ impl BridgeReport {
     pub fn of_this_process() -> Option<BridgeReport> {
         let me = std::process::id();
         let (parent_pid, _) = platform::process_start(me)?;
-        let parent_executable_digest = match platform::process_image(parent_pid) {
-            Some(image) => digest_file(&image),
-            None => ExecutableDigest::Unreadable {
-                reason: "the platform did not name the executable".to_string(),
-            },
-        };
         Some(BridgeReport {
             parent_pid,
             parent_executable: platform::process_executable(parent_pid),
-            parent_executable_digest,
+            parent_executable_digest: image_digest(parent_pid),
             bridge_executable: platform::process_executable(me),
         })
     }
@@ -324,6 +318,17 @@ fn hash_file(path: &Path) -> ExecutableDigest {
     }
 }
 
+/// The digest of the executable process `pid` runs ([`platform::process_image`]), or
+/// why there is none.
+fn image_digest(pid: u32) -> ExecutableDigest {
+    match platform::process_image(pid) {
+        Some(image) => digest_file(&image),
+        None => ExecutableDigest::Unreadable {
+            reason: "the platform did not name the executable".to_string(),
+        },
+    }
+}
+
 /// Reads process `pid` (from /proc on Linux; see [`crate::platform`] elsewhere) and
 /// hashes its executable. `None` when the process is gone, or when it is no longer the
 /// process that started at `expected_start_ticks` (a recycled pid).
@@ -332,12 +337,7 @@ pub fn observe_process(pid: u32, expected_start_ticks: Option<u64>) -> Option<Pr
     if expected_start_ticks.is_some_and(|t| t != start_ticks) {
         return None;
     }
-    let executable_digest = match platform::process_image(pid) {
-        Some(image) => digest_file(&image),
-        None => ExecutableDigest::Unreadable {
-            reason: "the platform did not name the executable".to_string(),
-        },
-    };
+    let executable_digest = image_digest(pid);
     let uid = platform::process_uid(pid);
     let sid = platform::process_sid(pid);
     let user = match (uid, &sid) {

@@ -9,7 +9,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -24,6 +23,7 @@ use postern_tests::relay::{Relay, RelayMode};
 
 mod support;
 
+use support::peers::peering_addr;
 use support::{Daemon, POSTERN, SECRET};
 
 const PEER_CALL: &str = "peer_call";
@@ -119,18 +119,6 @@ backoff_ms = {backoff_ms}
 max_backoff_ms = {max_backoff_ms}
 "#
     )
-}
-
-/// Where B serves peers, from its start-up line.
-fn peering_addr(daemon: &Daemon) -> SocketAddr {
-    let line = daemon
-        .stderr_line("postern: peering on ", Duration::from_secs(10))
-        .unwrap_or_else(|| panic!("no peering line: {}", daemon.stderr()));
-    let url = line.trim().trim_start_matches("postern: peering on ");
-    url.trim_start_matches("http://")
-        .trim_end_matches("/mcp")
-        .parse()
-        .unwrap_or_else(|e| panic!("{url}: {e}"))
 }
 
 impl Pair {

@@ -4,7 +4,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use base64::Engine;
@@ -22,37 +21,26 @@ use postern_broker::federation::wire::{
 use postern_broker::federation::{
     Answer, Attestation, AttestationKind, Request, Verdict, classify,
 };
-use postern_broker::transparency::note::{KeyAlg, VerifierKey};
+use postern_broker::transparency::note::VerifierKey;
 use postern_tests::adversary::{Adversary, Behavior};
 
 mod support;
 
+use support::peers::{Asker, nonce, now_ms};
 use support::{Daemon, SECRET};
 
-/// Broker A as B sees it: a key pinned in B's `[[peer]]`.
-struct Asker {
-    key: SigningKey,
-    name: String,
+/// The `peer_call` arguments an asker signs.
+trait Calls {
+    fn call(&self, request: &PeerRequest, caller_invocation: &str) -> Value;
+    fn call_under(
+        &self,
+        request: &PeerRequest,
+        caller_invocation: &str,
+        policy_version: Option<&str>,
+    ) -> Value;
 }
 
-impl Asker {
-    fn new(seed: u8) -> Asker {
-        let key = SigningKey::from_bytes(&[seed; 32]);
-        let name = postern_broker::audit::log_origin(&key.verifying_key());
-        Asker { key, name }
-    }
-
-    /// The key as `[[peer]] key` pins it.
-    fn pin(&self) -> String {
-        VerifierKey::new(&self.name, KeyAlg::Ed25519, self.key.verifying_key())
-            .unwrap()
-            .encode()
-    }
-
-    fn auth(&self, tool: &str, subject: &str) -> PeerAuth {
-        PeerAuth::sign(&self.key, tool, &self.name, subject, now_ms(), nonce())
-    }
-
+impl Calls for Asker {
     fn call(&self, request: &PeerRequest, caller_invocation: &str) -> Value {
         self.call_under(request, caller_invocation, None)
     }
@@ -74,23 +62,6 @@ impl Asker {
             "policy_version": policy_version,
         })
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
-
-/// A nonce never used before by this process.
-fn nonce() -> [u8; 16] {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::SeqCst);
-    let seed = format!("{}-{n}-{}", std::process::id(), now_ms());
-    blake3::hash(seed.as_bytes()).as_bytes()[..16]
-        .try_into()
-        .unwrap()
 }
 
 fn body_of(request: &PeerRequest) -> Vec<u8> {

@@ -27,7 +27,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ed25519_dalek::SigningKey;
 use reqwest::Url;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -39,7 +38,6 @@ use postern_broker::federation::client::{PEER_HEADER, Session};
 use postern_broker::federation::wire::{
     self, CallAnswer, CapabilitiesAnswer, PeerAuth, PeerRequest, TOOL_CALL, TOOL_CAPABILITIES,
 };
-use postern_broker::transparency::note::{KeyAlg, VerifierKey};
 use postern_mcp::peering::{
     LARGE_BODY_BUDGET, MAX_PER_SOURCE, MAX_REQUEST_BYTES, SMALL_BODY_BYTES,
 };
@@ -47,6 +45,7 @@ use postern_mcp::peering::{
 mod support;
 
 use support::Daemon;
+use support::peers::{Asker, nonce, now_ms, peering_addr, resident_bytes};
 
 const MIB: u64 = 1024 * 1024;
 /// What A's listing may take while a flood runs (it takes milliseconds without one).
@@ -54,42 +53,6 @@ const LEGIT_BOUND: Duration = Duration::from_secs(5);
 
 /// One test at a time: each flood wants the machine's descriptors and cores to itself.
 static FLOODS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// Broker A as B pins it.
-struct Asker {
-    key: SigningKey,
-    name: String,
-}
-
-impl Asker {
-    fn new() -> Asker {
-        let key = SigningKey::from_bytes(&[27; 32]);
-        let name = postern_broker::audit::log_origin(&key.verifying_key());
-        Asker { key, name }
-    }
-
-    fn pin(&self) -> String {
-        VerifierKey::new(&self.name, KeyAlg::Ed25519, self.key.verifying_key())
-            .unwrap()
-            .encode()
-    }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
-
-fn nonce() -> [u8; 16] {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::SeqCst);
-    let seed = format!("{}-{n}-{}", std::process::id(), now_ms());
-    blake3::hash(seed.as_bytes()).as_bytes()[..16]
-        .try_into()
-        .unwrap()
-}
 
 /// B exports `payments` to A (its origin is never called here).
 fn b_config(a: &Asker) -> String {
@@ -121,28 +84,13 @@ struct B {
 impl B {
     fn start(a: &Asker) -> B {
         let daemon = support::start_daemon_args(&b_config(a), &["--peer-listen", "127.0.0.1:0"]);
-        let line = daemon
-            .stderr_line("postern: peering on ", Duration::from_secs(10))
-            .unwrap_or_else(|| panic!("no peering line: {}", daemon.stderr()));
-        let addr = line
-            .trim()
-            .trim_start_matches("postern: peering on http://")
-            .trim_end_matches("/mcp")
-            .parse()
-            .unwrap();
+        let addr = peering_addr(&daemon);
         B { daemon, addr }
     }
 
     /// B's resident memory (VmRSS), in bytes.
     fn resident(&self) -> u64 {
-        let status =
-            std::fs::read_to_string(format!("/proc/{}/status", self.daemon.pid())).unwrap();
-        let kb: u64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap();
-        kb * 1024
+        resident_bytes(self.daemon.pid())
     }
 
     /// How many descriptors B holds open.
@@ -236,7 +184,7 @@ async fn call_with_body(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_call_is_taken_only_from_a_session_naming_a_pinned_peer() {
     let _one = FLOODS.lock().await;
-    let a = Asker::new();
+    let a = Asker::new(27);
     let b = B::start(&a);
     let large = SMALL_BODY_BYTES; // base64 and JSON make it larger than the threshold
     // `nope` is not exported: B's signed denial is the answer, its origin never called.
@@ -382,7 +330,7 @@ async fn flood_large_bodies(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_large_bodies_holds_b_to_its_budget_and_the_memory_is_given_back() {
     let _one = FLOODS.lock().await;
-    let a = Asker::new();
+    let a = Asker::new(27);
     let b = B::start(&a);
     let usual = b.usual_latency(&a).await;
     let base = b.resident();
@@ -589,7 +537,7 @@ async fn a_trickle_flood_is_held_to_the_per_source_cap_and_cut() {
         count >= 2_000,
         "this test needs at least 3,000 descriptors (RLIMIT_NOFILE hard limit {limit})"
     );
-    let a = Arc::new(Asker::new());
+    let a = Arc::new(Asker::new(27));
     let b = Arc::new(B::start(&a));
     let usual = b.usual_latency(&a).await;
     let base_descriptors = b.descriptors();

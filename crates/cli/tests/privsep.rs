@@ -25,6 +25,7 @@ use serde_json::{Value, json};
 use postern_console::operator::{MAX_REQUEST, OperatorClient};
 use postern_tests::adversary::{Adversary, Behavior};
 
+use support::peers::resident_bytes;
 use support::{Bridge, POSTERN, target_approved};
 
 const CANARY: &str = "pstn-privsep-canary-51c9";
@@ -321,6 +322,17 @@ fn http_call(id: i64, url: &str) -> Value {
            "params": {"name": "http_request", "arguments": {"url": url, "method": "GET"}}})
 }
 
+/// The operator user's first pending approval card, waited for.
+async fn operator_pending_card(accounts: &Accounts, layout: &Layout) -> Value {
+    pending_card(async || {
+        let (code, cards, stderr) =
+            operator_as(accounts, &accounts.operator, layout, &["approvals"]);
+        assert_eq!(code, 0, "{stderr}");
+        cards
+    })
+    .await
+}
+
 /// Waits for one pending approval card through `list`.
 async fn pending_card(list: impl AsyncFn() -> Value) -> Value {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -419,13 +431,7 @@ async fn the_agent_user_reaches_only_the_agent_socket_and_an_operator_approves()
     assert!(bridge.send_json(&http_call(2, &server.url("/v1/pay"))));
 
     // The operator user sees the card and approves exactly its fingerprint.
-    let card = pending_card(async || {
-        let (code, cards, stderr) =
-            operator_as(&accounts, &accounts.operator, &layout, &["approvals"]);
-        assert_eq!(code, 0, "{stderr}");
-        cards
-    })
-    .await;
+    let card = operator_pending_card(&accounts, &layout).await;
     let id = card["invocation_id"].as_str().unwrap().to_string();
     let fingerprint = card["fingerprint"].as_str().unwrap().to_string();
     let digest = card["card_digest"].as_str().unwrap().to_string();
@@ -481,12 +487,7 @@ async fn bridges_of_two_users_under_one_supervisor_never_share_a_session_or_its_
     let accounts = Accounts::create();
     let (layout, daemon) = start_separated_approving(&accounts, &server.base_url(), "session");
     store_credential(&layout.operator_socket()).await;
-    let approvals = async || {
-        let (code, cards, stderr) =
-            operator_as(&accounts, &accounts.operator, &layout, &["approvals"]);
-        assert_eq!(code, 0, "{stderr}");
-        cards
-    };
+
     // This test process (root) plays the supervisor: both bridges are its children.
     let bridge_as = |user: &str| {
         let mut command = accounts.command_as(user, &layout.binary());
@@ -497,7 +498,7 @@ async fn bridges_of_two_users_under_one_supervisor_never_share_a_session_or_its_
     };
     let mut first = bridge_as(&accounts.agent);
     assert!(first.send_json(&http_call(2, &server.url("/v1/pay"))));
-    let card = pending_card(approvals).await;
+    let card = operator_pending_card(&accounts, &layout).await;
     assert_eq!(card["mode"], "session", "{card}");
     let (code, _, stderr) = operator_as(
         &accounts,
@@ -518,7 +519,7 @@ async fn bridges_of_two_users_under_one_supervisor_never_share_a_session_or_its_
     // Another user's bridge under the same parent asks for its own card.
     let mut second = bridge_as(&accounts.operator);
     assert!(second.send_json(&http_call(3, &server.url("/v1/pay"))));
-    let card = pending_card(approvals).await;
+    let card = operator_pending_card(&accounts, &layout).await;
     let operator_uid = accounts.id(&accounts.operator, "-u");
     assert_eq!(card["recorded_agent"]["uid"], json!(operator_uid), "{card}");
     assert_eq!(
@@ -603,13 +604,7 @@ async fn an_agent_with_a_forged_argv_is_named_by_what_the_kernel_says_and_its_cl
     let mut bridge = Bridge::spawn_with(command, &layout.agent_socket());
     bridge.initialize();
     assert!(bridge.send_json(&http_call(2, &server.url("/v1/items/42"))));
-    let card = pending_card(async || {
-        let (code, cards, stderr) =
-            operator_as(&accounts, &accounts.operator, &layout, &["approvals"]);
-        assert_eq!(code, 0, "{stderr}");
-        cards
-    })
-    .await;
+    let card = operator_pending_card(&accounts, &layout).await;
     let recorded = &card["recorded_agent"];
     // Known for certain.
     assert_eq!(
@@ -1435,17 +1430,6 @@ fn the_bridge_sends_nothing_to_a_listener_behind_another_users_symlink() {
     assert!(message.contains(&why), "{message}");
     assert!(message.contains("nothing was sent"), "{message}");
     assert!(stderr.contains(&why), "stderr says so too: {stderr}");
-}
-
-/// The resident memory of process `pid`, in bytes.
-fn resident_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap();
-    kb * 1024
 }
 
 // Regression: issue 26 (item 4). One agent user's connections, each holding an

@@ -15,6 +15,8 @@ use serde_json::{Value, json};
 use postern_broker::vault::{CredentialKind, Keychain, KeychainBackend, Secret, Vault};
 use postern_tests::fixture::test_service;
 
+pub mod peers;
+
 pub const POSTERN: &str = env!("CARGO_BIN_EXE_postern");
 pub const SECRET: &str = "pstn-bridge-canary-7d2e";
 
