@@ -31,6 +31,17 @@ ensure_rust_tools() {
     fi
 }
 
+# The Windows target and its C cross-compiler, to check that the engine, the MCP
+# layer, the console and the CLI still build for Windows (nothing here runs them).
+WINDOWS_TARGET=x86_64-pc-windows-gnu
+ensure_windows_target() {
+    ensure_apt_packages gcc-mingw-w64-x86-64
+    if command -v rustup >/dev/null; then
+        rustup target list --installed 2>/dev/null | grep -qx "$WINDOWS_TARGET" \
+            || rustup target add "$WINDOWS_TARGET"
+    fi
+}
+
 # What the desktop console builds and runs against (Tauri v2 on WebKitGTK).
 DESKTOP_PACKAGES=(libwebkit2gtk-4.1-dev libgtk-3-dev librsvg2-dev libayatana-appindicator3-dev
     libssl-dev pkg-config build-essential libxdo-dev)
