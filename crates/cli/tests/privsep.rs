@@ -1538,6 +1538,7 @@ sys.stdin.read()
     };
     assert_eq!(error["code"], "BROKER_UNAVAILABLE", "{error}");
     assert_eq!(error["retry"], "backoff", "{error}");
+    assert_eq!(error["phase"], "validation", "{error}");
     assert!(
         error["message"]
             .as_str()

@@ -74,6 +74,7 @@ pub fn refused_line(message: &str) -> Vec<u8> {
         "method": REFUSED,
         "params": {
             "code": Code::BrokerUnavailable,
+            "phase": Code::BrokerUnavailable.spec().phase,
             "outcome": Outcome::NotAttempted,
             "retry": Retry::Backoff,
             "message": message,

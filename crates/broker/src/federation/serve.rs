@@ -40,9 +40,8 @@
 //! hash-chained journal with unauthenticated requests until it fills the disk and sends
 //! B into low-space mode, refusing B's own agents.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine;
@@ -148,8 +147,6 @@ pub type RefusalLog = Arc<dyn Fn(&str) + Send + Sync>;
 /// Broker B's answers to its peers.
 pub struct PeerService {
     broker: Arc<Broker>,
-    /// (asker key name, nonce) → issued-at, for auths verified within the window.
-    nonces: Mutex<HashMap<(String, String), i64>>,
     /// Set when the daemon is stopping: new calls are answered `unavailable`.
     stopping: AtomicBool,
     log: RefusalLog,
@@ -157,7 +154,8 @@ pub struct PeerService {
 
 /// One exported target and the request to run against it.
 struct Prepared {
-    request: HttpRequest,
+    /// `None` when the request is not one of an exported target's.
+    request: Option<HttpRequest>,
     capability: String,
     fingerprint: String,
 }
@@ -167,7 +165,6 @@ impl PeerService {
     pub fn new(broker: Arc<Broker>, log: RefusalLog) -> PeerService {
         PeerService {
             broker,
-            nonces: Mutex::new(HashMap::new()),
             stopping: AtomicBool::new(false),
             log,
         }
@@ -275,25 +272,13 @@ impl PeerService {
             }
             Err(e) => return Err(AuthFailure::Denied(e.to_string())),
         }
-        let nonce = auth.nonce.to_ascii_lowercase();
-        {
-            let mut seen = self
-                .nonces
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            // Verification refuses an auth outside the window, so older nonces can go.
-            seen.retain(|_, issued| (now_ms - *issued).abs() <= AUTH_WINDOW_MS);
-            let key = (auth.peer.clone(), nonce.clone());
-            if seen.contains_key(&key) {
-                return Err(AuthFailure::NotAnswered(NotAnswered::Replayed));
-            }
-            seen.insert(key, auth.issued_at_ms);
-        }
-        // The journal's memory outlives a restart; a request whose nonce it cannot
-        // record is not answered at all (unsigned: the asker asks again).
+        // The journal keeps the nonces (one write decides, also between concurrent
+        // requests) and outlives a restart; a request whose nonce it cannot record is
+        // not answered at all (unsigned: the asker asks again). Verification refuses an
+        // auth outside the window, so older nonces are forgotten.
         match self.journal().remember_peer_nonce(
             &auth.peer,
-            &nonce,
+            &auth.nonce.to_ascii_lowercase(),
             auth.issued_at_ms,
             now_ms - 2 * AUTH_WINDOW_MS,
         ) {
@@ -412,30 +397,16 @@ impl PeerService {
             }
         };
         let policy = config.export_policy_version(&peer.name).unwrap_or_default();
-        // A call already recorded here is answered from its record, whatever the export
-        // policy says now: a denial or `unavailable` then always means that this caller
-        // invocation never ran here, which is what lets the asker end it not_attempted
-        // (issue 27). One that ended unsent for a transient reason may run anew below.
-        match self
-            .journal()
-            .peer_call(&peer.key.name, &args.caller_invocation)
-        {
-            Ok(Some(row)) => {
-                if row.request_fingerprint != fingerprint || row.capability != capability {
-                    return Err(NotAnswered::CallerInvocationReused(
-                        args.caller_invocation.clone(),
-                    ));
-                }
-                if let Recorded::Answer(answer) = self.recorded(&row.invocation_id).await {
-                    return Ok(self.answer(&about, &row.policy_version, answer));
-                }
-            }
-            Ok(None) => {}
-            // Whether it ran here cannot be read: nothing may be signed about it.
-            Err(e) => return Err(NotAnswered::Unrecorded(e.to_string())),
-        }
-        let Some(request) = exported_request(&config, peer, &args, body) else {
-            // Not exported, no such target, or a path that leaves the target: one answer.
+        // Not exported, no such target, or a path that leaves the target: denied, unless
+        // the call is already recorded here (`run_once`).
+        let prepared = Prepared {
+            request: exported_request(&config, peer, &args, body),
+            capability: capability.clone(),
+            fingerprint: fingerprint.clone(),
+        };
+        let Some((answer, decided_under)) = self.run_once(peer, &args, &policy, &prepared).await?
+        else {
+            // One answer for all of them.
             self.refused(
                 tool,
                 &args.auth.peer,
@@ -444,12 +415,6 @@ impl PeerService {
             );
             return Ok(self.denial(&about, &policy));
         };
-        let prepared = Prepared {
-            request,
-            capability: capability.clone(),
-            fingerprint: fingerprint.clone(),
-        };
-        let (answer, decided_under) = self.run_once(peer, &args, &policy, &prepared).await?;
         Ok(self.answer(&about, &decided_under, answer))
     }
 
@@ -477,18 +442,20 @@ impl PeerService {
         args: &CallArgs,
         policy: &str,
         prepared: &Prepared,
-    ) -> Result<(Answer, String), NotAnswered> {
+    ) -> Result<Option<(Answer, String)>, NotAnswered> {
         let asker = peer.key.name.as_str();
         let caller_invocation = args.caller_invocation.as_str();
         let journal = self.journal();
-        let unavailable = || Ok((Answer::Unavailable, policy.to_string()));
+        let unavailable = || Ok(Some((Answer::Unavailable, policy.to_string())));
         let mut replacing = None;
         // A concurrent first call may win the row between the read and the write; the
         // loop then reads its record (a bounded number of times).
         for _ in 0..3 {
             let existing = match journal.peer_call(asker, caller_invocation) {
                 Ok(existing) => existing,
-                Err(_) => return unavailable(),
+                // Whether it ran here cannot be read: nothing may be signed about it
+                // (`unavailable` would attest that it never ran).
+                Err(e) => return Err(NotAnswered::Unrecorded(e.to_string())),
             };
             if let Some(row) = existing.filter(|r| Some(&r.invocation_id) != replacing.as_ref()) {
                 if row.request_fingerprint != prepared.fingerprint
@@ -498,13 +465,19 @@ impl PeerService {
                         caller_invocation.to_string(),
                     ));
                 }
+                // Answered from its record whatever the export policy says now, so a
+                // denial or `unavailable` always means that this caller invocation
+                // never ran here: what lets the asker end it not_attempted (issue 27).
                 match self.recorded(&row.invocation_id).await {
-                    Recorded::Answer(answer) => return Ok((answer, row.policy_version)),
+                    Recorded::Answer(answer) => return Ok(Some((answer, row.policy_version))),
                     Recorded::Rerun => replacing = Some(row.invocation_id),
                 }
                 continue;
             }
             // Only something new to run meets these; a recorded call is answered above.
+            let Some(request) = &prepared.request else {
+                return Ok(None);
+            };
             if let Some(reason) = self.unable() {
                 self.refused(wire::TOOL_CALL, asker, &prepared.capability, &reason);
                 return unavailable();
@@ -530,7 +503,7 @@ impl PeerService {
                 .broker
                 .http
                 .channel()
-                .accepted(&prepared.request, &self.broker.config.current());
+                .accepted(request, &self.broker.config.current());
             let new = NewInvocation {
                 invocation_id: id.clone(),
                 channel: events::Channel::Http,
@@ -567,8 +540,8 @@ impl PeerService {
                 Ok(PeerAccept::Existing(_)) => continue,
                 Ok(PeerAccept::Accepted { .. }) => {}
             }
-            let answer = self.run_accepted(&id, session, prepared).await;
-            return Ok((answer, policy.to_string()));
+            let answer = self.run_accepted(&id, session, request).await;
+            return Ok(Some((answer, policy.to_string())));
         }
         unavailable()
     }
@@ -576,7 +549,7 @@ impl PeerService {
     /// Runs an accepted invocation to its end on its own task: the asker going away
     /// (a timeout, a reset) never cuts B's invocation short, and a repeat finds its
     /// record.
-    async fn run_accepted(&self, id: &str, session: String, prepared: &Prepared) -> Answer {
+    async fn run_accepted(&self, id: &str, session: String, request: &HttpRequest) -> Answer {
         let rec = match Recorder::resume(self.journal(), id) {
             Ok(rec) => rec,
             Err(_) => return Answer::Unavailable,
@@ -588,7 +561,7 @@ impl PeerService {
             parent: None,
         };
         let http = self.broker.http.clone();
-        let request = prepared.request.clone();
+        let request = request.clone();
         let task = tokio::spawn(async move { http.run_accepted(rec, &request, &ctx).await });
         match task.await {
             Ok(outcome) => Answer::of_outcome(outcome),
