@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex};
 
 use russh::client;
-use russh::keys::{HashAlg, PrivateKeyWithHashAlg, PublicKey, PublicKeyOrCertificate};
+use russh::keys::{HashAlg, PublicKey, PublicKeyOrCertificate};
 use russh::{ChannelMsg, Sig};
 
 use super::{Armed, ExitSignal, Ssh, SshOutcome, SshResult, StoredExec, destination};
@@ -236,7 +236,7 @@ pub(super) async fn attempt(
     };
 
     // user_auth.
-    let hash = if armed.key.algorithm().is_rsa() {
+    let hash = if armed.key.is_rsa() {
         match bounded!(handle.best_supported_rsa_hash()) {
             // Never fall back to SHA-1 signatures (`ssh-rsa`).
             Ok(Ok(Some(Some(h)))) => Some(h),
@@ -249,17 +249,34 @@ pub(super) async fn attempt(
     } else {
         None
     };
-    let auth = bounded!(handle.authenticate_publickey(
+    let mut signer = super::signer::ThreadSigner(&armed.key);
+    let auth = bounded!(handle.authenticate_publickey_with(
         p.target.user.clone(),
-        PrivateKeyWithHashAlg::new(armed.key.clone(), hash)
+        armed.key.public().clone(),
+        hash,
+        &mut signer
     ));
     match auth {
         Ok(Ok(r)) if r.success() => {}
         Ok(Ok(_)) => {
             return setup_failed(&attempt, Stage::UserAuth, Code::SshAuthFailed, "");
         }
+        Ok(Err(e @ super::signer::KeyError::Session)) => {
+            return setup_failed(
+                &attempt,
+                Stage::UserAuth,
+                Code::SshHandshakeFailed,
+                &e.to_string(),
+            );
+        }
+        // The key thread failed: the broker's doing, and nothing was sent.
         Ok(Err(e)) => {
-            return handshake_failed(&attempt, Stage::UserAuth, e);
+            return setup_failed(
+                &attempt,
+                Stage::UserAuth,
+                Code::BrokerUnavailable,
+                &e.to_string(),
+            );
         }
         Err(stop) => return setup_stopped(&attempt, Stage::UserAuth, stop),
     }

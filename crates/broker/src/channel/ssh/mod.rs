@@ -13,11 +13,12 @@
 //! (first seen); approving pins it, and the command is sent again as a new invocation.
 
 mod exec;
+mod signer;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use russh::keys::{PrivateKey, PublicKey};
+use russh::keys::PublicKey;
 use serde::{Deserialize, Serialize};
 
 use crate::action::{NormalizedAction, NormalizedSsh};
@@ -182,7 +183,8 @@ pub struct Plan {
 
 /// One attempt's key and host-key pin.
 pub struct Armed {
-    key: Arc<PrivateKey>,
+    /// The key, on a thread of its own (see [`signer`]).
+    key: signer::KeySigner,
     pinned: Option<PublicKey>,
     redactor: Redactor,
 }
@@ -321,18 +323,22 @@ impl Channel for Ssh {
 
     fn arm(&self, _config: &Config, bound: &Bound<Plan>, secret: Secret) -> Result<Armed, Failure> {
         let redactor = key_redactor(secret.expose());
-        let key = decode_key(secret.expose());
-        // The PEM decoder leaves pieces of the key in dead stack frames.
-        crate::channel::redact::wipe_stack_below();
-        let key = key.ok_or_else(|| Failure {
-            phase: Phase::CredentialInjection,
-            code: Code::KeyDecryptionFailed,
-            retry: Retry::AfterCorrection,
-            message:
-                "The stored credential is not an unencrypted OpenSSH private key; nothing was sent."
+        let key = signer::KeySigner::start(secret).map_err(|e| match e {
+            signer::KeyError::NotAKey => Failure {
+                phase: Phase::CredentialInjection,
+                code: Code::KeyDecryptionFailed,
+                retry: Retry::AfterCorrection,
+                message: "The stored credential is not an unencrypted OpenSSH private key; \
+                          nothing was sent."
                     .into(),
+            },
+            other => Failure {
+                phase: Phase::CredentialInjection,
+                code: Code::BrokerUnavailable,
+                retry: Retry::Backoff,
+                message: format!("The key could not be prepared ({other}); nothing was sent."),
+            },
         })?;
-        drop(secret);
         let pinned = match &bound.plan.target.host_key {
             Some(text) => Some(PublicKey::from_openssh(text).map_err(|e| Failure {
                 phase: Phase::Validation,
@@ -343,7 +349,7 @@ impl Channel for Ssh {
             None => None,
         };
         Ok(Armed {
-            key: Arc::new(key),
+            key,
             pinned,
             redactor,
         })
@@ -387,14 +393,6 @@ impl Pipeline<Ssh> {
 
 /// The private key text, and each line of its armored body, so output that echoes the
 /// key (whole or line by line) is scrubbed.
-/// The private key in `secret`, in a frame of its own so that the wipe after it reaches
-/// every frame the decoder used.
-#[inline(never)]
-fn decode_key(secret: &[u8]) -> Option<PrivateKey> {
-    let text = std::str::from_utf8(secret).ok()?;
-    russh::keys::decode_secret_key(text, None).ok()
-}
-
 fn key_redactor(secret: &[u8]) -> Redactor {
     // Borrowed from `secret` when it is UTF-8 (an OpenSSH key is); any copy is wiped.
     let text = zeroize::Zeroizing::new(String::from_utf8_lossy(secret).into_owned());
