@@ -146,7 +146,7 @@ pub struct SessionOpened {
     pub bridge_report: Option<BridgeReport>,
 }
 
-/// What a bridge reports, as the first line of its connection, about the process that
+/// What a bridge reports, right after the agent's `initialize` request, about the process that
 /// started it (the agent, read through the bridge's own `/proc/PPID/exe`, which works
 /// where the broker runs as another user) and about itself. Recorded and shown as a
 /// claim: any program the agent starts can send it.
