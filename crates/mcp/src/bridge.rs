@@ -34,10 +34,12 @@
 //! pipes have no path to walk; the daemon creates its pipe as the first instance.
 //!
 //! # What the bridge says about the agent
-//! Its first line to the broker is a [`BRIDGE_REPORT`] notification: its parent's pid,
-//! executable path and blake3, and its own path. The bridge runs as the agent's user and
-//! can read what a broker running as another user cannot; the broker records it as a
-//! claim beside what it read itself.
+//! Right after the agent's `initialize` request it sends the broker a [`BRIDGE_REPORT`]
+//! notification: its parent's pid, executable path and blake3, and its own path. The
+//! bridge runs as the agent's user and can read what a broker running as another user
+//! cannot; the broker records it as a claim beside what it read itself. After the
+//! initialize request, not before it: a broker from before the report takes any
+//! notification ahead of `initialize` as a broken handshake, and ignores one after it.
 //!
 //! # With no broker
 //! It still answers, as an MCP server whose every tool call returns BROKER_UNAVAILABLE
@@ -116,14 +118,11 @@ pub async fn run(socket: &Path) -> Result<(), BridgeError> {
                 drop(stream);
                 return unavailable(untrusted_message(socket, &why), agent_input()).await;
             }
-            let mut stream = stream;
-            // The report goes first; a connection that cannot take it fails the relay
-            // the same way.
-            let _ = stream.write_all(&report_line().await).await;
             // One reader of stdin for the session, whoever serves it: a second one would
             // lose what the first had read.
             let mut input = agent_input();
-            match relay(stream, &mut input, agent_output(), true).await {
+            let report = Some(report_line().await);
+            match relay_reporting(stream, &mut input, agent_output(), true, report).await {
                 End::BrokerClosed => Err(BridgeError::BrokerClosed(socket.display().to_string())),
                 // The agent keeps an MCP server that says why, as with no broker.
                 End::Refused(message) => unavailable(message, input).await,
@@ -790,6 +789,8 @@ struct Shared<O> {
     started: AtomicBool,
     /// The broker refused the connection ([`REFUSED`]): its params.
     refused: Mutex<Option<Value>>,
+    /// The bridge's report, sent once, right after the agent's `initialize` request.
+    report: Mutex<Option<Vec<u8>>>,
 }
 
 impl<O: AsyncWrite + Unpin> Shared<O> {
@@ -871,6 +872,8 @@ where
             }
             Verdict::Drop(why) => log_dropped(&why),
             Verdict::Forward { text, kind } => {
+                let initialize =
+                    matches!(&kind, Kind::Request { method, .. } if method == "initialize");
                 match kind {
                     Kind::Request { id, method } => shared.pending_insert(id, method),
                     _ if !shared.started.load(Ordering::SeqCst) => {
@@ -888,6 +891,14 @@ where
                 let mut line = text.into_bytes();
                 line.push(b'\n');
                 if to_broker.send(line).await.is_err() {
+                    return AgentEnd::BrokerGone;
+                }
+                let report = initialize
+                    .then(|| shared.report.lock().ok().and_then(|mut r| r.take()))
+                    .flatten();
+                if let Some(report) = report
+                    && to_broker.send(report).await.is_err()
+                {
                     return AgentEnd::BrokerGone;
                 }
             }
@@ -992,6 +1003,23 @@ where
     I: AsyncRead + Unpin,
     O: AsyncWrite + Unpin,
 {
+    relay_reporting(upstream, input, output, acknowledge, None).await
+}
+
+/// [`relay`], sending `report` (a [`BRIDGE_REPORT`] line) right after the agent's
+/// `initialize` request.
+pub async fn relay_reporting<U, I, O>(
+    upstream: U,
+    input: I,
+    output: O,
+    acknowledge: bool,
+    report: Option<Vec<u8>>,
+) -> End
+where
+    U: AsyncRead + AsyncWrite + Send + 'static,
+    I: AsyncRead + Unpin,
+    O: AsyncWrite + Unpin,
+{
     let (upstream_read, mut upstream_write) = tokio::io::split(upstream);
     // One writer to the broker: agent messages and delivery acknowledgements.
     let (to_broker, mut outgoing) = mpsc::channel::<Vec<u8>>(256);
@@ -1011,6 +1039,7 @@ where
         answered: Notify::new(),
         started: AtomicBool::new(false),
         refused: Mutex::new(None),
+        report: Mutex::new(report),
     };
     let end = {
         let from_agent = agent_to_broker(input, &shared, to_broker.clone());
@@ -1468,6 +1497,59 @@ mod tests {
         assert_eq!(seen.len(), 2, "{seen:?}");
         assert_eq!(seen[1]["method"], DELIVERED);
         assert_eq!(seen[1]["params"]["id"], 1);
+    }
+
+    // A broker from before the report takes a notification ahead of `initialize` as a
+    // broken handshake: the bridge sends its report right after the initialize request,
+    // which such a broker (an rmcp server that knows nothing of it) ignores. The session
+    // then works as before.
+    #[tokio::test]
+    async fn a_server_that_knows_no_report_still_serves_a_bridge_that_sends_one() {
+        let (bridge_side, server_side) = tokio::io::duplex(64 * 1024);
+        let server = tokio::spawn(async move {
+            let server = Unavailable {
+                message: "no broker here".into(),
+            };
+            if let Ok(running) = server.serve(server_side).await {
+                let _ = running.waiting().await;
+            }
+        });
+        let (agent_out, bridge_in) = tokio::io::duplex(64 * 1024);
+        let (bridge_out, agent_in) = tokio::io::duplex(64 * 1024);
+        let relaying = tokio::spawn(async move {
+            let report = br#"{"jsonrpc":"2.0","method":"notifications/postern/bridge_report","params":null}"#;
+            let mut report = report.to_vec();
+            report.push(b'\n');
+            relay_reporting(bridge_side, bridge_in, bridge_out, false, Some(report)).await
+        });
+        let mut agent_out = agent_out;
+        let mut agent_in = BufReader::new(agent_in).lines();
+        agent_out
+            .write_all(
+                b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},\"clientInfo\":{\"name\":\"t\",\"version\":\"1\"}}}\n",
+            )
+            .await
+            .unwrap();
+        let init: Value =
+            serde_json::from_str(&agent_in.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(init["id"], 1, "{init}");
+        assert!(init.get("result").is_some(), "{init}");
+        agent_out
+            .write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"tools/list\"}\n")
+            .await
+            .unwrap();
+        let listed: Value =
+            serde_json::from_str(&agent_in.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(listed["id"], 2, "{listed}");
+        assert!(
+            listed["result"]["tools"]
+                .as_array()
+                .is_some_and(|t| !t.is_empty()),
+            "{listed}"
+        );
+        drop(agent_out);
+        let _ = relaying.await;
+        server.abort();
     }
 
     #[tokio::test]

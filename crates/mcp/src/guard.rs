@@ -8,8 +8,9 @@
 //! session has handled each one.
 //!
 //! A bridge's report of the agent that started it ([`BRIDGE_REPORT`]) is taken from the
-//! connection's first line and put where the session reads it; it never reaches the MCP
-//! layer. A malformed one is dropped. Later lines are never taken as a report.
+//! line right after the connection's `initialize` request (or from its first line) and
+//! put where the session reads it; it never reaches the MCP layer. A malformed one is
+//! dropped. No later line is ever taken as a report.
 //!
 //! The guard is a reader the MCP layer reads through, not a task of its own: a line goes
 //! from the socket to the MCP layer's buffer in the same poll, with no pipe between two
@@ -64,8 +65,11 @@ pub(crate) struct GuardedInput<R> {
     /// The connection ended (or failed): nothing more will be read from it.
     ended: bool,
     acks: Arc<Acks>,
-    /// Where the bridge report goes, until the first line has been looked at.
+    /// Where the bridge report goes, while it may still come: before the first line, and
+    /// right after a first line that is an `initialize` request.
     report: Option<Arc<OnceLock<BridgeReport>>>,
+    /// Complete lines looked at so far (up to 2: all the report rule needs).
+    lines: u8,
 }
 
 impl<R> GuardedInput<R> {
@@ -92,6 +96,7 @@ impl<R> GuardedInput<R> {
             ended: false,
             acks,
             report: None,
+            lines: 0,
         }
     }
 
@@ -136,14 +141,23 @@ impl<R> GuardedInput<R> {
 
     /// The gathered line is complete: it goes on, unless it nests too deep.
     fn pass_line(&mut self) {
-        if let Some(slot) = self.report.take()
+        self.lines = self.lines.saturating_add(1);
+        let slot = self.report.take();
+        if let Some(slot) = &slot
             && let Some(report) = bridge_report(&self.line)
         {
             // Taken (or dropped as malformed), never handed on.
             if let Ok(report) = report {
                 let _ = slot.set(report);
             }
-        } else if !nesting_exceeds(&self.line, MAX_DEPTH) {
+            self.drop_line();
+            return;
+        }
+        // The report may still follow a first line that is the initialize request.
+        if self.lines == 1 && is_initialize(&self.line) {
+            self.report = slot;
+        }
+        if !nesting_exceeds(&self.line, MAX_DEPTH) {
             if is_ack(&self.line) {
                 self.acks.forwarded.fetch_add(1, Ordering::SeqCst);
             }
@@ -216,6 +230,16 @@ impl<R: AsyncRead + Unpin> AsyncRead for GuardedInput<R> {
             }
         }
     }
+}
+
+/// Whether `line` is an MCP `initialize` request.
+fn is_initialize(line: &[u8]) -> bool {
+    if memchr::memmem::find(line, b"initialize").is_none() {
+        return false;
+    }
+    serde_json::from_slice::<serde_json::Value>(line).is_ok_and(|v| {
+        v.get("method").and_then(|m| m.as_str()) == Some("initialize") && v.get("id").is_some()
+    })
 }
 
 /// `None` when `line` is not a bridge report; else the report, or why it was not taken.
@@ -502,15 +526,22 @@ mod tests {
     }
 
     const INIT: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize"}"#;
+    const INITIALIZED: &str = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
 
     #[test]
-    fn the_first_lines_bridge_report_is_taken_and_never_passed_on() {
+    fn the_bridge_report_after_initialize_or_first_is_taken_and_never_passed_on() {
         let hex = "ab".repeat(32);
-        let (passed, report) = reported(format!("{}\n{INIT}\n", report_line(7, &hex)).as_bytes());
+        let report = report_line(7, &hex);
+        // Where the bridge sends it: right after the initialize request.
+        let (passed, taken) = reported(format!("{INIT}\n{report}\n{INITIALIZED}\n").as_bytes());
+        assert_eq!(passed, format!("{INIT}\n{INITIALIZED}\n"));
+        let taken = taken.unwrap();
+        assert_eq!(taken.parent_pid, 7);
+        assert_eq!(taken.parent_executable.as_deref(), Some("/usr/bin/agent"));
+        // As the connection's first line.
+        let (passed, taken) = reported(format!("{report}\n{INIT}\n").as_bytes());
         assert_eq!(passed, format!("{INIT}\n"));
-        let report = report.unwrap();
-        assert_eq!(report.parent_pid, 7);
-        assert_eq!(report.parent_executable.as_deref(), Some("/usr/bin/agent"));
+        assert!(taken.is_some());
     }
 
     #[test]
@@ -520,11 +551,17 @@ mod tests {
             reported(format!("{}\n{INIT}\n", report_line(7, "not-hex")).as_bytes());
         assert_eq!(passed, format!("{INIT}\n"));
         assert!(report.is_none());
-        // After the first line, a report is an ordinary line for the MCP layer.
+        // Anywhere else, a report is an ordinary line for the MCP layer: after a first
+        // line that is not the initialize request, or after the line that follows it.
         let later = report_line(8, &"cd".repeat(32));
-        let (passed, report) = reported(format!("{INIT}\n{later}\n").as_bytes());
-        assert_eq!(passed, format!("{INIT}\n{later}\n"));
-        assert!(report.is_none());
+        for sent in [
+            format!("{INITIALIZED}\n{later}\n"),
+            format!("{INIT}\n{INITIALIZED}\n{later}\n"),
+        ] {
+            let (passed, report) = reported(sent.as_bytes());
+            assert_eq!(passed, sent);
+            assert!(report.is_none(), "{sent}");
+        }
         // A first line dropped as too long is still the first line.
         let long = format!("{}\n{later}\n", "x".repeat(LIMIT + 1));
         let (passed, report) = reported(long.as_bytes());

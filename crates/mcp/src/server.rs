@@ -151,8 +151,8 @@ impl Sessions {
 }
 
 /// The SESSION_OPENED record of one connection: read from /proc and written when the
-/// agent's bridge opens the MCP session (its `initialize`), or by the first call that
-/// needs it, whichever comes first; awaited by every call that would run an invocation.
+/// agent's MCP session opens (its `notifications/initialized`), or by the first call
+/// that needs it, whichever comes first; awaited by every call that would run an invocation.
 /// A bare connection that never speaks MCP (a liveness probe) records nothing.
 struct Opening {
     /// Set once the recording has been started, so it runs once per connection.
@@ -232,6 +232,9 @@ impl Session {
     /// Starts reading the agent from /proc (hashing its executable off the async
     /// threads) and appending SESSION_OPENED. Runs once per connection.
     pub fn start_recording(&self) {
+        // Held while the task is started and stored: a call waiting in `opened` (the
+        // `initialized` notification and the first call run concurrently) finds it.
+        let slot = self.opening.task.lock();
         if self.opening.started.swap(true, Ordering::SeqCst) {
             return;
         }
@@ -241,7 +244,7 @@ impl Session {
             Ok(runtime) => {
                 let task =
                     runtime.spawn_blocking(move || record_opening(&broker, &identity, report));
-                if let Ok(mut slot) = self.opening.task.lock() {
+                if let Ok(mut slot) = slot {
                     *slot = Some(task);
                 }
             }
@@ -922,15 +925,20 @@ impl ServerHandler for Session {
         server_info()
     }
 
-    /// The MCP session opens: who the agent is gets recorded now, before any call.
     async fn initialize(
         &self,
         request: InitializeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, McpError> {
-        self.start_recording();
         context.peer.set_peer_info(request.clone());
         self.negotiate_initialize(&request)
+    }
+
+    /// The MCP session is open (the client's `notifications/initialized`): who the
+    /// agent is gets recorded now, before any call. Not at `initialize`: the bridge's
+    /// report follows the initialize request, and is in by the time this arrives.
+    async fn on_initialized(&self, _context: NotificationContext<RoleServer>) {
+        self.start_recording();
     }
 
     async fn list_tools(
