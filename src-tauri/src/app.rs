@@ -230,10 +230,10 @@ pub fn start(args: &Args) -> Result<Started, String> {
         Duration::from_secs(args.approval_timeout.max(1)),
         Arc::new(SystemClock),
     ));
-    let broker =
-        daemon::open_broker(&daemon_args, Some(approvals.clone())).map_err(|e| e.to_string())?;
+    let engine = postern_console::headless::open_broker(&daemon_args, Some(approvals.clone()))
+        .map_err(|e| e.to_string())?;
     let console = Arc::new(Console::new(
-        broker,
+        engine,
         Arc::new(Sessions::default()),
         approvals,
         Paths {
@@ -333,7 +333,7 @@ pub async fn watch_approvals<R: Runtime>(app: tauri::AppHandle<R>, console: Arc<
 
 /// Follows the operator's pause of agent calls into the tray and the webview.
 pub async fn watch_pause<R: Runtime>(app: tauri::AppHandle<R>, console: Arc<Console>) {
-    let mut pause = console.broker.pause.subscribe();
+    let mut pause = console.engine.pause().subscribe();
     loop {
         let paused = *pause.borrow_and_update();
         tray::pause_changed(&app, paused);
@@ -640,14 +640,14 @@ pub fn main_entry() -> i32 {
             let handle = app.handle().clone();
             setup_desktop(&handle, backend.clone(), login, background)?;
             serve_instance(&handle, instance);
-            let broker = console.broker.clone();
+            let agents = console.engine.agent();
             let sessions = console.sessions.clone();
             let socket = socket.clone();
             tauri::async_runtime::spawn(async move {
                 match daemon::bind(&socket).await {
                     Ok(listener) => {
                         eprintln!("postern-console: agents connect on {}", socket.display());
-                        daemon::serve(broker, sessions, listener, std::future::pending()).await;
+                        daemon::serve(agents, sessions, listener, std::future::pending()).await;
                     }
                     Err(e) => eprintln!("postern-console: agent socket: {e}"),
                 }
@@ -669,7 +669,7 @@ pub fn main_entry() -> i32 {
             tauri::async_runtime::spawn(watch_approvals(handle.clone(), console.clone()));
             tauri::async_runtime::spawn(watch_pause(handle.clone(), console.clone()));
             tauri::async_runtime::spawn(watch_journal(handle, console.clone()));
-            tauri::async_runtime::spawn(console.broker.witnessing.clone().run());
+            tauri::async_runtime::spawn(console.engine.witnessing().clone().run());
             Ok(())
         })
         .build(tauri::generate_context!("../tauri.conf.json"));
@@ -680,7 +680,7 @@ pub fn main_entry() -> i32 {
             return 1;
         }
     };
-    let journal = started.console.broker.journal.clone();
+    let journal = started.console.engine.journal().clone();
     let socket = started.daemon_args.socket.clone();
     app.run(move |app, event| {
         keep_serving_in_tray(app, &event);

@@ -23,7 +23,7 @@ use postern_console::operator::{OperatorClient, OperatorServer, bind_operator, s
 use postern_desktop::app::with_backend;
 use postern_desktop::commands::Backend;
 use postern_mcp::server::Sessions;
-use postern_mcp::{DaemonArgs, KeychainChoice, daemon};
+use postern_mcp::{DaemonArgs, KeychainChoice};
 use postern_tests::adversary::{Adversary, Behavior};
 
 const CANARY: &str = "canary-attached-console-2b81";
@@ -93,7 +93,7 @@ approval = "per_call"
         Duration::from_secs(20),
         Arc::new(SystemClock),
     ));
-    let broker = daemon::open_broker(&args, Some(approvals.clone())).unwrap();
+    let broker = postern_console::headless::open_broker(&args, Some(approvals.clone())).unwrap();
     let console = Arc::new(
         Console::new(
             broker,
@@ -143,7 +143,7 @@ fn an_attached_console_stores_a_credential_and_approves_over_the_operator_socket
     assert_eq!(overview["credentials"], 1);
 
     // An agent's call waits for the attached console's answer.
-    let broker = a.console.broker.clone();
+    let broker = a.console.engine.clone();
     let approver = a.console.approvals.clone();
     let call = tauri::async_runtime::spawn(async move {
         let ctx = CallContext {
@@ -152,7 +152,7 @@ fn an_attached_console_stores_a_credential_and_approves_over_the_operator_socket
             ..Default::default()
         };
         broker
-            .http
+            .http()
             .execute(
                 HttpRequest {
                     url: format!("{}/v1/items", srv.base_url()),

@@ -80,7 +80,7 @@ impl Fixture {
 
     /// An agent's HTTP call through the broker, as an MCP session would make it.
     fn call(&self, request: HttpRequest) -> tauri::async_runtime::JoinHandle<HttpOutcome> {
-        let broker = self.console.broker.clone();
+        let broker = self.console.engine.clone();
         let approver = self.console.approvals.clone();
         tauri::async_runtime::spawn(async move {
             let ctx = CallContext {
@@ -88,7 +88,7 @@ impl Fixture {
                 approver: Some(approver),
                 ..Default::default()
             };
-            broker.http.execute(request, &ctx).await
+            broker.http().execute(request, &ctx).await
         })
     }
 
@@ -565,7 +565,7 @@ fn an_unknown_outcome_is_attested_without_rewriting_the_attempt() {
         )
         .unwrap_err();
     assert_eq!(no_note["field"], "note");
-    let events_before = f.console.broker.journal.events(&id).unwrap();
+    let events_before = f.console.engine.journal().events(&id).unwrap();
 
     let settled = f.ok(
         "attest_outcome",
@@ -584,7 +584,7 @@ fn an_unknown_outcome_is_attested_without_rewriting_the_attempt() {
     assert_eq!(settled["row"]["code"], "RECONCILED_COMMITTED");
 
     // The original events are untouched; one RECONCILED was appended.
-    let events_after = f.console.broker.journal.events(&id).unwrap();
+    let events_after = f.console.engine.journal().events(&id).unwrap();
     assert_eq!(&events_after[..events_before.len()], &events_before[..]);
     assert_eq!(events_after.len(), events_before.len() + 1);
     assert!(
@@ -603,7 +603,7 @@ fn an_unknown_outcome_is_attested_without_rewriting_the_attempt() {
         .unwrap_err();
     assert_eq!(twice["code"], "NOT_UNKNOWN");
     let retried =
-        tauri::async_runtime::block_on(f.console.broker.http.retry(&id, &CallContext::default()));
+        tauri::async_runtime::block_on(f.console.engine.http().retry(&id, &CallContext::default()));
     assert_eq!(retried.outcome, Outcome::Committed, "{retried:?}");
     assert_eq!(srv.effects(), 1, "never applied twice");
 }
@@ -632,7 +632,7 @@ fn the_integrity_banner_reports_verification_and_the_first_bad_sequence() {
     );
 
     // Checkpoints removed (rows and the witness file): counted, never "verified".
-    let db = f.console.broker.journal.path().to_path_buf();
+    let db = f.console.engine.journal().path().to_path_buf();
     let conn = rusqlite::Connection::open(&db).unwrap();
     conn.execute("DELETE FROM checkpoints", []).unwrap();
     drop(conn);
@@ -647,7 +647,7 @@ fn the_integrity_banner_reports_verification_and_the_first_bad_sequence() {
     assert_eq!(state["first_bad_seq"], 1, "{state}");
 
     // Tamper with one event's body on disk.
-    let conn = rusqlite::Connection::open(f.console.broker.journal.path()).unwrap();
+    let conn = rusqlite::Connection::open(f.console.engine.journal().path()).unwrap();
     conn.execute(
         "UPDATE events SET body = replace(body, '/v1/a', '/v1/b') WHERE seq = 1",
         [],
@@ -740,8 +740,8 @@ fn a_new_target_is_added_to_the_config_file_and_served_at_once() {
     );
     assert!(
         f.console
-            .broker
-            .config
+            .engine
+            .config()
             .current()
             .http_target("new-api")
             .is_some()
@@ -866,7 +866,7 @@ fn ssh_cards_show_the_host_key_then_the_escaped_command_and_approving_pins_the_k
     );
     assert_eq!(stored["kind"], "ssh_key");
     let run = |command: &str| {
-        let broker = f.console.broker.clone();
+        let broker = f.console.engine.clone();
         let approver = f.console.approvals.clone();
         let request = SshRequest {
             host: "box".into(),
@@ -880,7 +880,7 @@ fn ssh_cards_show_the_host_key_then_the_escaped_command_and_approving_pins_the_k
                 approver: Some(approver),
                 ..Default::default()
             };
-            broker.ssh.execute(request, &ctx).await
+            broker.ssh().execute(request, &ctx).await
         })
     };
 
@@ -931,13 +931,13 @@ fn who_acted_and_the_card_answered_are_read_from_the_journal_after_a_restart() {
     let me = std::process::id();
     let ticks = provenance::observe_process(me, None).unwrap().start_ticks;
     let opened = SessionOpened::observe("sess_test_1", me, ticks, &[], me, None).unwrap();
-    provenance::record_session(&f.console.broker.journal, opened.clone()).unwrap();
+    provenance::record_session(f.console.engine.journal(), opened.clone()).unwrap();
     // Another connection that never asked for anything.
     let idle = SessionOpened {
         session: "sess_idle".into(),
         ..opened
     };
-    provenance::record_session(&f.console.broker.journal, idle).unwrap();
+    provenance::record_session(f.console.engine.journal(), idle).unwrap();
     let exe = std::env::current_exe().unwrap();
     let exe_blake3 = blake3::hash(&std::fs::read(&exe).unwrap())
         .to_hex()
@@ -987,7 +987,7 @@ fn who_acted_and_the_card_answered_are_read_from_the_journal_after_a_restart() {
     ));
 
     // Restart: the first broker's writer is closed, a new console opens the same dir.
-    f.console.broker.journal.clone().close().unwrap();
+    f.console.engine.journal().clone().close().unwrap();
     let dir = std::mem::replace(&mut f.dir, tempfile::tempdir().unwrap());
     drop(f);
     let g = fixture_in(dir, &service);

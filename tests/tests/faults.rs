@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use postern_broker::approvals::Approvals;
 use postern_broker::audit::{AuditError, verify_file};
-use postern_broker::broker::{Broker as BrokerCore, BrokerOptions};
 use postern_broker::channel::http::{HttpOutcome, HttpRequest};
 use postern_broker::contract::{Code, Outcome, Phase, Retry};
 use postern_broker::delivery::{self, DeliveryError};
@@ -21,6 +20,7 @@ use postern_broker::journal::JournalError;
 use postern_broker::journal::space::{RESERVE_BYTES, reserve_path};
 use postern_broker::sealed_store::VaultKey;
 use postern_broker::vault::{CredentialKind, KeychainBackend, Secret};
+use postern_broker::{Broker as BrokerCore, BrokerOptions, OperatorApi};
 use postern_console::console::{Console, Paths};
 use postern_mcp::server::Sessions;
 use postern_tests::adversary::{Adversary, Behavior};
@@ -380,7 +380,7 @@ fn large_body() -> Vec<u8> {
 
 /// A whole broker (what the console runs over), its data dir on the tmpfs, the targets
 /// file and the keychain in it too (the file keychain: no session bus needed).
-fn open_full_broker(data: &Path, origin: &str) -> Arc<postern_broker::broker::Broker> {
+fn open_full_broker(data: &Path, origin: &str) -> OperatorApi {
     std::fs::create_dir(data).unwrap();
     let config = data.join("postern.toml");
     std::fs::write(
@@ -409,20 +409,20 @@ timeout_ms = 30000
         vault_key: Some(VaultKey::from_bytes(&[9; 32]).unwrap()),
     })
     .unwrap();
-    let broker = opened.broker;
+    let broker = opened.operator;
     broker
-        .vault
+        .vault()
         .set(
             "api-key",
             CredentialKind::Token,
             &Secret::from(CANARY.to_string()),
-            broker.journal.now_ms(),
+            broker.journal().now_ms(),
         )
         .unwrap();
-    Arc::new(broker)
+    broker
 }
 
-fn console_over(broker: &Arc<postern_broker::broker::Broker>, data: &Path) -> Console {
+fn console_over(broker: &OperatorApi, data: &Path) -> Console {
     Console::new(
         broker.clone(),
         Arc::new(Sessions::default()),
@@ -442,7 +442,7 @@ fn console_over(broker: &Arc<postern_broker::broker::Broker>, data: &Path) -> Co
 /// A POST the origin has read completely (so DISPATCH_STARTED is on disk) and whose
 /// answer it holds back.
 async fn dispatched_post(
-    broker: &Arc<postern_broker::broker::Broker>,
+    broker: &OperatorApi,
     origin: &Adversary,
 ) -> tokio::task::JoinHandle<HttpOutcome> {
     let in_flight = {
@@ -455,7 +455,10 @@ async fn dispatched_post(
                 body: b"{\"report\":\"quarterly\"}".to_vec(),
                 ..Default::default()
             };
-            broker.http.execute(request, &CallContext::default()).await
+            broker
+                .http()
+                .execute(request, &CallContext::default())
+                .await
         })
     };
     assert!(origin.wait_for_effects(1, Duration::from_secs(10)).await);
@@ -464,20 +467,20 @@ async fn dispatched_post(
 
 /// No stored result for `invocation_id`: no row claims one, and reading it back is a
 /// typed refusal, never a partial body.
-fn assert_nothing_stored(broker: &postern_broker::broker::Broker, invocation_id: &str) {
-    let p = broker.journal.projection(invocation_id).unwrap();
+fn assert_nothing_stored(broker: &OperatorApi, invocation_id: &str) {
+    let p = broker.journal().projection(invocation_id).unwrap();
     assert_eq!(p.result_id, None, "{p:#?}");
     assert!(
         matches!(
-            delivery::piece(&broker.journal, &p, None, None),
+            delivery::piece(broker.journal(), &p, None, None),
             Err(DeliveryError::NoResult)
         ),
         "fetch_result must refuse: nothing was stored"
     );
-    let recorded = broker.http.recorded_projection(&p).unwrap();
+    let recorded = broker.http().recorded_projection(&p).unwrap();
     assert!(recorded.result.is_none(), "a read-back claimed a body");
     let conn = rusqlite::Connection::open_with_flags(
-        broker.journal.path(),
+        broker.journal().path(),
         rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
     )
     .unwrap();
@@ -557,7 +560,7 @@ async fn a_complete_response_too_large_for_a_full_disk_is_recorded_in_result_del
         "{env:#?}"
     );
     assert!(env.evidence.dispatch_started && env.evidence.response_complete);
-    assert!(broker.journal.low_space(), "the disk was full");
+    assert!(broker.journal().low_space(), "the disk was full");
     // Regression: SQLite rolled the whole transaction back on the full disk, and the
     // record blamed "cannot commit - no transaction is active" instead.
     assert!(
@@ -567,8 +570,8 @@ async fn a_complete_response_too_large_for_a_full_disk_is_recorded_in_result_del
     );
 
     // The record proves the same: the remote answered completely, the result is lost.
-    let p = broker.journal.projection(&id).unwrap();
-    let now = broker.journal.now_ms();
+    let p = broker.journal().projection(&id).unwrap();
+    let now = broker.journal().now_ms();
     assert_eq!(
         (p.outcome, p.phase, p.code, p.retry(now), p.terminal),
         (
@@ -581,7 +584,7 @@ async fn a_complete_response_too_large_for_a_full_disk_is_recorded_in_result_del
         "{p:#?}"
     );
     let kinds: Vec<&str> = broker
-        .journal
+        .journal()
         .events(&id)
         .unwrap()
         .iter()
@@ -597,7 +600,7 @@ async fn a_complete_response_too_large_for_a_full_disk_is_recorded_in_result_del
     assert_nothing_stored(&broker, &id);
 
     // The operator is told, from the journal, while the disk is still full.
-    let failures = broker.journal.store_failures().unwrap();
+    let failures = broker.journal().store_failures().unwrap();
     assert_eq!(failures.len(), 1, "{failures:?}");
     assert_eq!(failures[0].invocation_id, id);
     assert!(failures[0].recorded);
@@ -614,10 +617,10 @@ async fn a_complete_response_too_large_for_a_full_disk_is_recorded_in_result_del
     std::fs::remove_file(&filler).unwrap();
     assert_nothing_stored(&broker, &id);
     assert_eq!(console.overview().unwrap().result_store_failures, 1);
-    let key = broker.journal.verifying_key();
-    let db = broker.journal.path().to_path_buf();
+    let key = broker.journal().verifying_key();
+    let db = broker.journal().path().to_path_buf();
     drop(console);
-    broker.journal.clone().close().unwrap();
+    broker.journal().clone().close().unwrap();
     drop(broker);
     verify_file(&db, &key).unwrap();
     assert!(postern_tests::files_containing(&data, CANARY.as_bytes()).is_empty());
@@ -639,7 +642,7 @@ async fn a_complete_response_whose_failure_cannot_be_recorded_either_stays_unkno
     let data = fs.path().join("data");
     let broker = open_full_broker(&data, &origin.base_url());
     let console = console_over(&broker, &data);
-    let reserve = reserve_path(broker.journal.path());
+    let reserve = reserve_path(broker.journal().path());
 
     let in_flight = dispatched_post(&broker, &origin).await;
     let filler = fs.path().join("filler");
@@ -647,7 +650,7 @@ async fn a_complete_response_whose_failure_cannot_be_recorded_either_stays_unkno
     // A new request on the full disk makes the journal give its reserve back (and is
     // refused, sent nowhere); then the disk is filled again, so not one page is left.
     let refused = broker
-        .http
+        .http()
         .execute(
             HttpRequest {
                 url: origin.url("/v1/reports"),
@@ -658,7 +661,7 @@ async fn a_complete_response_whose_failure_cannot_be_recorded_either_stays_unkno
         )
         .await;
     assert_eq!(refused.outcome, Outcome::NotAttempted, "{refused:?}");
-    assert!(broker.journal.low_space());
+    assert!(broker.journal().low_space());
     assert!(!reserve.exists(), "the reserve was given back");
     let more = fs.path().join("filler-2");
     fill(&more).unwrap();
@@ -696,11 +699,11 @@ async fn a_complete_response_whose_failure_cannot_be_recorded_either_stays_unkno
         env.error.message
     );
     // The record claims nothing it cannot prove: dispatched, outcome unknown, no result.
-    let p = broker.journal.projection(&id).unwrap();
+    let p = broker.journal().projection(&id).unwrap();
     assert!(p.ever_dispatched);
     assert_eq!(p.outcome, Outcome::Unknown, "{p:#?}");
     let kinds: Vec<&str> = broker
-        .journal
+        .journal()
         .events(&id)
         .unwrap()
         .iter()
@@ -711,7 +714,7 @@ async fn a_complete_response_whose_failure_cannot_be_recorded_either_stays_unkno
     assert_nothing_stored(&broker, &id);
 
     // The operator is told all the same (this process saw it).
-    let failures = broker.journal.store_failures().unwrap();
+    let failures = broker.journal().store_failures().unwrap();
     assert_eq!(failures.len(), 1, "{failures:?}");
     assert_eq!(failures[0].invocation_id, id);
     assert!(!failures[0].recorded);
@@ -724,10 +727,10 @@ async fn a_complete_response_whose_failure_cannot_be_recorded_either_stays_unkno
 
     std::fs::remove_file(&filler).unwrap();
     std::fs::remove_file(&more).unwrap();
-    let key = broker.journal.verifying_key();
-    let db = broker.journal.path().to_path_buf();
+    let key = broker.journal().verifying_key();
+    let db = broker.journal().path().to_path_buf();
     drop(console);
-    broker.journal.clone().close().unwrap();
+    broker.journal().clone().close().unwrap();
     drop(broker);
     verify_file(&db, &key).unwrap();
     assert!(postern_tests::files_containing(&data, CANARY.as_bytes()).is_empty());

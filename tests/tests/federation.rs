@@ -652,8 +652,8 @@ async fn this_brokers_own_approval_for_a_peer_applies_before_anything_is_sent() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_lists_incidents_by_owner_and_reconciles_a_peer_unknown() {
     use postern_broker::approvals::Approvals;
-    use postern_broker::broker::{Broker, BrokerOptions};
     use postern_broker::sealed_store::VaultKey;
+    use postern_broker::{Broker, BrokerOptions};
     use postern_console::console::{Console, Paths};
     use postern_mcp::server::Sessions;
 
@@ -675,24 +675,22 @@ async fn the_console_lists_incidents_by_owner_and_reconciles_a_peer_unknown() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("postern.toml");
     std::fs::write(&config, config_text_for(&peer)).unwrap();
-    let broker = Arc::new(
-        Broker::open(BrokerOptions {
-            data_dir: dir.path().to_path_buf(),
-            config: config.clone(),
-            keychain: KeychainBackend::File,
-            service: "postern".into(),
-            approver: None,
-            anchor: None,
-            vault_key: Some(VaultKey::from_bytes(&[9; 32]).unwrap()),
-        })
-        .unwrap()
-        .broker,
-    );
-    peer.set_caller(broker.journal.verifying_key());
+    let broker = Broker::open(BrokerOptions {
+        data_dir: dir.path().to_path_buf(),
+        config: config.clone(),
+        keychain: KeychainBackend::File,
+        service: "postern".into(),
+        approver: None,
+        anchor: None,
+        vault_key: Some(VaultKey::from_bytes(&[9; 32]).unwrap()),
+    })
+    .unwrap()
+    .operator;
+    peer.set_caller(broker.journal().verifying_key());
     let ctx = CallContext::default();
-    let denied = broker.peer.execute(charge(), &ctx).await;
-    let violated = broker.peer.execute(charge(), &ctx).await;
-    let unknown = broker.peer.execute(charge(), &ctx).await;
+    let denied = broker.peer().execute(charge(), &ctx).await;
+    let violated = broker.peer().execute(charge(), &ctx).await;
+    let unknown = broker.peer().execute(charge(), &ctx).await;
     assert_eq!(code(&denied), Some(Code::PeerDenied));
     assert_eq!(code(&violated), Some(Code::PeerContractViolation));
     assert_eq!(code(&unknown), Some(Code::PeerOutcomeUnknown));

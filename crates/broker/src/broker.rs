@@ -10,6 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::api::OperatorApi;
 use crate::approvals::Approver;
 use crate::audit::witnessing::Witnessing;
 use crate::audit::{AuditKeyError, last_checkpoint_key, signing_key_from_vault};
@@ -30,26 +31,26 @@ pub const JOURNAL_FILE: &str = "journal.db";
 /// One running broker: what every agent session and the operator's console share.
 pub struct Broker {
     /// The HTTP channel.
-    pub http: HttpChannel,
+    pub(crate) http: HttpChannel,
     /// The SSH channel.
-    pub ssh: SshChannel,
+    pub(crate) ssh: SshChannel,
     /// Calls to capabilities other brokers export (`peer://`), and their listings.
-    pub peer: PeerChannel,
-    pub journal: Journal,
+    pub(crate) peer: PeerChannel,
+    pub(crate) journal: Journal,
     /// The live targets configuration (swapped when the operator edits a target).
-    pub config: ConfigHandle,
+    pub(crate) config: ConfigHandle,
     /// The approval console, when one is attached (the desktop app). A headless daemon
     /// has none: targets that need approval fail fast with NO_APPROVER.
-    pub approver: Option<Arc<dyn Approver>>,
+    pub(crate) approver: Option<Arc<dyn Approver>>,
     /// The credential store: read by the pipeline for injection, written only from the
     /// operator side (the console's credentials screen); no agent tool reaches it.
-    pub vault: Arc<Vault>,
+    pub(crate) vault: Arc<Vault>,
     /// Sends checkpoints to the configured witnesses; the front end spawns
     /// [`Witnessing::run`] on its runtime.
-    pub witnessing: Arc<Witnessing>,
+    pub(crate) witnessing: Arc<Witnessing>,
     /// Whether the operator paused agent calls: read by the MCP server, set only from
     /// the operator side.
-    pub pause: AgentPause,
+    pub(crate) pause: Arc<AgentPause>,
 }
 
 /// What [`Broker::open`] needs.
@@ -104,7 +105,8 @@ pub enum OpenError {
 
 /// A broker that opened, with what the operator should be told about it.
 pub struct Opened {
-    pub broker: Broker,
+    /// The operator side's handle; it hands the agent side [`OperatorApi::agent`].
+    pub operator: OperatorApi,
     /// In the order they were found: the signing key first, then the targets file.
     pub warnings: Vec<OpenWarning>,
 }
@@ -118,7 +120,11 @@ impl Broker {
     ///
     /// The journal's, when it could not record the change: a pause then holds anyway,
     /// a resume does not happen.
-    pub fn set_agents_paused(&self, paused: bool, operator: &str) -> Result<bool, JournalError> {
+    pub(crate) fn set_agents_paused(
+        &self,
+        paused: bool,
+        operator: &str,
+    ) -> Result<bool, JournalError> {
         self.pause
             .set_recorded(paused, |p| self.journal.record_agent_pause(p, operator))
     }
@@ -169,7 +175,7 @@ impl Broker {
         // What a crash interrupted is closed with what its evidence proves.
         journal.recover_interrupted()?;
         // A pause the operator set holds across a restart until they resume agents.
-        let pause = AgentPause::new(journal.agent_pause()?);
+        let pause = Arc::new(AgentPause::new(journal.agent_pause()?));
         let loaded = Config::load(&config)?;
         warnings.extend(loaded.warnings().into_iter().map(OpenWarning::Config));
         let config = ConfigHandle::new(loaded);
@@ -183,7 +189,7 @@ impl Broker {
         let peer = PeerChannel::new(journal.clone(), vault.clone(), config.clone());
         let witnessing = Arc::new(Witnessing::new(journal.clone(), config.clone()));
         Ok(Opened {
-            broker: Broker {
+            operator: OperatorApi::new(Broker {
                 http,
                 ssh,
                 peer,
@@ -193,7 +199,7 @@ impl Broker {
                 vault,
                 witnessing,
                 pause,
-            },
+            }),
             warnings,
         })
     }

@@ -61,9 +61,10 @@
 //!   default directories), behind one interface the other crates call too.
 
 pub mod action;
+pub mod api;
 pub mod approvals;
 pub mod audit;
-pub mod broker;
+mod broker;
 pub mod budget;
 pub mod channel;
 pub mod clock;
@@ -83,6 +84,9 @@ pub mod retry;
 pub mod sealed_store;
 pub mod transparency;
 pub mod vault;
+
+pub use api::{AgentApi, OperatorApi};
+pub use broker::{Broker, BrokerOptions, JOURNAL_FILE, OpenError, OpenWarning, Opened};
 
 /// The whole of `docs/errors.md`: every code, then the HTTP status mapping. Generated so
 /// the documentation cannot drift from the code (a test compares them).

@@ -14,9 +14,9 @@ use std::time::Instant;
 use rusqlite::{Connection, OpenFlags};
 use serde_json::json;
 
+use postern_broker::OperatorApi;
 use postern_broker::approvals::{AnswerError, Approvals, Pending};
 use postern_broker::audit;
-use postern_broker::broker::Broker;
 use postern_broker::channel::ssh_keys::{KeyImportError, import_private_key};
 use postern_broker::config_edit::{self, TargetEditError};
 use postern_broker::contract::Outcome;
@@ -72,7 +72,7 @@ pub struct Paths {
 
 /// The operator's view of one running broker.
 pub struct Console {
-    pub broker: Arc<Broker>,
+    pub engine: OperatorApi,
     /// The agent sessions the broker's socket has seen (this run).
     pub sessions: Arc<Sessions>,
     pub approvals: Arc<Approvals>,
@@ -121,7 +121,7 @@ fn journal_error(e: &JournalError) -> CommandError {
 
 impl Console {
     pub fn new(
-        broker: Arc<Broker>,
+        engine: OperatorApi,
         sessions: Arc<Sessions>,
         approvals: Arc<Approvals>,
         paths: Paths,
@@ -130,7 +130,7 @@ impl Console {
             .or_else(|_| std::env::var("LOGNAME"))
             .unwrap_or_else(|_| "operator".into());
         Console {
-            broker,
+            engine,
             sessions,
             approvals,
             paths,
@@ -151,7 +151,7 @@ impl Console {
     }
 
     fn now(&self) -> i64 {
-        self.broker.journal.now_ms()
+        self.engine.journal().now_ms()
     }
 
     /// Runs `f` on a read-only connection to the journal (opened on first use; WAL lets
@@ -165,7 +165,7 @@ impl Console {
         })?;
         if guard.is_none() {
             let conn = Connection::open_with_flags(
-                self.broker.journal.path(),
+                self.engine.journal().path(),
                 OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
             )
             .map_err(|e| journal_error(&JournalError::from(e)))?;
@@ -187,11 +187,11 @@ impl Console {
 
     pub fn overview(&self) -> Result<Overview, CommandError> {
         let credentials = self.credential_metas()?.len();
-        let config = self.broker.config.current();
+        let config = self.engine.config().current();
         let unsettled = self.unsettled_rows()?.len();
         let store_failures = self
-            .broker
-            .journal
+            .engine
+            .journal()
             .store_failures()
             .map_err(|e| CommandError::new(ErrorCode::Internal, e.to_string()))?;
         Ok(Overview {
@@ -211,7 +211,7 @@ impl Console {
             last_seq: self.last_seq()?,
             result_store_failures: count(store_failures.len()),
             result_store_failure_latest: store_failures.last().map(|f| f.invocation_id.clone()),
-            agents_paused: self.broker.pause.is_paused(),
+            agents_paused: self.engine.pause().is_paused(),
         })
     }
 
@@ -225,10 +225,10 @@ impl Console {
         paused: bool,
         operator: &str,
     ) -> Result<AgentPauseState, CommandError> {
-        self.broker
+        self.engine
             .set_agents_paused(paused, operator)
             .map_err(|e| {
-                let state = if self.broker.pause.is_paused() {
+                let state = if self.engine.pause().is_paused() {
                     "Agents are paused"
                 } else {
                     "Agents are not paused"
@@ -239,7 +239,7 @@ impl Console {
                 )
             })?;
         Ok(AgentPauseState {
-            paused: self.broker.pause.is_paused(),
+            paused: self.engine.pause().is_paused(),
         })
     }
 
@@ -522,13 +522,13 @@ impl Console {
 
     fn detail_of(&self, row: InvocationRow) -> Result<InvocationDetail, CommandError> {
         let events = self
-            .broker
-            .journal
+            .engine
+            .journal()
             .events(&row.id)
             .map_err(|e| journal_error(&e))?;
         let p = Projection::fold(&row.id, &events).map_err(|e| journal_error(&e.into()))?;
         let now = self.now();
-        let config = self.broker.config.current();
+        let config = self.engine.config().current();
         let bound_query = p.operation.as_ref().is_some_and(|o| {
             o.source_query.is_some()
                 || o.batch
@@ -554,8 +554,8 @@ impl Console {
             })
             .collect();
         let children = self
-            .broker
-            .journal
+            .engine
+            .journal()
             .children(&row.id)
             .map_err(|e| journal_error(&e))?;
         related.extend(children.into_iter().map(|l| RelatedInvocation {
@@ -622,8 +622,8 @@ impl Console {
     pub fn peer_incidents(&self) -> Result<Vec<PeerIncidentRow>, CommandError> {
         use postern_broker::journal::events::EventBody;
         let recorded = self
-            .broker
-            .journal
+            .engine
+            .journal()
             .peer_incidents(INCIDENT_LIST)
             .map_err(|e| journal_error(&e))?;
         let now = self.now();
@@ -633,8 +633,8 @@ impl Console {
                 continue;
             };
             let events = self
-                .broker
-                .journal
+                .engine
+                .journal()
                 .events(&event.invocation_id)
                 .map_err(|e| journal_error(&e))?;
             let p = Projection::fold(&event.invocation_id, &events)
@@ -714,19 +714,19 @@ impl Console {
             ));
         }
         let through_peer = self
-            .broker
-            .journal
+            .engine
+            .journal()
             .projection(invocation_id)
             .is_ok_and(|p| p.channel == Some(Channel::Peer));
         let outcome = if through_peer {
-            self.broker
-                .peer
+            self.engine
+                .peer()
                 .reconcile(invocation_id, &self.operator)
                 .await
                 .0
         } else {
-            self.broker
-                .http
+            self.engine
+                .http()
                 .reconcile(invocation_id, &self.operator)
                 .await
         };
@@ -745,7 +745,7 @@ impl Console {
     /// RECONCILED event (`operator_attested`, who, note) is appended.
     pub fn attest(&self, attestation: &Attestation) -> Result<InvocationDetail, CommandError> {
         evidence::attest(
-            &self.broker.journal,
+            self.engine.journal(),
             &evidence::Attestation {
                 invocation_id: &attestation.invocation_id,
                 settlement: &attestation.settlement,
@@ -777,8 +777,8 @@ impl Console {
         // The audit signing key lives in the vault too, but it is the broker's own: it is
         // neither listed nor removable here (removing it would orphan the checkpoints).
         Ok(self
-            .broker
-            .vault
+            .engine
+            .vault()
             .list()
             .map_err(|e| CommandError::new(e.code(), e.to_string()))?
             .into_iter()
@@ -787,7 +787,7 @@ impl Console {
     }
 
     pub fn credentials(&self) -> Result<Vec<CredentialCard>, CommandError> {
-        let config = self.broker.config.current();
+        let config = self.engine.config().current();
         Ok(self
             .credential_metas()?
             .into_iter()
@@ -886,8 +886,8 @@ impl Console {
             secret
         };
         let stored = self
-            .broker
-            .vault
+            .engine
+            .vault()
             .set(&id, kind, &secret, self.now())
             .map_err(|e| CommandError::field(e.code(), "id", e.to_string()))?;
         drop(secret);
@@ -901,8 +901,8 @@ impl Console {
 
     pub fn remove_credential(&self, id: &str) -> Result<(), CommandError> {
         reserved(id)?;
-        self.broker
-            .vault
+        self.engine
+            .vault()
             .remove(id)
             .map_err(|e| CommandError::field(e.code(), "id", e.to_string()))
     }
@@ -910,7 +910,7 @@ impl Console {
     // ----- targets --------------------------------------------------------------------
 
     pub fn targets(&self) -> Result<TargetList, CommandError> {
-        let config = self.broker.config.current();
+        let config = self.engine.config().current();
         let texts = postern_broker::config_edit::target_texts(&self.paths.config)
             .map_err(|e| CommandError::new(ErrorCode::ConfigUnreadable, e.to_string()))?;
         let text_of = |name: &str| {
@@ -973,7 +973,7 @@ impl Console {
                 CommandError::field(ErrorCode::ConfigInvalid, "toml", e.to_string())
             }
         })?;
-        self.broker.config.replace(edited.config);
+        self.engine.config().replace(edited.config);
         // Failing to keep the previous file does not undo the edit, but is said.
         if let Err(e) = edited.kept {
             eprintln!("postern-console: the previous config was not kept: {e}");
@@ -1004,9 +1004,9 @@ impl Console {
     /// the anchor outside the data dir) against this broker's key and stores the result
     /// for the banner. Blocking: run it off the UI thread.
     pub fn verify_now(&self) -> IntegrityState {
-        let db = self.broker.journal.path().to_path_buf();
-        let key = self.broker.journal.verifying_key();
-        let witnesses = self.broker.config.current().witnesses.clone();
+        let db = self.engine.journal().path().to_path_buf();
+        let key = self.engine.journal().verifying_key();
+        let witnesses = self.engine.config().current().witnesses.clone();
         let heads = match self
             .open_verifier(&db)
             .map(|conn| audit::witnessing::cosigned_heads(&conn, &key, &witnesses))
@@ -1030,8 +1030,8 @@ impl Console {
     /// Verifies only what the journal gained since the last check (a full one when
     /// there is none to go on from). Cheap enough to run after every change.
     pub fn verify_incremental(&self) -> IntegrityState {
-        let db = self.broker.journal.path().to_path_buf();
-        let key = self.broker.journal.verifying_key();
+        let db = self.engine.journal().path().to_path_buf();
+        let key = self.engine.journal().verifying_key();
         let from = self.verified_prefix.lock().ok().and_then(|p| p.clone());
         let Some(from) = from else {
             return self.verify_now();
@@ -1057,7 +1057,7 @@ impl Console {
     ) -> IntegrityState {
         let checked_at_ms = Some(self.now());
         // A witness that refused the journal's history outranks a local pass.
-        let result = match (result, self.broker.witnessing.alarms().first()) {
+        let result = match (result, self.engine.witnessing().alarms().first()) {
             (Ok(_), Some(alarm)) => Err(audit::AuditError::Refuted {
                 detail: alarm.clone(),
             }),

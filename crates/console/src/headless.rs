@@ -9,15 +9,17 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use postern_broker::approvals::Approvals;
+use postern_broker::approvals::{Approvals, Approver};
 use postern_broker::clock::SystemClock;
-use postern_broker::federation::serve::PeerService;
+use postern_broker::sealed_store::load_key;
+use postern_broker::vault::KeychainBackend;
+use postern_broker::{Broker, BrokerOptions, OperatorApi};
 use postern_mcp::daemon::{
     self, AgentAccess, DaemonError, bind_with_mode, check_socket_path, file_identity,
 };
 use postern_mcp::peering::{self, PeeringError, Reach};
 use postern_mcp::server::Sessions;
-use postern_mcp::{DaemonArgs, default_socket};
+use postern_mcp::{DaemonArgs, KeychainChoice, default_socket};
 
 use crate::console::{Console, Mode, Paths};
 use crate::operator::{
@@ -108,7 +110,7 @@ pub async fn run(args: HeadlessArgs) -> Result<(), HeadlessError> {
         args.approval_timeout.max(Duration::from_secs(1)),
         Arc::new(SystemClock),
     ));
-    let broker = daemon::open_broker(&args.daemon, Some(approvals.clone()))?;
+    let engine = open_broker(&args.daemon, Some(approvals.clone()))?;
     let agent_mode = match args.agent_access {
         AgentAccess::OwnUser => 0o600,
         AgentAccess::AnyLocalUser => 0o666,
@@ -124,7 +126,7 @@ pub async fn run(args: HeadlessArgs) -> Result<(), HeadlessError> {
     };
     let console = Arc::new(
         Console::new(
-            broker.clone(),
+            engine.clone(),
             sessions.clone(),
             approvals,
             Paths {
@@ -160,7 +162,7 @@ pub async fn run(args: HeadlessArgs) -> Result<(), HeadlessError> {
         operator_listener,
         stopped(stop_rx.clone()),
     ));
-    let witnessing = tokio::spawn(broker.witnessing.clone().run());
+    let witnessing = tokio::spawn(engine.witnessing().clone().run());
     let peers = match peer_listener {
         Some((listener, reach)) => {
             if let Ok(addr) = listener.local_addr() {
@@ -168,10 +170,8 @@ pub async fn run(args: HeadlessArgs) -> Result<(), HeadlessError> {
             }
             // Refusals go to the daemon's log (see federation::serve for why not the
             // journal).
-            let service = Arc::new(PeerService::new(
-                broker.clone(),
-                Arc::new(|line: &str| eprintln!("postern: {line}")),
-            ));
+            let service =
+                Arc::new(engine.peer_service(Arc::new(|line: &str| eprintln!("postern: {line}"))));
             Some(tokio::spawn(peering::serve(
                 service,
                 listener,
@@ -182,7 +182,7 @@ pub async fn run(args: HeadlessArgs) -> Result<(), HeadlessError> {
         None => None,
     };
     let agents = tokio::spawn(daemon::serve_with(
-        broker.clone(),
+        engine.agent(),
         sessions,
         listener,
         stopped(stop_rx),
@@ -206,6 +206,52 @@ pub async fn run(args: HeadlessArgs) -> Result<(), HeadlessError> {
         }
     }
     // Clean shutdown signs a final audit checkpoint.
-    broker.journal.clone().close().map_err(DaemonError::from)?;
+    engine
+        .journal()
+        .clone()
+        .close()
+        .map_err(DaemonError::from)?;
     Ok(())
+}
+
+/// Opens the broker a daemon serves: checks the data dir ([`prepare_data_dir`]), loads
+/// the `file` keychain's key when that is the keychain, opens the engine with `approver`
+/// attached (the desktop app's console, or the headless daemon's queue answered over its
+/// operator socket), and prints what the operator should know as `postern: warning: …`.
+pub fn open_broker(
+    args: &DaemonArgs,
+    approver: Option<Arc<dyn Approver>>,
+) -> Result<OperatorApi, DaemonError> {
+    daemon::prepare_data_dir(&args.data_dir)?;
+    let vault_key = match args.keychain {
+        KeychainChoice::File => Some(load_key(args.vault_key_file.as_deref())?),
+        KeychainChoice::SecretService
+        | KeychainChoice::Keyutils
+        | KeychainChoice::MacosKeychain
+        | KeychainChoice::WindowsCredentialManager => None,
+    };
+    let opened = Broker::open(BrokerOptions {
+        data_dir: args.data_dir.clone(),
+        config: args.config.clone(),
+        keychain: match args.keychain {
+            KeychainChoice::SecretService => KeychainBackend::SecretService,
+            KeychainChoice::Keyutils => KeychainBackend::Keyutils,
+            KeychainChoice::File => KeychainBackend::File,
+            KeychainChoice::MacosKeychain => KeychainBackend::MacosKeychain,
+            KeychainChoice::WindowsCredentialManager => KeychainBackend::WindowsCredentialManager,
+        },
+        service: args.service.clone(),
+        approver,
+        anchor: args
+            .anchor
+            .clone()
+            .or_else(|| postern_broker::audit::default_anchor(&args.data_dir)),
+        vault_key,
+    })?;
+    // Said loudly: earlier checkpoints verify only against the key that signed them, and
+    // a target without a pinned host key waits for an operator's approval.
+    for warning in &opened.warnings {
+        eprintln!("postern: warning: {warning}");
+    }
+    Ok(opened.operator)
 }

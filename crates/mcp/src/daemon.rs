@@ -60,21 +60,17 @@ use rmcp::service::{NotificationContext, RequestContext, RoleServer, Service, Se
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Notify;
 
-use postern_broker::approvals::Approver;
-use postern_broker::broker::{Broker, BrokerOptions, OpenError};
 use postern_broker::platform::{self, Accepted, Listener};
+use postern_broker::{AgentApi, OpenError};
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::admission::Admission;
-use postern_broker::sealed_store::load_key;
-use postern_broker::vault::KeychainBackend;
 
 use crate::guard::GuardedInput;
 #[cfg(unix)]
 use crate::peer::own_uid;
 use crate::peer::{identify_agent, peer_allowed};
 use crate::server::{DELIVERED, Session, Sessions};
-use crate::{DaemonArgs, KeychainChoice};
 
 /// What was found at a path the daemon would not touch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -231,48 +227,6 @@ impl From<OpenError> for DaemonError {
             OpenError::AuditKey(e) => DaemonError::AuditKey(e),
         }
     }
-}
-
-/// Opens the broker a daemon serves: checks the data dir ([`prepare_data_dir`]), loads
-/// the `file` keychain's key when that is the keychain, opens the engine with `approver`
-/// attached (the desktop app's console, or the headless daemon's queue answered over its
-/// operator socket), and prints what the operator should know as `postern: warning: …`.
-pub fn open_broker(
-    args: &DaemonArgs,
-    approver: Option<Arc<dyn Approver>>,
-) -> Result<Arc<Broker>, DaemonError> {
-    prepare_data_dir(&args.data_dir)?;
-    let vault_key = match args.keychain {
-        KeychainChoice::File => Some(load_key(args.vault_key_file.as_deref())?),
-        KeychainChoice::SecretService
-        | KeychainChoice::Keyutils
-        | KeychainChoice::MacosKeychain
-        | KeychainChoice::WindowsCredentialManager => None,
-    };
-    let opened = Broker::open(BrokerOptions {
-        data_dir: args.data_dir.clone(),
-        config: args.config.clone(),
-        keychain: match args.keychain {
-            KeychainChoice::SecretService => KeychainBackend::SecretService,
-            KeychainChoice::Keyutils => KeychainBackend::Keyutils,
-            KeychainChoice::File => KeychainBackend::File,
-            KeychainChoice::MacosKeychain => KeychainBackend::MacosKeychain,
-            KeychainChoice::WindowsCredentialManager => KeychainBackend::WindowsCredentialManager,
-        },
-        service: args.service.clone(),
-        approver,
-        anchor: args
-            .anchor
-            .clone()
-            .or_else(|| postern_broker::audit::default_anchor(&args.data_dir)),
-        vault_key,
-    })?;
-    // Said loudly: earlier checkpoints verify only against the key that signed them, and
-    // a target without a pinned host key waits for an operator's approval.
-    for warning in &opened.warnings {
-        eprintln!("postern: warning: {warning}");
-    }
-    Ok(Arc::new(opened.broker))
 }
 
 /// Directories along `path` that do not exist yet, outermost first, and the nearest one
@@ -926,11 +880,11 @@ pub enum AgentAccess {
 
 /// Serves one connection: checks the peer's uid, identifies the agent behind the bridge,
 /// records it in `sessions`, and runs an MCP session until the bridge goes away.
-pub async fn serve_connection(broker: Arc<Broker>, sessions: Arc<Sessions>, stream: Accepted) {
+pub async fn serve_connection(agents: AgentApi, sessions: Arc<Sessions>, stream: Accepted) {
     let admission = Admission::new(1, 1);
     if let Some(slot) = admission.slot().await {
         serve_connection_with(
-            broker,
+            agents,
             sessions,
             stream,
             AgentAccess::OwnUser,
@@ -943,7 +897,7 @@ pub async fn serve_connection(broker: Arc<Broker>, sessions: Arc<Sessions>, stre
 
 /// [`serve_connection`] admitting the peers `access` names.
 pub async fn serve_connection_with(
-    broker: Arc<Broker>,
+    agents: AgentApi,
     sessions: Arc<Sessions>,
     stream: Accepted,
     access: AgentAccess,
@@ -979,9 +933,9 @@ pub async fn serve_connection_with(
     let Some(identity) = cred.pid.and_then(|pid| identify_agent(pid, &cred.user)) else {
         return;
     };
-    sessions.connected(&identity, broker.journal.now_ms());
+    sessions.connected(&identity, agents.now_ms());
     let report = Arc::new(std::sync::OnceLock::new());
-    let session = Session::reported(broker.clone(), identity.clone(), report.clone());
+    let session = Session::reported(agents.clone(), identity.clone(), report.clone());
     let undelivered = session.clone();
     let acks = Arc::new(Acks::default());
     let (read, write) = platform::split(stream);
@@ -998,23 +952,23 @@ pub async fn serve_connection_with(
         acks.settled(ACK_GRACE).await;
     }
     undelivered.connection_closed();
-    sessions.disconnected(&identity, broker.journal.now_ms());
+    sessions.disconnected(&identity, agents.now_ms());
 }
 
 /// Accepts agent connections on `listener`, recording their sessions in `sessions`, and
 /// sweeps ended sessions, until `stop` completes.
 pub async fn serve(
-    broker: Arc<Broker>,
+    agents: AgentApi,
     sessions: Arc<Sessions>,
     listener: Listener,
     stop: impl std::future::Future<Output = ()>,
 ) {
-    serve_with(broker, sessions, listener, stop, AgentAccess::OwnUser).await;
+    serve_with(agents, sessions, listener, stop, AgentAccess::OwnUser).await;
 }
 
 /// [`serve`] admitting the peers `access` names.
 pub async fn serve_with(
-    broker: Arc<Broker>,
+    agents: AgentApi,
     sessions: Arc<Sessions>,
     mut listener: Listener,
     stop: impl std::future::Future<Output = ()>,
@@ -1029,7 +983,7 @@ pub async fn serve_with(
         let slot = tokio::select! {
             slot = admission.slot() => slot,
             _ = sweep.tick() => {
-                sessions.sweep(broker.journal.now_ms());
+                sessions.sweep(agents.now_ms());
                 continue;
             }
             () = &mut stop => break,
@@ -1038,15 +992,15 @@ pub async fn serve_with(
         tokio::select! {
             accepted = listener.accept() => {
                 if let Ok(stream) = accepted {
-                    let (broker, sessions, admission) =
-                        (broker.clone(), sessions.clone(), admission.clone());
+                    let (agents, sessions, admission) =
+                        (agents.clone(), sessions.clone(), admission.clone());
                     tokio::spawn(async move {
-                        serve_connection_with(broker, sessions, stream, access, &admission, slot)
+                        serve_connection_with(agents, sessions, stream, access, &admission, slot)
                             .await;
                     });
                 }
             }
-            _ = sweep.tick() => sessions.sweep(broker.journal.now_ms()),
+            _ = sweep.tick() => sessions.sweep(agents.now_ms()),
             () = &mut stop => break,
         }
     }

@@ -28,18 +28,17 @@ use rmcp::model::{
 use rmcp::service::{NotificationContext, RequestContext, RoleServer};
 use serde_json::{Value, json};
 
-use postern_broker::broker::Broker;
+use postern_broker::AgentApi;
+use postern_broker::api::{NotOwned, Owned, Receipt};
 use postern_broker::channel::http::{HttpOutcome, HttpRequest, HttpResponse, PollRefused};
 use postern_broker::channel::peer;
 use postern_broker::channel::ssh::{SshOutcome, SshRequest, SshResult};
 use postern_broker::contract::{Code, ErrorBody, Outcome, Phase, Retry};
 use postern_broker::delivery::{self, DeliveryError, Piece};
 use postern_broker::evidence;
-use postern_broker::invocation;
 use postern_broker::invocation::CallContext;
 use postern_broker::journal::events::{Channel, Relation};
-use postern_broker::journal::projection::Projection;
-use postern_broker::provenance::{self, BridgeReport, SessionOpened};
+use postern_broker::provenance::{BridgeReport, SessionOpened};
 
 use crate::peer::AgentIdentity;
 use crate::tools::{self, FetchResultArgs, HttpRequestArgs, InvocationArgs, NoArgs, SshExecArgs};
@@ -165,7 +164,7 @@ struct Opening {
 /// Reads the agent behind `identity` from /proc (hashing its executable) and appends
 /// SESSION_OPENED, durably.
 fn record_opening(
-    broker: &Broker,
+    agents: &AgentApi,
     identity: &AgentIdentity,
     report: Option<BridgeReport>,
 ) -> Result<u64, String> {
@@ -179,22 +178,22 @@ fn record_opening(
         report,
     )
     .map_err(|e| e.to_string())?;
-    provenance::record_session(&broker.journal, opened).map_err(|e| e.to_string())
+    agents.record_session(opened).map_err(|e| e.to_string())
 }
 
-/// One bridge connection, for one agent session, over the shared [`Broker`]. Clones
-/// share state.
+/// One bridge connection, for one agent session, over the agent side's handle on the
+/// broker ([`AgentApi`]). Clones share state.
 #[derive(Clone)]
 pub struct Session {
-    broker: Arc<Broker>,
+    agents: AgentApi,
     identity: AgentIdentity,
-    /// JSON-RPC request id (as JSON text) → invocation id and whether the answer carried
+    /// JSON-RPC request id (as JSON text) → invocation and whether the answer carried
     /// the whole result (or its last piece), until the bridge acknowledges.
-    undelivered: Arc<Mutex<HashMap<String, (String, bool)>>>,
+    undelivered: Arc<Mutex<HashMap<String, (Receipt, bool)>>>,
     /// Invocations whose answer carried only part of the result and was acknowledged:
     /// delivered once an answer with the last piece is, undelivered if the connection
     /// closes first.
-    partial: Arc<Mutex<std::collections::HashSet<String>>>,
+    partial: Arc<Mutex<std::collections::HashSet<Receipt>>>,
     /// Who the agent is, as the journal records it before any invocation runs.
     opening: Arc<Opening>,
     /// What the bridge reported as its connection's first line, if it did.
@@ -204,19 +203,19 @@ pub struct Session {
 impl Session {
     /// A session for `identity`. SESSION_OPENED is recorded when the MCP session opens
     /// ([`Session::start_recording`]); calls that run invocations wait for it.
-    pub fn new(broker: Arc<Broker>, identity: AgentIdentity) -> Self {
-        Self::reported(broker, identity, Arc::new(OnceLock::new()))
+    pub fn new(agents: AgentApi, identity: AgentIdentity) -> Self {
+        Self::reported(agents, identity, Arc::new(OnceLock::new()))
     }
 
     /// [`Session::new`] for a connection whose bridge report (its first line) is put in
     /// `report` by the input guard before any MCP message is read.
     pub fn reported(
-        broker: Arc<Broker>,
+        agents: AgentApi,
         identity: AgentIdentity,
         report: Arc<OnceLock<BridgeReport>>,
     ) -> Self {
         Session {
-            broker,
+            agents,
             identity,
             undelivered: Arc::new(Mutex::new(HashMap::new())),
             partial: Arc::new(Mutex::new(std::collections::HashSet::new())),
@@ -238,12 +237,12 @@ impl Session {
         if self.opening.started.swap(true, Ordering::SeqCst) {
             return;
         }
-        let (broker, identity) = (self.broker.clone(), self.identity.clone());
+        let (agents, identity) = (self.agents.clone(), self.identity.clone());
         let report = self.report.get().cloned();
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 let task =
-                    runtime.spawn_blocking(move || record_opening(&broker, &identity, report));
+                    runtime.spawn_blocking(move || record_opening(&agents, &identity, report));
                 if let Ok(mut slot) = slot {
                     *slot = Some(task);
                 }
@@ -252,7 +251,7 @@ impl Session {
                 let _ = self
                     .opening
                     .done
-                    .set(record_opening(&broker, &identity, report));
+                    .set(record_opening(&agents, &identity, report));
             }
         }
     }
@@ -285,7 +284,7 @@ impl Session {
     /// Records every result the bridge never acknowledged as undelivered: the remote
     /// outcome stands, and the agent can read it with `fetch_result`.
     pub fn connection_closed(&self) {
-        let mut undelivered: Vec<String> = match self.undelivered.lock() {
+        let mut undelivered: Vec<Receipt> = match self.undelivered.lock() {
             Ok(mut map) => map.drain().map(|(_, (id, _))| id).collect(),
             Err(_) => Vec::new(),
         };
@@ -295,39 +294,28 @@ impl Session {
         for id in undelivered {
             // Best effort: a journal that refuses this leaves the result undelivered, which
             // is what `fetch_result` reads anyway.
-            let _ = invocation::delivery_failed(
-                &self.broker.journal,
+            let _ = self.agents.delivery_failed(
                 &id,
                 "The agent's bridge closed before the result reached it.",
             );
         }
     }
 
-    fn owned(&self, invocation_id: &str) -> Result<Projection, McpError> {
-        let not_found = || {
-            McpError::invalid_params(
-                format!("no invocation {invocation_id} in this session"),
-                None,
-            )
-        };
-        let p = self
-            .broker
-            .journal
-            .projection(invocation_id)
-            .map_err(|_| not_found())?;
-        if p.session.as_deref() != Some(self.identity.session.as_str()) {
-            return Err(not_found());
-        }
-        Ok(p)
+    fn owned(&self, invocation_id: &str) -> Result<Owned, McpError> {
+        self.agents
+            .owned(&self.identity.session, invocation_id)
+            .map_err(|NotOwned(id)| {
+                McpError::invalid_params(format!("no invocation {id} in this session"), None)
+            })
     }
 
     /// Waits for the bridge's acknowledgement of this answer; `whole` when it carried
     /// the whole result or its last piece.
-    fn remember(&self, context: &RequestContext<RoleServer>, invocation_id: &str, whole: bool) {
+    fn remember(&self, context: &RequestContext<RoleServer>, receipt: Receipt, whole: bool) {
         if let (Ok(key), Ok(mut map)) =
             (serde_json::to_string(&context.id), self.undelivered.lock())
         {
-            map.insert(key, (invocation_id.to_string(), whole));
+            map.insert(key, (receipt, whole));
         }
     }
 
@@ -337,20 +325,19 @@ impl Session {
         if !delivery::needs_pieces(bytes) {
             return None;
         }
-        let p = self.broker.journal.projection(invocation_id).ok()?;
-        delivery::piece(&self.broker.journal, &p, None, None).ok()
+        let owned = self
+            .agents
+            .owned(&self.identity.session, invocation_id)
+            .ok()?;
+        self.agents.piece(&owned, None, None).ok()
     }
 
     /// An `http_request` (or retry) answer, capped, and whether it carried the whole result.
     /// The context an agent's call runs in: its session, the broker's approver, and
     /// the request's cancellation.
     fn call_context(&self, context: &RequestContext<RoleServer>) -> CallContext {
-        CallContext {
-            session: Some(self.identity.session.clone()),
-            approver: self.broker.approver.clone(),
-            cancel: context.ct.clone(),
-            parent: None,
-        }
+        self.agents
+            .context(Some(self.identity.session.clone()), context.ct.clone())
     }
 
     fn http_answer(&self, outcome: &HttpOutcome) -> (CallToolResult, bool) {
@@ -360,7 +347,12 @@ impl Session {
         // the journal asked: every other answer skips the lookup.)
         let accepted = outcome.result.as_ref().is_some_and(|r| r.status == 202);
         if let Some(job) = accepted
-            .then(|| self.broker.journal.children(&outcome.invocation_id).ok())
+            .then(|| {
+                let owned = self
+                    .agents
+                    .owned(&self.identity.session, &outcome.invocation_id);
+                owned.ok().and_then(|o| self.agents.children(&o).ok())
+            })
             .flatten()
             .and_then(|c| c.into_iter().find(|l| l.relation == Relation::Job))
         {
@@ -421,14 +413,14 @@ impl Session {
         let progress = self.progress_ticker(context);
         // A capability another broker exports runs through the peer channel; the agent
         // names it, never the peer's URL or keys.
-        let outcome = if peer::is_peer_url(&request.url) {
-            self.broker.peer.execute(request, &ctx).await
+        let ran = if peer::is_peer_url(&request.url) {
+            self.agents.peer(request, &ctx).await
         } else {
-            self.broker.http.execute(request, &ctx).await
+            self.agents.http(request, &ctx).await
         };
         progress.abort();
-        let (answer, whole) = self.http_answer(&outcome);
-        self.remember(context, &outcome.invocation_id, whole);
+        let (answer, whole) = self.http_answer(&ran.outcome);
+        self.remember(context, ran.receipt, whole);
         Ok(answer)
     }
 
@@ -470,23 +462,22 @@ impl Session {
         };
         let ctx = self.call_context(context);
         let progress = self.progress_ticker(context);
-        let outcome = self.broker.ssh.execute(request, &ctx).await;
+        let ran = self.agents.ssh(request, &ctx).await;
         progress.abort();
-        let (answer, whole) = self.ssh_answer(&outcome);
-        self.remember(context, &outcome.invocation_id, whole);
+        let (answer, whole) = self.ssh_answer(&ran.outcome);
+        self.remember(context, ran.receipt, whole);
         Ok(answer)
     }
 
     /// What was answered for an invocation of this session that the journal could not
     /// record (a full disk, say): the same envelope, marked as not recorded.
     fn unrecorded(&self, invocation_id: &str) -> Option<CallToolResult> {
-        let u = self.broker.journal.unrecorded(invocation_id)?;
-        if u.session.as_deref() != Some(self.identity.session.as_str()) {
-            return None;
-        }
-        let mut value = serde_json::to_value(&u.envelope).ok()?;
+        let envelope = self
+            .agents
+            .unrecorded(&self.identity.session, invocation_id)?;
+        let mut value = serde_json::to_value(&envelope).ok()?;
         value["recorded"] = Value::Bool(false);
-        value["outcome"] = serde_json::to_value(u.envelope.error.outcome).ok()?;
+        value["outcome"] = serde_json::to_value(envelope.error.outcome).ok()?;
         Some(CallToolResult::structured_error(value))
     }
 
@@ -494,7 +485,7 @@ impl Session {
     fn owned_or_unrecorded(
         &self,
         invocation_id: &str,
-    ) -> Result<Result<Projection, CallToolResult>, McpError> {
+    ) -> Result<Result<Owned, CallToolResult>, McpError> {
         match self.owned(invocation_id) {
             Ok(p) => Ok(Ok(p)),
             Err(e) => self.unrecorded(invocation_id).map(Err).ok_or(e),
@@ -506,17 +497,17 @@ impl Session {
         args: FetchResultArgs,
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
-        let p = match self.owned_or_unrecorded(&args.invocation_id)? {
-            Ok(p) => p,
+        let owned = match self.owned_or_unrecorded(&args.invocation_id)? {
+            Ok(owned) => owned,
             Err(answer) => return Ok(answer),
         };
-        let journal = &self.broker.journal;
+        let p = owned.projection();
         // A read of the record and its stored result, never a re-run.
         let unreadable = |e: postern_broker::journal::JournalError| {
             McpError::internal_error(e.to_string(), None)
         };
         let refuse = |e: &DeliveryError| {
-            let envelope = delivery::refusal(journal, &p, e);
+            let envelope = self.agents.refusal(&owned, e);
             let mut value = serde_json::to_value(&envelope).unwrap_or(Value::Null);
             value["outcome"] = serde_json::to_value(p.outcome).unwrap_or(Value::Null);
             CallToolResult::structured_error(value)
@@ -525,10 +516,13 @@ impl Session {
             return Ok(refuse(&DeliveryError::Expired));
         }
         if args.cursor.is_some() || args.max_bytes.is_some() {
-            return match delivery::piece(journal, &p, args.cursor.as_deref(), args.max_bytes) {
+            return match self
+                .agents
+                .piece(&owned, args.cursor.as_deref(), args.max_bytes)
+            {
                 Ok(piece) => {
                     if piece.complete {
-                        self.remember(context, &p.invocation_id, true);
+                        self.remember(context, owned.receipt(), true);
                     }
                     Ok(CallToolResult::structured(json!({
                         "invocation_id": p.invocation_id,
@@ -541,43 +535,27 @@ impl Session {
             };
         }
         let (answer, whole) = if p.channel == Some(Channel::Ssh) {
-            let outcome = self
-                .broker
-                .ssh
-                .recorded_projection(&p)
-                .map_err(unreadable)?;
+            let outcome = self.agents.recorded_ssh(&owned).map_err(unreadable)?;
             self.ssh_answer(&outcome)
-        } else if p.channel == Some(Channel::Peer) {
-            let outcome = self
-                .broker
-                .peer
-                .recorded_projection(&p)
-                .map_err(unreadable)?;
-            self.http_answer(&outcome)
         } else {
-            let outcome = self
-                .broker
-                .http
-                .recorded_projection(&p)
-                .map_err(unreadable)?;
+            let outcome = self.agents.recorded_http(&owned).map_err(unreadable)?;
             self.http_answer(&outcome)
         };
         if p.result_id.is_some() {
-            self.remember(context, &p.invocation_id, whole);
+            self.remember(context, owned.receipt(), whole);
         }
         Ok(answer)
     }
 
     fn get_invocation(&self, args: InvocationArgs) -> Result<CallToolResult, McpError> {
-        let p = match self.owned_or_unrecorded(&args.invocation_id)? {
-            Ok(p) => p,
+        let owned = match self.owned_or_unrecorded(&args.invocation_id)? {
+            Ok(owned) => owned,
             Err(answer) => return Ok(answer),
         };
-        let now = self.broker.journal.now_ms();
+        let now = self.agents.now_ms();
         let events = self
-            .broker
-            .journal
-            .events(&args.invocation_id)
+            .agents
+            .events(&owned)
             .map_err(|e| McpError::internal_error(e.to_string(), None))?;
         let events: Vec<Value> = events
             .into_iter()
@@ -591,11 +569,10 @@ impl Session {
             })
             .collect();
         let children = self
-            .broker
-            .journal
-            .children(&args.invocation_id)
+            .agents
+            .children(&owned)
             .map_err(|e| McpError::internal_error(e.to_string(), None))?;
-        let mut status = evidence::invocation_status(&p, now);
+        let mut status = evidence::invocation_status(owned.projection(), now);
         status["children"] = serde_json::to_value(children).unwrap_or(Value::Null);
         status["events"] = Value::Array(events);
         Ok(CallToolResult::structured(status))
@@ -610,11 +587,12 @@ impl Session {
             return Ok(refusal);
         }
         // Only the agent's own submission or job is read.
-        if let Err(answer) = self.owned_or_unrecorded(&args.invocation_id)? {
-            return Ok(answer);
-        }
+        let owned = match self.owned_or_unrecorded(&args.invocation_id)? {
+            Ok(owned) => owned,
+            Err(answer) => return Ok(answer),
+        };
         let ctx = self.call_context(context);
-        let polled = match self.broker.http.poll_job(&args.invocation_id, &ctx).await {
+        let (polled, receipt) = match self.agents.poll_job(&owned, &ctx).await {
             Ok(polled) => polled,
             Err(PollRefused::NotAJob(id)) => {
                 let error = ErrorBody {
@@ -632,15 +610,15 @@ impl Session {
             }
             Err(e) => return Err(McpError::internal_error(e.to_string(), None)),
         };
-        if let Some(poll) = &polled.poll {
-            self.remember(context, &poll.invocation_id, true);
+        if let Some(receipt) = receipt {
+            self.remember(context, receipt, true);
         }
+        // The job is this session's: it was started for the submission it owns.
         let job = self
-            .broker
-            .journal
-            .projection(&polled.job.invocation_id)
+            .agents
+            .owned(&self.identity.session, &polled.job.invocation_id)
             .map_err(|e| McpError::internal_error(e.to_string(), None))?;
-        let mut value = evidence::invocation_status(&job, self.broker.journal.now_ms());
+        let mut value = evidence::invocation_status(job.projection(), self.agents.now_ms());
         if let Some(envelope) = &polled.job.error {
             value["error"] = serde_json::to_value(&envelope.error).unwrap_or(Value::Null);
         }
@@ -659,29 +637,25 @@ impl Session {
         if let Err(refusal) = self.opened().await {
             return Ok(refusal);
         }
-        let p = match self.owned_or_unrecorded(&args.invocation_id)? {
-            Ok(p) => p,
+        let owned = match self.owned_or_unrecorded(&args.invocation_id)? {
+            Ok(owned) => owned,
             Err(answer) => return Ok(answer),
         };
-        if p.channel == Some(Channel::Ssh) {
+        if owned.projection().channel == Some(Channel::Ssh) {
             // A shell command is never assumed safe to repeat; the record and its retry
             // advice are what the caller gets.
-            let outcome = SshOutcome::of_projection(&p, self.broker.journal.now_ms());
+            let outcome = SshOutcome::of_projection(owned.projection(), self.agents.now_ms());
             return Ok(ssh_result_of(&outcome));
         }
         let ctx = self.call_context(context);
-        let outcome = if p.channel == Some(Channel::Peer) {
-            self.broker.peer.retry(&args.invocation_id, &ctx).await
-        } else {
-            self.broker.http.retry(&args.invocation_id, &ctx).await
-        };
-        let (answer, whole) = self.http_answer(&outcome);
-        self.remember(context, &outcome.invocation_id, whole);
+        let ran = self.agents.retry(&owned, &ctx).await;
+        let (answer, whole) = self.http_answer(&ran.outcome);
+        self.remember(context, ran.receipt, whole);
         Ok(answer)
     }
 
     async fn list_targets(&self) -> CallToolResult {
-        let config = self.broker.config.current();
+        let config = self.agents.targets();
         let targets: Vec<Value> = config
             .http
             .iter()
@@ -711,7 +685,7 @@ impl Session {
         }));
         // What each peer lists for this broker. A peer whose listing failed or was
         // denied lists nothing; its URL and key are never shown.
-        for (name, listing) in self.broker.peer.listings().all().await {
+        for (name, listing) in self.agents.peer_listings().await {
             let Ok(listing) = listing else { continue };
             let approval = config.peer(&name).map_or("none", |p| p.approval.as_str());
             targets.extend(listing.capabilities.iter().map(|c| {
@@ -954,7 +928,7 @@ impl ServerHandler for Session {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        if starts_invocation(request.name.as_ref()) && self.broker.pause.is_paused() {
+        if starts_invocation(request.name.as_ref()) && self.agents.agents_paused() {
             return Ok(agents_paused().into());
         }
         let result = match request.name.as_ref() {
@@ -996,15 +970,15 @@ impl ServerHandler for Session {
             .ok()
             .and_then(|mut map| map.remove(&key));
         match acknowledged {
-            Some((invocation_id, true)) => {
+            Some((receipt, true)) => {
                 if let Ok(mut partial) = self.partial.lock() {
-                    partial.remove(&invocation_id);
+                    partial.remove(&receipt);
                 }
-                let _ = invocation::confirm_delivery_queued(&self.broker.journal, &invocation_id);
+                let _ = self.agents.delivered(&receipt);
             }
-            Some((invocation_id, false)) => {
+            Some((receipt, false)) => {
                 if let Ok(mut partial) = self.partial.lock() {
-                    partial.insert(invocation_id);
+                    partial.insert(receipt);
                 }
             }
             None => {}
@@ -1017,8 +991,9 @@ mod tests {
     use super::*;
     use crate::peer::{AgentIdentity, process_info};
     use postern_broker::audit::AUDIT_KEY_ID;
-    use postern_broker::broker::BrokerOptions;
+    use postern_broker::provenance;
     use postern_broker::vault::KeychainBackend;
+    use postern_broker::{Broker, BrokerOptions, OperatorApi};
 
     fn secret_service_enabled() -> bool {
         if std::env::var_os("POSTERN_TEST_SKIP_SECRET_SERVICE").is_some_and(|v| v == "1") {
@@ -1029,7 +1004,7 @@ mod tests {
     }
 
     /// A broker over a fresh data dir and a keychain service no user has.
-    fn broker(dir: &std::path::Path) -> Arc<Broker> {
+    fn broker(dir: &std::path::Path) -> OperatorApi {
         std::fs::write(dir.join("postern.toml"), "").unwrap();
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -1045,7 +1020,7 @@ mod tests {
             vault_key: None,
         })
         .unwrap();
-        Arc::new(opened.broker)
+        opened.operator
     }
 
     /// This test process, as the agent behind a bridge.
@@ -1067,18 +1042,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let broker = broker(dir.path());
         let identity = this_agent();
-        let session = Session::new(broker.clone(), identity.clone());
+        let session = Session::new(broker.agent(), identity.clone());
         let clone = session.clone();
         let (a, b) = tokio::join!(session.opened(), clone.opened());
         let (a, b) = (a.unwrap(), b.unwrap());
         assert_eq!(a, b, "one record per connection, whoever waits for it");
-        let recorded = provenance::recorded_session_in(&broker.journal, &identity.session)
+        let recorded = provenance::recorded_session_in(broker.journal(), &identity.session)
             .unwrap()
             .unwrap();
         assert_eq!(recorded.seq, a);
         assert_eq!(recorded.opened.agent.pid, std::process::id());
         assert_eq!(recorded.opened.transport.bridge_pid, identity.bridge_pid);
-        let _ = broker.vault.remove(AUDIT_KEY_ID);
+        let _ = broker.vault().remove(AUDIT_KEY_ID);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1088,10 +1063,10 @@ mod tests {
         }
         let dir = tempfile::tempdir().unwrap();
         let broker = broker(dir.path());
-        let _ = broker.vault.remove(AUDIT_KEY_ID);
+        let _ = broker.vault().remove(AUDIT_KEY_ID);
         // The journal's writer is gone: SESSION_OPENED cannot be written.
-        broker.journal.clone().close().unwrap();
-        let session = Session::new(broker.clone(), this_agent());
+        broker.journal().clone().close().unwrap();
+        let session = Session::new(broker.agent(), this_agent());
         let refusal = session.opened().await.unwrap_err();
         assert_eq!(refusal.is_error, Some(true));
         let value = refusal.structured_content.unwrap();

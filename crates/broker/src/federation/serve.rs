@@ -52,9 +52,11 @@ use super::wire::{
 };
 use super::{Attestation, AttestationKind, CallBinding, Statement};
 use crate::action::NormalizedHttp;
-use crate::broker::Broker;
+use crate::approvals::Approver;
+use crate::channel::http::HttpChannel;
 use crate::channel::http::{HttpOutcome, HttpRequest};
 use crate::config::Config;
+use crate::config::ConfigHandle;
 use crate::config::peer::PeerConfig;
 use crate::contract::{Code, Outcome};
 use crate::invocation::{CallContext, Channel, Recorder, new_invocation_id};
@@ -62,6 +64,7 @@ use crate::journal::events;
 use crate::journal::peer_calls::{PeerAccept, PeerCall};
 use crate::journal::projection::Projection;
 use crate::journal::{Journal, NewInvocation};
+use crate::pause::AgentPause;
 
 /// How long a repeated call waits for its invocation, still running, to end.
 pub const REPEAT_WAIT: Duration = Duration::from_secs(20);
@@ -144,9 +147,19 @@ struct About<'a> {
 /// Where a refusal is logged.
 pub type RefusalLog = Arc<dyn Fn(&str) + Send + Sync>;
 
+/// What [`PeerService`] works with: the parts of a broker a federated caller's requests
+/// reach (never the vault: the HTTP channel reads the credential itself).
+pub struct Parts {
+    pub journal: Journal,
+    pub config: ConfigHandle,
+    pub pause: Arc<AgentPause>,
+    pub approver: Option<Arc<dyn Approver>>,
+    pub http: HttpChannel,
+}
+
 /// Broker B's answers to its peers.
 pub struct PeerService {
-    broker: Arc<Broker>,
+    broker: Parts,
     /// Set when the daemon is stopping: new calls are answered `unavailable`.
     stopping: AtomicBool,
     log: RefusalLog,
@@ -161,8 +174,8 @@ struct Prepared {
 }
 
 impl PeerService {
-    /// The service over `broker`, logging refusals to `log`.
-    pub fn new(broker: Arc<Broker>, log: RefusalLog) -> PeerService {
+    /// The service over a broker's `parts`, logging refusals to `log`.
+    pub fn new(broker: Parts, log: RefusalLog) -> PeerService {
         PeerService {
             broker,
             stopping: AtomicBool::new(false),

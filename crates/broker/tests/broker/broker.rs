@@ -7,10 +7,10 @@
 use std::path::Path;
 
 use postern_broker::audit::AUDIT_KEY_ID;
-use postern_broker::broker::{Broker, BrokerOptions, OpenError, OpenWarning, Opened};
 use postern_broker::config::Caution;
 use postern_broker::invocation::Recorder;
 use postern_broker::vault::{Keychain, KeychainBackend, Vault};
+use postern_broker::{Broker, BrokerOptions, OpenError, OpenWarning, Opened, OperatorApi};
 
 use crate::support::new_invocation;
 
@@ -50,8 +50,8 @@ fn open(dir: &Path, service: &str) -> Result<Opened, OpenError> {
 }
 
 /// Removes the audit key this test's broker made.
-fn forget_audit_key(broker: &Broker) {
-    let _ = broker.vault.remove(AUDIT_KEY_ID);
+fn forget_audit_key(broker: &OperatorApi) {
+    let _ = broker.vault().remove(AUDIT_KEY_ID);
 }
 
 #[test]
@@ -62,11 +62,14 @@ fn opening_makes_the_journal_and_returns_an_unpinned_host_key_as_a_warning() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("postern.toml"), UNPINNED).unwrap();
     let service = service();
-    let Opened { broker, warnings } = open(dir.path(), &service).unwrap();
+    let Opened {
+        operator: broker,
+        warnings,
+    } = open(dir.path(), &service).unwrap();
     assert!(Broker::journal_path(dir.path()).is_file());
-    assert_eq!(broker.journal.path(), Broker::journal_path(dir.path()));
-    assert!(broker.approver.is_none());
-    assert!(broker.config.current().ssh_target("web1").is_some());
+    assert_eq!(broker.journal().path(), Broker::journal_path(dir.path()));
+    assert!(broker.approver().is_none());
+    assert!(broker.config().current().ssh_target("web1").is_some());
     assert_eq!(warnings.len(), 1, "{warnings:?}");
     let OpenWarning::Config(warning) = &warnings[0] else {
         panic!("{warnings:?}");
@@ -74,7 +77,7 @@ fn opening_makes_the_journal_and_returns_an_unpinned_host_key_as_a_warning() {
     assert_eq!(warning.caution, Caution::HostKeyNotPinned);
     assert_eq!(warnings[0].to_string(), warning.to_string());
     forget_audit_key(&broker);
-    broker.journal.close().unwrap();
+    broker.journal().clone().close().unwrap();
 }
 
 #[test]
@@ -89,9 +92,9 @@ fn a_signing_key_that_did_not_sign_the_journal_is_returned_as_a_warning() {
     assert!(first.warnings.is_empty(), "{:?}", first.warnings);
     // The journal signs a checkpoint over what it holds when it closes; then the keychain
     // loses the key that signed it.
-    Recorder::accept(&first.broker.journal, new_invocation("inv_1", None)).unwrap();
-    forget_audit_key(&first.broker);
-    first.broker.journal.clone().close().unwrap();
+    Recorder::accept(first.operator.journal(), new_invocation("inv_1", None)).unwrap();
+    forget_audit_key(&first.operator);
+    first.operator.journal().clone().close().unwrap();
     drop(first);
 
     let second = open(dir.path(), &service).unwrap();
@@ -102,8 +105,8 @@ fn a_signing_key_that_did_not_sign_the_journal_is_returned_as_a_warning() {
          earlier checkpoints (the keychain lost it); `postern audit verify` will report those \
          checkpoints as not signed by the current key"
     );
-    forget_audit_key(&second.broker);
-    second.broker.journal.clone().close().unwrap();
+    forget_audit_key(&second.operator);
+    second.operator.journal().clone().close().unwrap();
 }
 
 #[test]
@@ -142,13 +145,13 @@ fn the_file_keychain_seals_the_audit_key_and_a_wrong_vault_key_opens_nothing() {
     };
     let opened = open_with(3).unwrap();
     let seed = opened
-        .broker
-        .vault
+        .operator
+        .vault()
         .read_for_injection(AUDIT_KEY_ID, 0)
         .unwrap()
         .1;
     let key_bytes = seed.expose().to_vec();
-    opened.broker.journal.clone().close().unwrap();
+    opened.operator.journal().clone().close().unwrap();
     drop(opened);
     let records: Vec<_> = std::fs::read_dir(dir.path().join(STORE_DIR))
         .unwrap()
@@ -158,7 +161,7 @@ fn the_file_keychain_seals_the_audit_key_and_a_wrong_vault_key_opens_nothing() {
     assert!(!records[0].windows(32).any(|w| w == key_bytes.as_slice()));
     // The same key reopens it; another one is refused with a typed error.
     let again = open_with(3).unwrap();
-    again.broker.journal.clone().close().unwrap();
+    again.operator.journal().clone().close().unwrap();
     drop(again);
     match open_with(4) {
         Err(OpenError::AuditKey(e)) => assert!(
