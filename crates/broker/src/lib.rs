@@ -3,13 +3,17 @@
 //!
 //! # Layout
 //!
-//! One action, in the order it meets these modules: [`broker`] opens everything;
+//! One action, in the order it meets these modules: [`Broker::open`] opens everything
+//! and hands out the two [`api`] handles;
 //! [`invocation`] runs the request through one pipeline for every [`channel`]; the
 //! [`journal`] records each step, [`audit`] chains the records; [`evidence`] and
 //! [`retry`] read what the records prove.
 //!
-//! - [`broker`]: the engine assembled ([`broker::Broker::open`]): journal, vault,
-//!   targets file and channels; the daemon and the desktop console both open it.
+//! - [`Broker`]: the engine assembled ([`Broker::open`]): journal, vault, targets file
+//!   and channels; the daemon and the desktop console both open it. Its parts are
+//!   private: the operator side holds an [`OperatorApi`], the agent side an
+//!   [`AgentApi`] that can submit, retry, poll and read its own invocations and nothing
+//!   else ([`api`]; compile-fail tests in `crates/mcp/tests/agent_boundary.rs`).
 //! - [`invocation`]: one invocation from request to delivered result:
 //!   [`invocation::pipeline`] (accept, validate, bind, approve, credential and lease,
 //!   attempt, delivery, and the [`invocation::Channel`] trait a channel implements),

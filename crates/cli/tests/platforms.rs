@@ -217,7 +217,7 @@ async fn an_agent_reaches_the_daemon_on_the_platform_endpoint_and_is_recorded_as
     let agent = &opened.agent;
     assert_eq!(agent.pid, std::process::id());
     // The connecting user is part of the key (issue 26): sessions never span users.
-    let user = postern_mcp::peer::user_tag(&platform::current_user().unwrap());
+    let user = postern_mcp::caller::user_tag(&platform::current_user().unwrap());
     assert_eq!(
         session,
         format!("sess_{user}_{}_{}", agent.pid, agent.start_ticks)

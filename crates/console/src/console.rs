@@ -28,7 +28,7 @@ use postern_broker::journal::projection::Projection;
 use postern_broker::journal::query::{self, Filter, InvocationRow};
 use postern_broker::provenance::{self, ApprovalRecord};
 use postern_broker::vault::{CredentialKind, Secret};
-use postern_mcp::peer::ProcessInfo;
+use postern_mcp::caller::ProcessInfo;
 use postern_mcp::server::{SessionRecord, Sessions};
 
 use crate::dto::*;

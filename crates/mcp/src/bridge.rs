@@ -67,19 +67,9 @@ use tokio::sync::{Notify, mpsc};
 
 use postern_broker::provenance::BridgeReport;
 
+pub use crate::input::{MAX_DEPTH, MAX_LINE, nesting_exceeds};
 use crate::server::{BRIDGE_REPORT, DELIVERED, REFUSED};
 use crate::tools;
-
-/// Longest line accepted (16 MiB, bytes before the newline). A longer line is discarded
-/// as it streams in, never buffered, and answered with Invalid Request.
-pub const MAX_LINE: usize = 16 * 1024 * 1024;
-
-/// Deepest nesting of arrays and objects accepted in one message, the same as
-/// serde_json's recursion limit. A linear scan checks it before any parser sees the line,
-/// so the answer ("nested too deep") is precise and no parser's recursion is relied on;
-/// serde_json's limit (in force by default, even with its `unbounded_depth` feature,
-/// which only adds an opt-out method nothing here calls) is the second lock.
-pub const MAX_DEPTH: usize = 128;
 
 /// After stdin closes, how long the bridge waits for responses it still owes.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -158,9 +148,9 @@ async fn report_line() -> Vec<u8> {
 pub fn verify_broker(socket: &Path, stream: &tokio::net::UnixStream) -> Result<(), String> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
 
-    use crate::daemon::{Trust, WalkError, own_gid, walk_trusted};
+    use crate::daemon::socket_path::{Trust, WalkError, own_gid, walk_trusted};
 
-    let me = crate::peer::own_uid().ok_or("this process's own uid is unknown")?;
+    let me = crate::caller::own_uid().ok_or("this process's own uid is unknown")?;
     let peer = stream
         .peer_cred()
         .map_err(|e| format!("the server's credentials cannot be read ({e})"))?
@@ -348,38 +338,6 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
             }
         }
     }
-}
-
-/// Whether `bytes` nest arrays or objects deeper than `limit` (brackets inside strings
-/// do not count). A linear scan with no recursion, so any input is safe to check.
-pub fn nesting_exceeds(bytes: &[u8], limit: usize) -> bool {
-    let mut depth = 0usize;
-    let mut in_string = false;
-    let mut escaped = false;
-    for &b in bytes {
-        if in_string {
-            if escaped {
-                escaped = false;
-            } else if b == b'\\' {
-                escaped = true;
-            } else if b == b'"' {
-                in_string = false;
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b'[' | b'{' => {
-                depth += 1;
-                if depth > limit {
-                    return true;
-                }
-            }
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            _ => {}
-        }
-    }
-    false
 }
 
 /// The params of the broker's [`REFUSED`] notification, if `line` is one.
@@ -1408,7 +1366,7 @@ mod tests {
     #[tokio::test]
     #[cfg(unix)]
     async fn a_server_is_trusted_only_through_trusted_links_and_as_the_sockets_owner() {
-        if crate::peer::own_uid() != Some(0) {
+        if crate::caller::own_uid() != Some(0) {
             eprintln!("skipped: not root, cannot give a link or a socket to another uid");
             return;
         }

@@ -3,25 +3,28 @@
 //!
 //! # Layout
 //! - [`tools`]: tool names, descriptions and exact input schemas.
-//! - [`server`]: one session's MCP server over the broker
-//!   ([`postern_broker::broker::Broker`]); delivery acknowledgements; the registry of
-//!   agent sessions, held beside the broker by whoever serves the socket.
-//! - [`daemon`]: the headless broker: socket (0600, in a directory others cannot write;
+//! - [`server`]: one session's MCP server over the agent side's handle
+//!   ([`postern_broker::AgentApi`]: never the broker, its vault, journal or
+//!   configuration); delivery acknowledgements; the registry of agent sessions, held
+//!   beside the broker by whoever serves the socket.
+//! - [`daemon`]: the agent socket of the headless broker (opened by the console crate's
+//!   `headless`, which holds the operator side): socket (0600, in a directory others cannot write;
 //!   only its own stale socket replaced; a named pipe on Windows), peer user checked,
-//!   input lines guarded ([`guard`]: the reader the MCP layer reads a connection
+//!   input lines guarded ([`input`]: the reader the MCP layer reads a connection
 //!   through).
 //! - [`bridge`]: stdio ↔ socket relay that answers malformed input itself and delivers
 //!   what it owes before exiting; BROKER_UNAVAILABLE when no broker runs or may be reached.
-//! - [`peer`]: peer credentials and the agent process behind a bridge.
+//! - [`caller`]: the process at the other end of the agent socket (its credentials, and
+//!   the agent process behind a bridge). "Peer" is kept for federated brokers ([`peering`]).
 //! - [`peering`]: the federation endpoint another broker calls (MCP Streamable HTTP
 //!   over TCP, the three peering tools only), over
 //!   [`postern_broker::federation::serve::PeerService`].
 
 pub mod admission;
 pub mod bridge;
+pub mod caller;
 pub mod daemon;
-mod guard;
-pub mod peer;
+mod input;
 pub mod peering;
 pub mod server;
 pub mod tools;

@@ -40,7 +40,7 @@ use postern_broker::invocation::CallContext;
 use postern_broker::journal::events::{Channel, Relation};
 use postern_broker::provenance::{BridgeReport, SessionOpened};
 
-use crate::peer::AgentIdentity;
+use crate::caller::AgentIdentity;
 use crate::tools::{self, FetchResultArgs, HttpRequestArgs, InvocationArgs, NoArgs, SshExecArgs};
 
 /// The progress notifications of one call, if it asked for them; stopped by `abort`.
@@ -124,7 +124,7 @@ impl Sessions {
             && let Some(record) = map.get_mut(&identity.session)
         {
             record.connections = record.connections.saturating_sub(1);
-            if !crate::peer::session_alive(identity) {
+            if !crate::caller::session_alive(identity) {
                 record.ended_at_ms = Some(now_ms);
             }
         }
@@ -134,7 +134,7 @@ impl Sessions {
     pub fn sweep(&self, now_ms: i64) {
         if let Ok(mut map) = self.0.lock() {
             for record in map.values_mut() {
-                if record.ended_at_ms.is_none() && !crate::peer::session_alive(&record.identity) {
+                if record.ended_at_ms.is_none() && !crate::caller::session_alive(&record.identity) {
                     record.ended_at_ms = Some(now_ms);
                 }
             }
@@ -989,7 +989,7 @@ impl ServerHandler for Session {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::peer::{AgentIdentity, process_info};
+    use crate::caller::{AgentIdentity, process_info};
     use postern_broker::audit::AUDIT_KEY_ID;
     use postern_broker::provenance;
     use postern_broker::vault::KeychainBackend;

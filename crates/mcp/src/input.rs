@@ -17,9 +17,10 @@
 //! tasks and no wake-up to hand it across.
 
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use rmcp::model::{ClientJsonRpcMessage, ClientNotification, JsonRpcMessage};
 use tokio::io::{AsyncRead, ReadBuf};
@@ -27,8 +28,6 @@ use tokio::io::{AsyncRead, ReadBuf};
 use postern_broker::budget::ByteBudget;
 use postern_broker::provenance::BridgeReport;
 
-use crate::bridge::{MAX_DEPTH, MAX_LINE, nesting_exceeds};
-use crate::daemon::Acks;
 use crate::server::{BRIDGE_REPORT, DELIVERED};
 
 /// Bytes read from the connection at a time.
@@ -281,6 +280,76 @@ pub(crate) fn is_ack(line: &[u8]) -> bool {
         Ok(JsonRpcMessage::Notification(n))
             if matches!(&n.notification, ClientNotification::CustomNotification(c) if c.method == DELIVERED)
     )
+}
+
+/// Longest line accepted (16 MiB, bytes before the newline). A longer line is discarded
+/// as it streams in, never buffered, and answered with Invalid Request.
+pub const MAX_LINE: usize = 16 * 1024 * 1024;
+
+/// Deepest nesting of arrays and objects accepted in one message, the same as
+/// serde_json's recursion limit. A linear scan checks it before any parser sees the line,
+/// so the answer ("nested too deep") is precise and no parser's recursion is relied on;
+/// serde_json's limit (in force by default, even with its `unbounded_depth` feature,
+/// which only adds an opt-out method nothing here calls) is the second lock.
+pub const MAX_DEPTH: usize = 128;
+
+/// Whether `bytes` nest arrays or objects deeper than `limit` (brackets inside strings
+/// do not count). A linear scan with no recursion, so any input is safe to check.
+pub fn nesting_exceeds(bytes: &[u8], limit: usize) -> bool {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for &b in bytes {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > limit {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
+}
+
+/// Delivery acknowledgements on one connection: passed on to the session, and handled.
+#[derive(Default)]
+pub(crate) struct Acks {
+    /// Read from the connection and passed on to the MCP layer ([`GuardedInput`]).
+    pub(crate) forwarded: AtomicUsize,
+    pub(crate) handled: AtomicUsize,
+    pub(crate) changed: tokio::sync::Notify,
+}
+
+impl Acks {
+    /// Waits (at most `within`) until every acknowledgement passed on has been handled.
+    pub(crate) async fn settled(&self, within: Duration) {
+        let _ = tokio::time::timeout(within, async {
+            loop {
+                let changed = self.changed.notified();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
+                if self.handled.load(Ordering::SeqCst) >= self.forwarded.load(Ordering::SeqCst) {
+                    return;
+                }
+                changed.await;
+            }
+        })
+        .await;
+    }
 }
 
 #[cfg(test)]

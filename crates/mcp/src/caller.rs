@@ -149,7 +149,7 @@ pub fn session_alive(identity: &AgentIdentity) -> bool {
 /// Only the broker's own user may talk to it. The socket's directory (0700) and mode
 /// (0600) already keep others out; this is the second lock. (On Windows the users are
 /// SIDs, [`platform::UserId`].)
-pub fn peer_allowed<U: PartialEq>(peer_uid: U, own_uid: U) -> bool {
+pub fn caller_allowed<U: PartialEq>(peer_uid: U, own_uid: U) -> bool {
     peer_uid == own_uid
 }
 
@@ -257,8 +257,8 @@ mod tests {
 
     #[test]
     fn only_the_same_uid_is_allowed() {
-        assert!(peer_allowed(1000, 1000));
-        assert!(!peer_allowed(65534, 1000));
-        assert!(!peer_allowed(0, 1000));
+        assert!(caller_allowed(1000, 1000));
+        assert!(!caller_allowed(65534, 1000));
+        assert!(!caller_allowed(0, 1000));
     }
 }
