@@ -62,14 +62,16 @@ use serde::{Deserialize, Serialize};
 use url::Url;
 
 use crate::action::{Canonical, NormalizedHttp, is_token, normalize_path};
-use crate::channel::http::batch::{BatchContract, BatchProblem, RawBatch};
-use crate::channel::http::job::{JobContract, JobProblem, RawJob};
 use crate::contract::Code;
 use crate::journal::RetentionPolicy;
 use crate::vault::CredentialId;
 
+pub mod batch;
+pub mod job;
 pub mod peer;
 pub mod proxy;
+use batch::{BatchContract, BatchProblem, RawBatch};
+use job::{JobContract, JobProblem, RawJob};
 use proxy::{ProxyEnv, ProxyProblem, ProxySetting};
 
 const VERSION_CONTEXT: &str = "postern 2026 target-config v1";

@@ -126,7 +126,7 @@ impl SourceQueryPredicate {
     pub fn for_member(&self, id: &str) -> SourceQueryPredicate {
         SourceQueryPredicate {
             path: self.path.replace(
-                crate::channel::http::batch::MEMBER_ID_PLACEHOLDER,
+                crate::config::batch::MEMBER_ID_PLACEHOLDER,
                 &crate::channel::redact::percent_encode(id.as_bytes()),
             ),
             ..self.clone()

@@ -33,9 +33,10 @@ use crate::action::{ConfigSnapshot, Fingerprint, NormalizedAction};
 use crate::approvals::{ApprovalAnswer, ApprovalDetail, ApprovalRequest, Approver};
 use crate::config::{ApprovalMode, Config, ConfigHandle};
 use crate::contract::{Code, Phase, Retry};
-use crate::journal::events::{Channel as ChannelKind, EventBody, OperationFacts, ParentLink};
+use crate::journal::events::{Channel as ChannelKind, EventBody, OperationFacts};
 use crate::journal::projection::Projection;
 use crate::journal::{Authorization, Journal, JournalError, NewInvocation, StoredResult};
+use crate::record::job::ParentLink;
 use crate::retry::{Decision, RetryRequest};
 use crate::vault::{CredentialRead, Secret, Vault};
 

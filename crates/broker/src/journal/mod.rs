@@ -295,7 +295,7 @@ pub struct NewInvocation {
     pub session: Option<String>,
     pub idempotency_key: Option<String>,
     /// The invocation the broker started this one for, if it did.
-    pub parent: Option<events::ParentLink>,
+    pub parent: Option<crate::record::job::ParentLink>,
 }
 
 /// What CREDENTIAL_AUTHORIZED and the attempt's lease record: the credential's id and
@@ -1406,7 +1406,10 @@ impl Journal {
 
     /// The invocations the broker started for `invocation_id` (followed redirects, its
     /// job, job polls, reconcile queries), oldest first.
-    pub fn children(&self, invocation_id: &str) -> Result<Vec<events::ParentLink>, JournalError> {
+    pub fn children(
+        &self,
+        invocation_id: &str,
+    ) -> Result<Vec<crate::record::job::ParentLink>, JournalError> {
         let conn = self.inner.reader.lock().map_err(|_| JournalError::Closed)?;
         let mut stmt = conn.prepare_cached(
             "SELECT id, relation FROM invocations WHERE parent_id = ?1 ORDER BY accepted_seq",
@@ -1417,12 +1420,15 @@ impl Journal {
         let mut children = Vec::new();
         for row in rows {
             let (id, relation) = row?;
-            let Some(relation) = relation.as_deref().and_then(events::Relation::parse) else {
+            let Some(relation) = relation
+                .as_deref()
+                .and_then(crate::record::job::Relation::parse)
+            else {
                 return Err(JournalError::Storage(format!(
                     "invocation {id} names {invocation_id} as its parent without a known relation"
                 )));
             };
-            children.push(events::ParentLink {
+            children.push(crate::record::job::ParentLink {
                 invocation_id: id,
                 relation,
             });

@@ -15,11 +15,9 @@
 //! Around the pipeline: same-target redirects for targets that opt in, retries by the
 //! record's decision, and the configured reconcile query for an unknown outcome.
 
-pub mod batch;
 mod card;
 mod exchange;
 mod inject;
-pub mod job;
 pub mod status;
 pub mod transport;
 mod tunnel;
