@@ -127,7 +127,7 @@ impl SourceQueryPredicate {
         SourceQueryPredicate {
             path: self.path.replace(
                 crate::config::batch::MEMBER_ID_PLACEHOLDER,
-                &crate::channel::redact::percent_encode(id.as_bytes()),
+                &crate::action::percent_encode(id.as_bytes()),
             ),
             ..self.clone()
         }
