@@ -63,7 +63,6 @@ use url::Url;
 
 use crate::action::{Canonical, NormalizedHttp, is_token, normalize_path};
 use crate::contract::Code;
-use crate::journal::RetentionPolicy;
 use crate::vault::CredentialId;
 
 pub mod batch;
@@ -1330,6 +1329,16 @@ fn check_ca_file(ctx: &Ctx<'_>, path: &Path) -> Result<(), ConfigError> {
 pub const DEFAULT_RESULT_MAX_AGE: Duration = Duration::from_secs(7 * 86_400);
 /// Stored result bytes above this are removed, oldest first (`[results] max_bytes`).
 pub const DEFAULT_RESULT_MAX_BYTES: u64 = 1024 * 1024 * 1024;
+
+/// The retention policy of stored results (`[results]` in the targets file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetentionPolicy {
+    /// Results stored longer ago than this are removed.
+    pub max_age_ms: i64,
+    /// When stored result bytes exceed this, the oldest results are removed until they
+    /// fit.
+    pub max_bytes: u64,
+}
 
 /// The retention policy of `[results]`, with defaults for what is left out.
 fn validate_results(path: &Path, raw: Option<RawResults>) -> Result<RetentionPolicy, ConfigError> {

@@ -49,9 +49,10 @@ use crate::audit::{
     checkpoint_row, witness_path, write_checkpoint_file,
 };
 use crate::clock::Clock;
+use crate::config::RetentionPolicy;
 use events::{Channel, Event, EventBody, JOURNAL_SCOPE};
 use projection::{Projection, ProjectionError};
-pub use results::{ResultLayout, ResultToStore, RetentionPolicy, Settle, StoredResult};
+pub use results::{ResultLayout, ResultToStore, Settle, StoredResult};
 
 /// How often the writer applies the result retention policy (also once at open).
 pub const PRUNE_INTERVAL: Duration = Duration::from_secs(60);
