@@ -127,6 +127,13 @@ pub struct Projection {
 }
 
 impl Projection {
+    /// Whether this is an unknown outcome that nothing has settled: its attempt is
+    /// closed (not still running) and no reconciliation was recorded. Only such an
+    /// outcome can be queried or attested.
+    pub fn is_unsettled(&self) -> bool {
+        self.outcome == Outcome::Unknown && self.terminal && self.reconciled.is_none()
+    }
+
     fn empty(invocation_id: &str) -> Self {
         Projection {
             invocation_id: invocation_id.to_string(),
