@@ -356,6 +356,15 @@ pub struct MemberState {
     pub settled_by: Option<ConfidenceSource>,
 }
 
+/// Why a step before dispatch could not go on; nothing was sent.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub phase: Phase,
+    pub code: Code,
+    pub retry: Retry,
+    pub message: String,
+}
+
 /// The `error` member of the envelope.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorBody {
