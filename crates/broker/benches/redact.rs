@@ -10,7 +10,8 @@ use std::time::Duration;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use postern_broker::channel::redact::{Redactor, percent_encode};
+use postern_broker::action::percent_encode;
+use postern_broker::channel::redact::Redactor;
 
 const SECRET: &str = "sk_live_51HxQ2eKb7Vn3pT9wYzA4cD";
 const MIB: usize = 1 << 20;

@@ -535,6 +535,20 @@ pub(crate) fn is_token(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
+/// RFC 3986 percent-encoding of everything but unreserved characters (what a query
+/// parameter injection sends).
+pub fn percent_encode(value: &[u8]) -> String {
+    let mut out = String::with_capacity(value.len() * 3);
+    for &b in value {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 /// RFC 3986 §2.3 unreserved characters: their escapes are equivalent to themselves.
 fn is_unreserved(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')

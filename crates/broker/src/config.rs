@@ -62,14 +62,15 @@ use serde::{Deserialize, Serialize};
 use url::Url;
 
 use crate::action::{Canonical, NormalizedHttp, is_token, normalize_path};
-use crate::channel::http::batch::{BatchContract, BatchProblem, RawBatch};
-use crate::channel::http::job::{JobContract, JobProblem, RawJob};
 use crate::contract::Code;
-use crate::journal::RetentionPolicy;
 use crate::vault::CredentialId;
 
+pub mod batch;
+pub mod job;
 pub mod peer;
 pub mod proxy;
+use batch::{BatchContract, BatchProblem, RawBatch};
+use job::{JobContract, JobProblem, RawJob};
 use proxy::{ProxyEnv, ProxyProblem, ProxySetting};
 
 const VERSION_CONTEXT: &str = "postern 2026 target-config v1";
@@ -1328,6 +1329,16 @@ fn check_ca_file(ctx: &Ctx<'_>, path: &Path) -> Result<(), ConfigError> {
 pub const DEFAULT_RESULT_MAX_AGE: Duration = Duration::from_secs(7 * 86_400);
 /// Stored result bytes above this are removed, oldest first (`[results] max_bytes`).
 pub const DEFAULT_RESULT_MAX_BYTES: u64 = 1024 * 1024 * 1024;
+
+/// The retention policy of stored results (`[results]` in the targets file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetentionPolicy {
+    /// Results stored longer ago than this are removed.
+    pub max_age_ms: i64,
+    /// When stored result bytes exceed this, the oldest results are removed until they
+    /// fit.
+    pub max_bytes: u64,
+}
 
 /// The retention policy of `[results]`, with defaults for what is left out.
 fn validate_results(path: &Path, raw: Option<RawResults>) -> Result<RetentionPolicy, ConfigError> {

@@ -333,14 +333,36 @@ pub struct Evidence {
     pub not_before_ms: Option<i64>,
     /// The invocation this one was started for, and why (a followed redirect, a job,
     /// a job poll, a reconcile query).
-    pub parent: Option<crate::journal::events::ParentLink>,
+    pub parent: Option<crate::record::job::ParentLink>,
     /// For a job invocation: the job, where its status is read, and its last state.
-    pub job: Option<crate::journal::events::JobFacts>,
+    pub job: Option<crate::record::job::JobFacts>,
     /// For a batch: each member's outcome and what settled it (empty otherwise).
-    pub members: Vec<crate::journal::events::MemberState>,
+    pub members: Vec<MemberState>,
     /// For a call through a peer broker: what the peer proved (its invocation, its
     /// signed attestation and whether the signature verified) and the budgets spent.
     pub peer: Option<crate::federation::record::PeerEvidence>,
+}
+
+/// One member of a batch: its outcome and what settled it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberState {
+    pub id: String,
+    pub outcome: Outcome,
+    /// The per-member status a response reported, as text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    /// How the member's outcome became known (absent while it is unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settled_by: Option<ConfidenceSource>,
+}
+
+/// Why a step before dispatch could not go on; nothing was sent.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub phase: Phase,
+    pub code: Code,
+    pub retry: Retry,
+    pub message: String,
 }
 
 /// The `error` member of the envelope.

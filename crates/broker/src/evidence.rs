@@ -292,11 +292,10 @@ pub fn what_the_record_proves(p: &Projection, events: &[Event]) -> RecordProof {
 
 // ----- settlement -----------------------------------------------------------------------
 
-/// Whether `p` is an unknown outcome that nothing has settled: its attempt is closed (not
-/// still running) and no reconciliation was recorded. Only such an outcome can be queried
-/// or attested.
+/// Whether `p` is an unknown outcome that nothing has settled
+/// ([`Projection::is_unsettled`]). Only such an outcome can be queried or attested.
 pub fn is_unsettled(p: &Projection) -> bool {
-    p.outcome == Outcome::Unknown && p.terminal && p.reconciled.is_none()
+    p.is_unsettled()
 }
 
 /// A settlement's wire name: `committed` or `not_applied`.

@@ -40,6 +40,8 @@
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 
+pub use crate::config::peer::Attempts;
+
 pub mod client;
 pub mod record;
 pub mod serve;
@@ -499,42 +501,8 @@ pub enum Next {
     Abandon,
 }
 
-/// Budgets for one resolution, counted separately: a transport error never spends the
-/// unknown budget, and nothing but a signed denial ever stops as a policy incident.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Attempts {
-    /// Retries allowed after signed `unavailable` or transport errors.
-    pub transient_budget: u32,
-    /// Retries allowed after unattested answers.
-    pub unknown_budget: u32,
-    pub transient_used: u32,
-    pub unknown_used: u32,
-    /// Backoff base and cap, ms.
-    pub base_backoff_ms: u64,
-    pub max_backoff_ms: u64,
-}
-
+/// How answers spend the budgets a `[[peer]]` configures.
 impl Attempts {
-    /// Five transient retries (seed 002's example), three for unattested answers
-    /// (fewer: a broker that does not attest is at fault, and waiting rarely fixes it),
-    /// backoff from 500 ms doubling to at most 30 s.
-    pub fn new() -> Attempts {
-        Attempts {
-            transient_budget: 5,
-            unknown_budget: 3,
-            transient_used: 0,
-            unknown_used: 0,
-            base_backoff_ms: 500,
-            max_backoff_ms: 30_000,
-        }
-    }
-
-    fn backoff(&self, n: u32) -> u64 {
-        self.base_backoff_ms
-            .saturating_mul(1u64 << n.min(20))
-            .min(self.max_backoff_ms)
-    }
-
     /// The next step after `verdict`, spending the matching budget.
     pub fn next(&mut self, verdict: &Verdict) -> Next {
         match verdict {
@@ -558,11 +526,5 @@ impl Attempts {
                 Next::RetryAfterMs(wait)
             }
         }
-    }
-}
-
-impl Default for Attempts {
-    fn default() -> Self {
-        Attempts::new()
     }
 }

@@ -27,9 +27,12 @@
 //! - [`delivery`]: a stored result in resumable pieces (cursor, digests, size cap).
 //! - [`contract`]: the public error contract (phase, outcome, retry, code) and the
 //!   evidence envelope. Closed enums; callers never parse messages.
+//! - [`record`]: the ground floor of record types: small values the journal's events,
+//!   the configuration and the evidence envelope all name (invocation links, job state).
 //! - [`action`]: normalized HTTP/SSH actions, the bound configuration snapshot and the
 //!   request fingerprint.
-//! - [`config`]: the targets file and the live [`config::ConfigHandle`];
+//! - [`config`]: the targets file and the live [`config::ConfigHandle`], with the
+//!   batch and job contracts a target declares ([`config::batch`], [`config::job`]);
 //!   [`config_edit`]: edits the broker makes to the file (pins, target edits, history).
 //! - [`approvals`]: the approval request and answer types, the [`approvals::Approver`]
 //!   trait and the queue a person answers; approvals bind one fingerprint.
@@ -84,6 +87,7 @@ pub mod journal;
 pub mod pause;
 pub mod platform;
 pub mod provenance;
+pub mod record;
 pub mod retry;
 pub mod sealed_store;
 pub mod transparency;

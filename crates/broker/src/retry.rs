@@ -10,6 +10,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::contract::{Code, Outcome, RemoteContract, Retry};
 
+/// The placeholder a member query's path carries.
+pub const MEMBER_ID_PLACEHOLDER: &str = "{member_id}";
+
 /// What to do next with a recorded invocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -126,8 +129,8 @@ impl SourceQueryPredicate {
     pub fn for_member(&self, id: &str) -> SourceQueryPredicate {
         SourceQueryPredicate {
             path: self.path.replace(
-                crate::channel::http::batch::MEMBER_ID_PLACEHOLDER,
-                &crate::channel::redact::percent_encode(id.as_bytes()),
+                MEMBER_ID_PLACEHOLDER,
+                &crate::action::percent_encode(id.as_bytes()),
             ),
             ..self.clone()
         }

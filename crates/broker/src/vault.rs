@@ -1182,22 +1182,6 @@ impl fmt::Debug for Vault {
 }
 
 impl Vault {
-    /// Opens the store with its metadata in the journal database at `db` (migrated if
-    /// needed).
-    pub fn open(
-        keychain: Keychain,
-        db: &std::path::Path,
-    ) -> Result<Vault, crate::journal::JournalError> {
-        let conn = crate::journal::schema::open_and_migrate(db)?;
-        // Credential metadata writes (last-used times) need no fsync of their own: a
-        // lost last-used time after a power cut is harmless, and an fsync here would sit
-        // on every injection's hot path. WAL commits are ordered, so the journal's next
-        // fsync makes a rotation durable too.
-        conn.execute_batch("PRAGMA synchronous = NORMAL")
-            .map_err(|e| crate::journal::JournalError::Storage(e.to_string()))?;
-        Ok(Vault::over(keychain, conn))
-    }
-
     /// The store over a connection whose schema the caller applied ([`SCHEMA_SQL`]).
     pub fn over(keychain: Keychain, conn: Connection) -> Vault {
         Vault {
@@ -1452,80 +1436,6 @@ impl Vault {
             Err(missing())
         }
     }
-}
-
-// ---------------------------------------------------------------------------------------
-// The injection step's read
-// ---------------------------------------------------------------------------------------
-
-/// A keychain read in flight ([`CredentialRead::start`]), for the version an invocation
-/// bound; [`CredentialRead::finish`] waits for it.
-pub struct CredentialRead {
-    read: tokio::task::JoinHandle<Result<(CredentialMeta, Secret), VaultError>>,
-    version: String,
-}
-
-impl CredentialRead {
-    /// Starts reading the credential `snapshot` bound, in a task of its own: the caller
-    /// goes on (recording the binding) while the keychain answers. Dropping it drops the
-    /// secret unused once the read ends.
-    pub fn start(vault: &Arc<Vault>, snapshot: &crate::action::ConfigSnapshot) -> Self {
-        let read = vault
-            .clone()
-            .read_secret_async(snapshot.credential_id.clone());
-        CredentialRead {
-            read: tokio::spawn(read),
-            version: snapshot.credential_version.clone(),
-        }
-    }
-
-    /// The credential's metadata and secret. A credential rotated since binding is
-    /// refused: it is a changed bound value, so a new invocation.
-    pub async fn finish(self) -> Result<(CredentialMeta, Secret), crate::invocation::Failure> {
-        let (meta, secret) = match self.read.await {
-            Ok(Ok(pair)) => pair,
-            Ok(Err(e)) => {
-                return Err(crate::invocation::Failure {
-                    phase: crate::contract::Phase::CredentialInjection,
-                    code: e.code(),
-                    retry: e.code().spec().retry,
-                    message: e.agent_message(),
-                });
-            }
-            Err(_) => {
-                return Err(crate::invocation::Failure {
-                    phase: crate::contract::Phase::CredentialInjection,
-                    code: crate::contract::Code::VaultLocked,
-                    retry: crate::contract::Retry::AfterCorrection,
-                    message: "The keychain read did not finish.".into(),
-                });
-            }
-        };
-        if meta.version.as_str() != self.version {
-            return Err(crate::invocation::Failure {
-                phase: crate::contract::Phase::Validation,
-                code: crate::contract::Code::FingerprintMismatch,
-                retry: crate::contract::Retry::AfterCorrection,
-                message:
-                    "The credential was rotated after this request was bound; nothing was sent."
-                        .into(),
-            });
-        }
-        Ok((meta, secret))
-    }
-}
-
-/// Reads the credential an invocation bound, off the async threads. A credential
-/// rotated since binding is refused: it is a changed bound value, so a new invocation.
-/// The use is recorded by the authorization that follows
-/// ([`crate::journal::Journal::authorize_and_start`]), not here; `_now_ms` is kept for
-/// callers.
-pub async fn read_bound_credential(
-    vault: &Arc<Vault>,
-    snapshot: &crate::action::ConfigSnapshot,
-    _now_ms: i64,
-) -> Result<(CredentialMeta, Secret), crate::invocation::Failure> {
-    CredentialRead::start(vault, snapshot).finish().await
 }
 
 #[cfg(test)]

@@ -581,23 +581,10 @@ fn token(src: &[u8], i: usize, out: &mut [u8; 4]) -> Option<(usize, usize)> {
     }
 }
 
-/// RFC 3986 percent-encoding of everything but unreserved characters (what a query
-/// parameter injection sends).
-pub fn percent_encode(value: &[u8]) -> String {
-    let mut out = String::with_capacity(value.len() * 3);
-    for &b in value {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::action::percent_encode;
     use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
     const SECRET: &[u8] = b"s3cr3t/+token==";

@@ -4,20 +4,23 @@
 //!   approve, credential and lease, attempt, delivery — and the [`Channel`] trait, the
 //!   part a channel writes (validation and one attempt).
 //! - [`attempt`]: what a channel's attempt records through, and the dispatch [`Gate`].
+//! - [`credential`]: the injection step's read of the bound credential.
 //! - [`outcome`]: the one [`Outcome`] every call returns, and the envelopes for a
 //!   journal that fails part-way.
 //! - [`recorder`]: the record of one invocation, one method per durable transition.
 //!   It, not the channel, decides what a failure proves.
 
 pub mod attempt;
+pub mod credential;
 pub mod outcome;
 pub mod pipeline;
 pub mod recorder;
 
+pub use crate::contract::Failure;
 pub use attempt::{Attempt, Gate, GateShut, Response};
 pub use outcome::Outcome;
 pub use pipeline::{
-    Accepted, Bound, CallContext, Channel, Failure, Invalid, Pipeline, Validated, confirm_delivery,
+    Accepted, Bound, CallContext, Channel, Invalid, Pipeline, Validated, confirm_delivery,
     confirm_delivery_queued, delivery_failed,
 };
 pub use recorder::{Exchange, Recorder, RetryPlan, StepError, new_invocation_id};

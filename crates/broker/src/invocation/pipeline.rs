@@ -27,17 +27,19 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::attempt::Attempt;
+use super::credential::CredentialRead;
 use super::outcome::{Outcome, journal_failure, unrecorded};
 use super::recorder::{Recorder, StepError, new_invocation_id};
 use crate::action::{ConfigSnapshot, Fingerprint, NormalizedAction};
 use crate::approvals::{ApprovalAnswer, ApprovalDetail, ApprovalRequest, Approver};
 use crate::config::{ApprovalMode, Config, ConfigHandle};
-use crate::contract::{Code, Phase, Retry};
-use crate::journal::events::{Channel as ChannelKind, EventBody, OperationFacts, ParentLink};
+use crate::contract::{Code, Failure, Phase, Retry};
+use crate::journal::events::{Channel as ChannelKind, EventBody, OperationFacts};
 use crate::journal::projection::Projection;
 use crate::journal::{Authorization, Journal, JournalError, NewInvocation, StoredResult};
+use crate::record::job::ParentLink;
 use crate::retry::{Decision, RetryRequest};
-use crate::vault::{CredentialRead, Secret, Vault};
+use crate::vault::{Secret, Vault};
 
 /// Who is calling and how to stop.
 #[derive(Clone, Default)]
@@ -79,15 +81,6 @@ impl Invalid {
             message: message.into(),
         }
     }
-}
-
-/// Why a step before dispatch could not go on; nothing was sent.
-#[derive(Debug, Clone)]
-pub struct Failure {
-    pub phase: Phase,
-    pub code: Code,
-    pub retry: Retry,
-    pub message: String,
 }
 
 /// A request as the channel validated it.

@@ -9,10 +9,12 @@
 use serde::{Deserialize, Serialize};
 
 use crate::action::ConfigSnapshot;
+pub use crate::contract::MemberState;
 use crate::contract::{
     Code, ConfidenceSource, IdempotencyEvidence, Outcome, Phase, RemoteContract, Retry, Stage,
 };
 use crate::provenance::{ApprovalCard, SessionOpened};
+pub use crate::record::job::{JobFacts, JobState, ParentLink, Relation};
 use crate::retry::{Decision, SourceQueryPredicate, Verdict};
 
 /// Which channel an invocation runs on.
@@ -60,19 +62,6 @@ pub struct BatchOperation {
     pub member_query: Option<SourceQueryPredicate>,
 }
 
-/// One member of a batch: its outcome and what settled it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MemberState {
-    pub id: String,
-    pub outcome: Outcome,
-    /// The per-member status a response reported, as text.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<String>,
-    /// How the member's outcome became known (absent while it is unknown).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub settled_by: Option<ConfidenceSource>,
-}
-
 /// What a complete response said about a batch's members.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BatchResult {
@@ -89,97 +78,6 @@ pub enum Settlement {
     Committed,
     /// The remote did not apply it.
     NotApplied,
-}
-
-/// Why an invocation was started by the broker on behalf of another one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Relation {
-    /// The parent's complete 3xx answer was followed (a new dispatch to its `Location`).
-    Redirect,
-    /// The job a parent's 202 Accepted queued: tracked as its own operation.
-    Job,
-    /// One read of a job's status resource.
-    JobPoll,
-    /// The reconcile query run for the parent's unknown outcome.
-    ReconcileQuery,
-}
-
-impl Relation {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Relation::Redirect => "redirect",
-            Relation::Job => "job",
-            Relation::JobPoll => "job_poll",
-            Relation::ReconcileQuery => "reconcile_query",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Relation> {
-        [
-            Relation::Redirect,
-            Relation::Job,
-            Relation::JobPoll,
-            Relation::ReconcileQuery,
-        ]
-        .into_iter()
-        .find(|r| r.as_str() == s)
-    }
-}
-
-/// The invocation a broker-started invocation belongs to, named in its ACTION_ACCEPTED.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ParentLink {
-    pub invocation_id: String,
-    pub relation: Relation,
-}
-
-/// What a job's status resource said, read through its configured contract.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum JobState {
-    /// Still queued or running (HTTP 202, or a configured pending value).
-    Pending,
-    /// Finished and applied (HTTP 303, or a configured success value).
-    Succeeded,
-    /// Finished and reported failure (a configured failure value).
-    Failed,
-    /// The status resource answered without a state the contract can read.
-    Unreported,
-}
-
-impl JobState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JobState::Pending => "pending",
-            JobState::Succeeded => "succeeded",
-            JobState::Failed => "failed",
-            JobState::Unreported => "unreported",
-        }
-    }
-
-    /// A state that settles the job.
-    pub fn is_final(self) -> bool {
-        matches!(self, JobState::Succeeded | JobState::Failed)
-    }
-}
-
-/// The job an invocation tracks, folded from JOB_TRACKED and JOB_STATUS.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct JobFacts {
-    /// The submission whose 202 queued it.
-    pub submission: String,
-    /// The job's id in the remote system, when the contract says where to find it.
-    pub job_id: Option<String>,
-    /// Where its status is read.
-    pub status_resource: String,
-    /// The status resource lies under the submission's target, so the broker may read
-    /// it with that target's credential; otherwise it is recorded and never read.
-    pub pollable: bool,
-    pub state: JobState,
-    pub polls: u32,
-    /// The job_poll invocation that last read the status.
-    pub last_poll: Option<String>,
 }
 
 /// Non-secret facts about a settled remote result.

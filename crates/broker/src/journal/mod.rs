@@ -49,9 +49,10 @@ use crate::audit::{
     checkpoint_row, witness_path, write_checkpoint_file,
 };
 use crate::clock::Clock;
+use crate::config::RetentionPolicy;
 use events::{Channel, Event, EventBody, JOURNAL_SCOPE};
 use projection::{Projection, ProjectionError};
-pub use results::{ResultLayout, ResultToStore, RetentionPolicy, Settle, StoredResult};
+pub use results::{ResultLayout, ResultToStore, Settle, StoredResult};
 
 /// How often the writer applies the result retention policy (also once at open).
 pub const PRUNE_INTERVAL: Duration = Duration::from_secs(60);
@@ -295,7 +296,7 @@ pub struct NewInvocation {
     pub session: Option<String>,
     pub idempotency_key: Option<String>,
     /// The invocation the broker started this one for, if it did.
-    pub parent: Option<events::ParentLink>,
+    pub parent: Option<crate::record::job::ParentLink>,
 }
 
 /// What CREDENTIAL_AUTHORIZED and the attempt's lease record: the credential's id and
@@ -1406,7 +1407,10 @@ impl Journal {
 
     /// The invocations the broker started for `invocation_id` (followed redirects, its
     /// job, job polls, reconcile queries), oldest first.
-    pub fn children(&self, invocation_id: &str) -> Result<Vec<events::ParentLink>, JournalError> {
+    pub fn children(
+        &self,
+        invocation_id: &str,
+    ) -> Result<Vec<crate::record::job::ParentLink>, JournalError> {
         let conn = self.inner.reader.lock().map_err(|_| JournalError::Closed)?;
         let mut stmt = conn.prepare_cached(
             "SELECT id, relation FROM invocations WHERE parent_id = ?1 ORDER BY accepted_seq",
@@ -1417,12 +1421,15 @@ impl Journal {
         let mut children = Vec::new();
         for row in rows {
             let (id, relation) = row?;
-            let Some(relation) = relation.as_deref().and_then(events::Relation::parse) else {
+            let Some(relation) = relation
+                .as_deref()
+                .and_then(crate::record::job::Relation::parse)
+            else {
                 return Err(JournalError::Storage(format!(
                     "invocation {id} names {invocation_id} as its parent without a known relation"
                 )));
             };
-            children.push(events::ParentLink {
+            children.push(crate::record::job::ParentLink {
                 invocation_id: id,
                 relation,
             });

@@ -8,15 +8,15 @@
 //! `committed`; `committed` never changes.
 
 use crate::contract::{
-    AttemptEvidence, Code, ConfidenceSource, Envelope, ErrorBody, Evidence, Outcome, Phase,
-    RemoteContract, Retry,
+    AttemptEvidence, Code, ConfidenceSource, Envelope, ErrorBody, Evidence, MemberState, Outcome,
+    Phase, RemoteContract, Retry,
 };
 use crate::federation::Incident;
 use crate::federation::record::{PeerAnswer, PeerEvidence, PeerStage};
 use crate::journal::events::{
-    Channel, Event, EventBody, ExpiryReason, JobFacts, JobState, MemberState, OperationFacts,
-    ParentLink, Relation, ResultFacts, Settlement,
+    Channel, Event, EventBody, ExpiryReason, OperationFacts, ResultFacts, Settlement,
 };
+use crate::record::job::{JobFacts, JobState, ParentLink, Relation};
 use crate::retry::{MemberDisposition, RecordFacts, disposition_for_unknown};
 
 /// A call through a peer broker: its answers so far, folded from PEER_ANSWER.
@@ -127,6 +127,13 @@ pub struct Projection {
 }
 
 impl Projection {
+    /// Whether this is an unknown outcome that nothing has settled: its attempt is
+    /// closed (not still running) and no reconciliation was recorded. Only such an
+    /// outcome can be queried or attested.
+    pub fn is_unsettled(&self) -> bool {
+        self.outcome == Outcome::Unknown && self.terminal && self.reconciled.is_none()
+    }
+
     fn empty(invocation_id: &str) -> Self {
         Projection {
             invocation_id: invocation_id.to_string(),

@@ -355,7 +355,7 @@ pub fn row_by_id(
     identity.map(|i| row(conn, i, now_ms)).transpose()
 }
 
-/// The unknown outcomes that nothing has settled ([`crate::evidence::is_unsettled`]):
+/// The unknown outcomes that nothing has settled ([`Projection::is_unsettled`]):
 /// of the newest `limit` invocations whose outcome is unknown, those whose attempt is
 /// closed and that no reconciliation settled, newest first.
 ///
@@ -380,7 +380,7 @@ pub fn unsettled(
         let (row, p) = row_and_projection(conn, identity, now_ms)?;
         if row.outcome == Outcome::Unknown {
             unknown += 1;
-            if crate::evidence::is_unsettled(&p) {
+            if p.is_unsettled() {
                 out.push(row);
             }
         }

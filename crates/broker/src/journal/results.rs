@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::events::{EventBody, ResultFacts};
 use super::{Appended, JournalError, WriteCtx};
+use crate::config::RetentionPolicy;
 use crate::contract::{Code, ConfidenceSource, Outcome, Retry};
 
 /// Chunk size for stored streams: large enough to keep row counts low, small enough that
@@ -274,16 +275,6 @@ pub(super) fn read_range(
         return Err(incomplete());
     }
     Ok(out)
-}
-
-/// The retention policy of stored results (`[results]` in the targets file).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RetentionPolicy {
-    /// Results stored longer ago than this are removed.
-    pub max_age_ms: i64,
-    /// When stored result bytes exceed this, the oldest results are removed until they
-    /// fit.
-    pub max_bytes: u64,
 }
 
 /// At most this many results are expired per pruning transaction, so a long backlog

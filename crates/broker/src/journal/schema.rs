@@ -10,6 +10,7 @@ use std::time::Duration;
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 
 use super::JournalError;
+use crate::vault::{Keychain, Vault};
 
 /// `PRAGMA application_id` of a Postern journal ("PSTN").
 pub const APPLICATION_ID: i64 = 0x5053_544E;
@@ -47,6 +48,23 @@ fn classify(path: &Path, e: rusqlite::Error) -> JournalError {
             path: path.to_path_buf(),
             detail: e.to_string(),
         },
+    }
+}
+
+/// The vault keeps its credential metadata in the journal database, whose schema the
+/// journal owns: the journal opens it for the vault.
+impl Vault {
+    /// Opens the store with its metadata in the journal database at `db` (migrated if
+    /// needed).
+    pub fn open(keychain: Keychain, db: &Path) -> Result<Vault, JournalError> {
+        let conn = open_and_migrate(db)?;
+        // Credential metadata writes (last-used times) need no fsync of their own: a
+        // lost last-used time after a power cut is harmless, and an fsync here would sit
+        // on every injection's hot path. WAL commits are ordered, so the journal's next
+        // fsync makes a rotation durable too.
+        conn.execute_batch("PRAGMA synchronous = NORMAL")
+            .map_err(|e| JournalError::Storage(e.to_string()))?;
+        Ok(Vault::over(keychain, conn))
     }
 }
 

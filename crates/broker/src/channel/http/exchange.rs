@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use rustls::client::WebPkiServerVerifier;
 
-use super::batch::{self, BatchContract};
 use super::inject::Trust;
 use super::status;
 use super::transport::{
@@ -22,10 +21,11 @@ use super::tunnel::{self, SetupFailure, TunnelError};
 use super::validate::HOP_BY_HOP;
 use super::{Armed, Http, HttpOutcome, HttpResponse};
 use crate::channel::guard::{self, AddressPolicy, Refusal, Resolver};
-use crate::contract::{Code, ConfidenceSource, Outcome, Phase, Retry, Stage};
+use crate::config::batch::{self, BatchContract};
+use crate::contract::{Code, ConfidenceSource, MemberState, Outcome, Phase, Retry, Stage};
 use crate::invocation::{Attempt, CallContext, Exchange, Gate, GateShut, Response};
+use crate::journal::events::BatchResult;
 use crate::journal::events::ResultFacts;
-use crate::journal::events::{BatchResult, MemberState};
 use crate::journal::{ResultToStore, Settle};
 
 /// Connection-setup attempts per invocation attempt: a refused or reset connection

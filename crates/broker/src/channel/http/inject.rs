@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use rustls::client::WebPkiServerVerifier;
 
 use super::{Armed, Plan};
-use crate::channel::redact::{Redactor, percent_encode};
+use crate::action::percent_encode;
+use crate::channel::redact::Redactor;
 use crate::config::{Config, HttpTarget, Injection};
 use crate::contract::{Code, Phase, Retry};
 use crate::invocation::{Bound, Failure};

@@ -15,11 +15,9 @@
 //! Around the pipeline: same-target redirects for targets that opt in, retries by the
 //! record's decision, and the configured reconcile query for an unknown outcome.
 
-pub mod batch;
 mod card;
 mod exchange;
 mod inject;
-pub mod job;
 pub mod status;
 pub mod transport;
 mod tunnel;
@@ -28,10 +26,10 @@ pub(crate) use validate::check_header_syntax;
 
 use serde::{Deserialize, Serialize};
 
-use crate::action::NormalizedHttp;
+use crate::action::{NormalizedHttp, percent_encode};
 use crate::approvals::ApprovalDetail;
 use crate::channel::guard::{AddressPolicy, Resolver};
-use crate::channel::redact::{Redactor, percent_encode};
+use crate::channel::redact::Redactor;
 use crate::config::{Config, ConfigHandle, HttpTarget, ReconcileQuery};
 use crate::contract::{Code, ConfidenceSource, IdempotencyEvidence, Outcome, RemoteContract};
 use crate::invocation::outcome::unrecorded;

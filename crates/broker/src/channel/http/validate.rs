@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use super::batch::BatchContract;
 use super::status::Repeat;
 use super::{HttpRequest, Plan};
 use crate::action::{NormalizedAction, NormalizedHttp};
+use crate::config::batch::BatchContract;
 use crate::config::{Config, HttpTarget, Injection};
 use crate::contract::Code;
 use crate::invocation::{Invalid, Validated};

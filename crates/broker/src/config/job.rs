@@ -12,7 +12,7 @@
 
 use serde_json::Value;
 
-use crate::journal::events::JobState;
+use crate::record::job::JobState;
 
 /// A target's `[http.job]` table: where a 202's body names the job, and how a status
 /// response says what state the job is in. Values are compared as text (a JSON number

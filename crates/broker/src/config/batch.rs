@@ -14,10 +14,7 @@ use serde_json::Value;
 
 use super::job::{is_pointer, scalar_text};
 use crate::contract::Outcome;
-use crate::retry::SourceQueryPredicate;
-
-/// The placeholder a member query's path carries.
-pub const MEMBER_ID_PLACEHOLDER: &str = "{member_id}";
+use crate::retry::{MEMBER_ID_PLACEHOLDER, SourceQueryPredicate};
 
 /// The most members one batch may list: each is a row of evidence.
 pub const MAX_MEMBERS: usize = 1000;

@@ -1,0 +1,8 @@
+//! The ground floor of record types: small values that the durable record, the
+//! configuration and the evidence envelope all name, kept here so that each of those
+//! can import them without importing one another.
+//!
+//! - [`job`]: how an invocation relates to the one it was started for, and a tracked
+//!   job's state.
+
+pub mod job;
