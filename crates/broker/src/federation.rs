@@ -47,6 +47,25 @@ pub mod record;
 pub mod serve;
 pub mod wire;
 
+/// The policy version a denial carries when the call is not authenticated (no pinned
+/// peer, or a signature that fails). A party on the path can provoke such a denial by
+/// breaking the asker's signature; an asker that began with B's version then sees a
+/// policy change and abandons the attempt instead of taking the denial as final.
+pub const NO_POLICY: &str = "none";
+
+/// What prefixes the session of a peer's invocations (agent sessions are `sess_…`).
+pub const PEER_SESSION_PREFIX: &str = "peer:";
+
+/// The session B's invocations for the peer whose key is named `key_name` run under.
+pub fn peer_session(key_name: &str) -> String {
+    format!("{PEER_SESSION_PREFIX}{key_name}")
+}
+
+/// The peer key name of a peer session, if `session` is one.
+pub fn session_peer(session: &str) -> Option<&str> {
+    session.strip_prefix(PEER_SESSION_PREFIX)
+}
+
 const DIGEST_CONTEXT: &str = "postern 2026 federation-attestation v1";
 const FORMAT: u8 = 2;
 /// What a broker's signature on an attestation covers, before the digest.
@@ -425,7 +444,7 @@ pub fn classify(answer: &Answer, pinned: &VerifyingKey, request: &Request) -> Ve
     // verify, as when a party on the path changed it) is about this try only and says
     // nothing of earlier tries of the same call, so it is neither a verdict nor a policy
     // change.
-    if envelope.kind == AttestationKind::Denial && envelope.policy_version == serve::NO_POLICY {
+    if envelope.kind == AttestationKind::Denial && envelope.policy_version == NO_POLICY {
         return Verdict::Unknown {
             reason: "the peer could not authenticate this call (a denial under no policy): the \
                      call was changed on the way, or the keys pinned on the two sides disagree"

@@ -51,6 +51,7 @@ use super::wire::{
     Capability, PeerAuth, PeerOutcome, PeerResponse, ReconcileArgs,
 };
 use super::{Attestation, AttestationKind, CallBinding, Statement};
+pub use super::{NO_POLICY, PEER_SESSION_PREFIX, peer_session, session_peer};
 use crate::action::NormalizedHttp;
 use crate::approvals::Approver;
 use crate::channel::http::HttpChannel;
@@ -70,30 +71,12 @@ use crate::pause::AgentPause;
 pub const REPEAT_WAIT: Duration = Duration::from_secs(20);
 /// How often a waiting repeat reads the record.
 const REPEAT_POLL: Duration = Duration::from_millis(50);
-/// The policy version a denial carries when the call is not authenticated (no pinned
-/// peer, or a signature that fails). A party on the path can provoke such a denial by
-/// breaking the asker's signature; an asker that began with B's version then sees a
-/// policy change and abandons the attempt instead of taking the denial as final.
-pub const NO_POLICY: &str = "none";
 /// The longest caller invocation id accepted.
 const MAX_CALLER_INVOCATION: usize = 128;
 /// How much of a peer-supplied name B's log shows.
 const LOG_CHARS: usize = 160;
 /// The capability a `peer_capabilities` attestation is about.
 pub const ALL_CAPABILITIES: &str = "*";
-
-/// What prefixes the session of a peer's invocations (agent sessions are `sess_…`).
-pub const PEER_SESSION_PREFIX: &str = "peer:";
-
-/// The session B's invocations for the peer whose key is named `key_name` run under.
-pub fn peer_session(key_name: &str) -> String {
-    format!("{PEER_SESSION_PREFIX}{key_name}")
-}
-
-/// The peer key name of a peer session, if `session` is one.
-pub fn session_peer(session: &str) -> Option<&str> {
-    session.strip_prefix(PEER_SESSION_PREFIX)
-}
 
 /// Why a call gets no signed answer: it is not a verdict about policy.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -508,7 +508,7 @@ impl<T: Channel> Pipeline<T> {
         let summary = match ctx
             .session
             .as_deref()
-            .and_then(crate::federation::serve::session_peer)
+            .and_then(crate::federation::session_peer)
         {
             Some(key_name) => {
                 let config = self.inner.config.current();
