@@ -90,6 +90,7 @@ pub mod provenance;
 pub mod record;
 pub mod retry;
 pub mod sealed_store;
+pub mod secret;
 pub mod transparency;
 pub mod vault;
 

@@ -22,7 +22,7 @@ use aes_gcm::{Aes256Gcm, Key, Nonce};
 use zeroize::Zeroizing;
 
 use crate::platform;
-use crate::vault::Secret;
+use crate::secret::Secret;
 
 /// The file name of the key in systemd's credential directory.
 pub const CREDENTIAL_NAME: &str = "postern-vault-key";
