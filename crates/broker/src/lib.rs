@@ -37,7 +37,8 @@
 //! - [`approvals`]: the approval request and answer types, the [`approvals::Approver`]
 //!   trait and the queue a person answers; approvals bind one fingerprint.
 //! - [`vault`]: the credential store (secrets in the OS keychain, metadata in the
-//!   journal database) and the `Secret` type.
+//!   journal database); [`secret`]: the `Secret` type (zeroized, never printed,
+//!   serialized or cloned), below the vault and the sealed store.
 //! - [`sealed_store`]: the `file` keychain: secrets sealed (AES-256-GCM) in the data dir
 //!   under a key from outside it, for a broker running as its own system user.
 //! - [`journal`]: the append-only evidence journal in SQLite (group-committed, durable

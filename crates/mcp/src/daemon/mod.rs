@@ -1,8 +1,8 @@
-//! The headless broker: opens the journal (audit key from the keychain), recovers what a
-//! crash interrupted, and serves MCP sessions on a local socket that only its own user
-//! can reach.
-//! crash interrupted, and serves MCP sessions on a local socket that only its own user
-//! can reach. Where the socket and the data dir may go, and whom a path trusts:
+//! The headless broker's agent socket: serves MCP sessions, over the agent side's handle
+//! ([`postern_broker::AgentApi`]), on a local socket that only its own user can reach (or
+//! the users a privilege-separated install admits). The broker itself is opened by the
+//! operator side (the console crate's `headless::open_broker`), which hands this module
+//! its `AgentApi`. Where the socket and the data dir may go, and whom a path trusts:
 //! [`socket_path`].
 
 mod error;
