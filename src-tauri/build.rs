@@ -46,7 +46,6 @@ fn main() {
     println!("cargo:rerun-if-changed=../icons");
     println!("cargo:rerun-if-changed=capabilities");
     println!("cargo:rerun-if-changed=src/commands_list.rs");
-    println!("cargo:rerun-if-changed=../crates/console/src/command_names.in");
     let entered = stage().and_then(std::env::set_current_dir);
     if let Err(e) = entered {
         eprintln!("cannot stage the Tauri build directory: {e}");

@@ -8,127 +8,7 @@ use postern_broker::contract::{Code, Outcome, Phase, Retry};
 use ts_rs::TS;
 
 use crate::dto::*;
-
-/// One command as the webview calls it: name, arguments (the JavaScript names Tauri
-/// expects: camelCase of the Rust parameter names) and the TypeScript result type.
-pub struct Signature {
-    pub name: &'static str,
-    pub args: &'static [(&'static str, &'static str)],
-    pub returns: &'static str,
-}
-
-/// Every command's signature, in `commands_list.rs` order (tested).
-pub const SIGNATURES: &[Signature] = &[
-    Signature {
-        name: "overview",
-        args: &[],
-        returns: "Overview",
-    },
-    Signature {
-        name: "list_approvals",
-        args: &[],
-        returns: "ApprovalCard[]",
-    },
-    Signature {
-        name: "answer_approval",
-        args: &[
-            ("invocationId", "string"),
-            ("fingerprint", "string"),
-            ("cardDigest", "string"),
-            ("decision", "Decision"),
-        ],
-        returns: "null",
-    },
-    Signature {
-        name: "list_sessions",
-        args: &[],
-        returns: "SessionSummary[]",
-    },
-    Signature {
-        name: "session_timeline",
-        args: &[("session", "string")],
-        returns: "InvocationDetail[]",
-    },
-    Signature {
-        name: "query_activity",
-        args: &[
-            ("filter", "ActivityFilter"),
-            ("beforeSeq", "number | null"),
-            ("limit", "number"),
-        ],
-        returns: "ActivityPage",
-    },
-    Signature {
-        name: "export_activity",
-        args: &[("filter", "ActivityFilter"), ("format", "ExportFormat")],
-        returns: "ExportResult",
-    },
-    Signature {
-        name: "invocation_detail",
-        args: &[("invocationId", "string")],
-        returns: "InvocationDetail",
-    },
-    Signature {
-        name: "needs_reconciliation",
-        args: &[],
-        returns: "InvocationDetail[]",
-    },
-    Signature {
-        name: "run_reconcile_query",
-        args: &[("invocationId", "string")],
-        returns: "InvocationDetail",
-    },
-    Signature {
-        name: "attest_outcome",
-        args: &[("attestation", "Attestation")],
-        returns: "InvocationDetail",
-    },
-    Signature {
-        name: "peer_incidents",
-        args: &[],
-        returns: "PeerIncidentRow[]",
-    },
-    Signature {
-        name: "list_credentials",
-        args: &[],
-        returns: "CredentialCard[]",
-    },
-    Signature {
-        name: "set_credential",
-        args: &[("credential", "SetCredential")],
-        returns: "CredentialCard",
-    },
-    Signature {
-        name: "remove_credential",
-        args: &[("id", "string")],
-        returns: "null",
-    },
-    Signature {
-        name: "list_targets",
-        args: &[],
-        returns: "TargetList",
-    },
-    Signature {
-        name: "update_target",
-        args: &[("edit", "TargetEdit")],
-        returns: "TargetCard",
-    },
-    Signature {
-        name: "integrity",
-        args: &[("recheck", "boolean")],
-        returns: "IntegrityState",
-    },
-    Signature {
-        name: "pause_agents",
-        args: &[],
-        returns: "AgentPauseState",
-    },
-    Signature {
-        name: "resume_agents",
-        args: &[],
-        returns: "AgentPauseState",
-    },
-];
+use postern_console::protocol::{camel, signatures};
 
 /// Events the backend emits, with their payload types.
 pub const EVENTS: &[(&str, &str, &str)] = &[
@@ -157,22 +37,6 @@ fn const_name(name: &str) -> String {
         out.push(c.to_ascii_uppercase());
     }
     out.push_str("_VALUES");
-    out
-}
-
-fn camel(name: &str) -> String {
-    let mut out = String::new();
-    let mut upper = false;
-    for c in name.chars() {
-        if c == '_' {
-            upper = true;
-        } else if upper {
-            out.push(c.to_ascii_uppercase());
-            upper = false;
-        } else {
-            out.push(c);
-        }
-    }
     out
 }
 
@@ -232,21 +96,22 @@ pub fn typescript() -> String {
         out.push_str(decl.trim());
         out.push_str("\n\n");
     }
+    out.push_str(
+        "/** Sends one operator command through the app's one command, `operator`. */\n\
+         function operator<T>(command: string, args: Record<string, unknown>): Promise<T> {\n  \
+         return invoke<T>(\"operator\", { request: { command, args } });\n}\n\n",
+    );
     out.push_str("/** Every console command, typed. Errors reject with a `CommandError`. */\n");
     out.push_str("export const commands = {\n");
-    for s in SIGNATURES {
+    for s in signatures() {
         let params: Vec<String> = s.args.iter().map(|(n, t)| format!("{n}: {t}")).collect();
-        let names: Vec<&str> = s.args.iter().map(|(n, _)| *n).collect();
-        let call = if names.is_empty() {
-            format!("invoke<{}>(\"{}\")", s.returns, s.name)
+        let names: Vec<&str> = s.args.iter().map(|(n, _)| n.as_str()).collect();
+        let args = if names.is_empty() {
+            "{}".to_string()
         } else {
-            format!(
-                "invoke<{}>(\"{}\", {{ {} }})",
-                s.returns,
-                s.name,
-                names.join(", ")
-            )
+            format!("{{ {} }}", names.join(", "))
         };
+        let call = format!("operator<{}>(\"{}\", {args})", s.returns, s.name);
         out.push_str(&format!(
             "  {}: ({}): Promise<{}> => {call},\n",
             camel(s.name),
@@ -293,13 +158,11 @@ mod tests {
 
     #[test]
     fn every_registered_command_has_a_signature_and_a_permission() {
-        let names: Vec<&str> = SIGNATURES.iter().map(|s| s.name).collect();
-        assert_eq!(names, crate::commands_list::COMMANDS);
-        // The webview's commands and the operator socket's are one list.
-        assert_eq!(
-            crate::commands_list::COMMANDS,
-            postern_console::dispatch::COMMANDS
-        );
+        // The webview's one command carries every operator command: the wrappers are
+        // made from the protocol's own table, so they and the socket's list are one.
+        assert_eq!(crate::commands_list::COMMANDS, ["operator"]);
+        let names: Vec<&str> = signatures().iter().map(|s| s.name).collect();
+        assert_eq!(names, postern_console::dispatch::COMMANDS);
         let capability: serde_json::Value = serde_json::from_str(
             &std::fs::read_to_string(
                 std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

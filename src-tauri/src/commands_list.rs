@@ -1,4 +1,5 @@
-/// Every command the console's webview may invoke. The build script makes one
-/// permission per name and `capabilities/main-window.json` grants them to the main
-/// window only; a test checks this list against the registered handlers.
-pub const COMMANDS: &[&str] = &include!("../../crates/console/src/command_names.in");
+/// The one command the console's webview may invoke: `operator`, carrying a typed
+/// operator command. The build script makes its permission and
+/// `capabilities/main-window.json` grants it to the main window only; a test checks this
+/// list against the registered handler.
+pub const COMMANDS: &[&str] = &["operator"];

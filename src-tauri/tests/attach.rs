@@ -39,12 +39,13 @@ impl Attached {
     fn invoke(&self, cmd: &str, args: Value) -> Result<Value, Value> {
         tauri::test::get_ipc_response(
             &self.main,
+            // The app's one command carries every operator command.
             InvokeRequest {
-                cmd: cmd.into(),
+                cmd: "operator".into(),
                 callback: CallbackFn(0),
                 error: CallbackFn(1),
                 url: "tauri://localhost".parse().unwrap(),
-                body: InvokeBody::Json(args),
+                body: InvokeBody::Json(json!({"request": {"command": cmd, "args": args}})),
                 headers: Default::default(),
                 invoke_key: INVOKE_KEY.to_string(),
             },
@@ -231,11 +232,11 @@ fn an_attached_console_whose_broker_is_gone_says_so() {
     let err = tauri::test::get_ipc_response(
         &main,
         InvokeRequest {
-            cmd: "overview".into(),
+            cmd: "operator".into(),
             callback: CallbackFn(0),
             error: CallbackFn(1),
             url: "tauri://localhost".parse().unwrap(),
-            body: InvokeBody::Json(json!({})),
+            body: InvokeBody::Json(json!({"request": {"command": "overview"}})),
             headers: Default::default(),
             invoke_key: INVOKE_KEY.to_string(),
         },

@@ -52,12 +52,13 @@ impl Fixture {
     ) -> Result<Value, Value> {
         tauri::test::get_ipc_response(
             window,
+            // The app's one command carries every operator command.
             InvokeRequest {
-                cmd: cmd.into(),
+                cmd: "operator".into(),
                 callback: CallbackFn(0),
                 error: CallbackFn(1),
                 url: "tauri://localhost".parse().unwrap(),
-                body: InvokeBody::Json(args),
+                body: InvokeBody::Json(json!({"request": {"command": cmd, "args": args}})),
                 headers: Default::default(),
                 invoke_key: INVOKE_KEY.to_string(),
             },
@@ -675,12 +676,13 @@ fn commands_are_granted_to_the_main_window_only() {
     let other = WebviewWindowBuilder::new(&app, "other", Default::default())
         .build()
         .unwrap();
+    // The app's one command carries every operator command.
     let request = |cmd: &str| InvokeRequest {
-        cmd: cmd.into(),
+        cmd: "operator".into(),
         callback: CallbackFn(0),
         error: CallbackFn(1),
         url: "tauri://localhost".parse().unwrap(),
-        body: InvokeBody::Json(json!({})),
+        body: InvokeBody::Json(json!({"request": {"command": cmd, "args": {}}})),
         headers: Default::default(),
         invoke_key: INVOKE_KEY.to_string(),
     };

@@ -692,31 +692,31 @@ fn run(cli: Cli) -> common::Outcome {
                 ))
             });
             let request = match cmd.action {
-                OperatorAction::Overview => operator_cmd::Request::overview(),
-                OperatorAction::Approvals => operator_cmd::Request::approvals(),
+                OperatorAction::Overview => operator_cmd::request::overview(),
+                OperatorAction::Approvals => operator_cmd::request::approvals(),
                 OperatorAction::Approve {
                     invocation_id,
                     fingerprint,
                     card_digest,
                 } => {
-                    operator_cmd::Request::answer(&invocation_id, &fingerprint, &card_digest, true)
+                    operator_cmd::request::answer(&invocation_id, &fingerprint, &card_digest, true)
                 }
                 OperatorAction::Deny {
                     invocation_id,
                     fingerprint,
                     card_digest,
                 } => {
-                    operator_cmd::Request::answer(&invocation_id, &fingerprint, &card_digest, false)
+                    operator_cmd::request::answer(&invocation_id, &fingerprint, &card_digest, false)
                 }
-                OperatorAction::Verify => operator_cmd::Request::verify(),
-                OperatorAction::Sessions => operator_cmd::Request::sessions(),
-                OperatorAction::Credentials => operator_cmd::Request::credentials(),
-                OperatorAction::Incidents => operator_cmd::Request::incidents(),
+                OperatorAction::Verify => operator_cmd::request::verify(),
+                OperatorAction::Sessions => operator_cmd::request::sessions(),
+                OperatorAction::Credentials => operator_cmd::request::credentials(),
+                OperatorAction::Incidents => operator_cmd::request::incidents(),
                 OperatorAction::RemoveCredential { id } => {
-                    operator_cmd::Request::remove_credential(&id)
+                    operator_cmd::request::remove_credential(&id)
                 }
-                OperatorAction::Pause => operator_cmd::Request::pause(true),
-                OperatorAction::Resume => operator_cmd::Request::pause(false),
+                OperatorAction::Pause => operator_cmd::request::pause(true),
+                OperatorAction::Resume => operator_cmd::request::pause(false),
                 OperatorAction::SetCredential {
                     id,
                     kind,
@@ -730,7 +730,7 @@ fn run(cli: Cli) -> common::Outcome {
                         KindArg::Token => CredentialKind::Token,
                         KindArg::SshKey => CredentialKind::SshKey,
                     };
-                    operator_cmd::Request::set_credential(&id, kind.as_str(), &source)?
+                    operator_cmd::request::set_credential(&id, kind.as_str(), &source)?
                 }
             };
             operator_cmd::run(&socket, request)

@@ -6,30 +6,26 @@ use std::path::Path;
 
 use postern_console::dto::{CommandError, ErrorCode};
 use postern_console::operator::OperatorClient;
-use serde_json::{Value, json};
+use postern_console::protocol::OperatorCommand;
+use serde_json::json;
 
 use crate::common::{EXIT_FAILED, EXIT_UNAVAILABLE, Failure, Outcome};
 use crate::vault_cmd::{Source, read_secret};
 
-/// One operator request: the console command and its arguments.
-pub struct Request {
-    pub command: &'static str,
-    pub args: Value,
-}
+/// The operator commands the CLI gives, built as the typed protocol
+/// ([`OperatorCommand`]) the console and the desktop use.
+pub mod request {
+    use postern_console::dto::{Decision, SetCredential};
+    use postern_console::protocol::*;
 
-impl Request {
-    pub fn overview() -> Self {
-        Request {
-            command: "overview",
-            args: Value::Null,
-        }
+    use super::*;
+
+    pub fn overview() -> OperatorCommand {
+        OperatorCommand::Overview(OverviewArgs {})
     }
 
-    pub fn approvals() -> Self {
-        Request {
-            command: "list_approvals",
-            args: Value::Null,
-        }
+    pub fn approvals() -> OperatorCommand {
+        OperatorCommand::ListApprovals(ListApprovalsArgs {})
     }
 
     pub fn answer(
@@ -37,42 +33,38 @@ impl Request {
         fingerprint: &str,
         card_digest: &str,
         approve: bool,
-    ) -> Self {
-        Request {
-            command: "answer_approval",
-            args: json!({
-                "invocationId": invocation_id,
-                "fingerprint": fingerprint,
-                "cardDigest": card_digest,
-                "decision": if approve { "approve" } else { "deny" },
-            }),
-        }
+    ) -> OperatorCommand {
+        OperatorCommand::AnswerApproval(AnswerApprovalArgs {
+            invocation_id: invocation_id.to_string(),
+            fingerprint: fingerprint.to_string(),
+            card_digest: card_digest.to_string(),
+            decision: if approve {
+                Decision::Approve
+            } else {
+                Decision::Deny
+            },
+        })
     }
 
-    pub fn verify() -> Self {
-        Request {
-            command: "integrity",
-            args: json!({"recheck": true}),
-        }
+    pub fn verify() -> OperatorCommand {
+        OperatorCommand::Integrity(IntegrityArgs { recheck: true })
     }
 
-    pub fn credentials() -> Self {
-        Request {
-            command: "list_credentials",
-            args: Value::Null,
-        }
+    pub fn credentials() -> OperatorCommand {
+        OperatorCommand::ListCredentials(ListCredentialsArgs {})
     }
 
-    pub fn remove_credential(id: &str) -> Self {
-        Request {
-            command: "remove_credential",
-            args: json!({ "id": id }),
-        }
+    pub fn remove_credential(id: &str) -> OperatorCommand {
+        OperatorCommand::RemoveCredential(RemoveCredentialArgs { id: id.to_string() })
     }
 
     /// Adds or rotates credential `id` with the secret read from `source` (stdin, a
     /// no-echo prompt or a file; never argv). The broker answers with metadata only.
-    pub fn set_credential(id: &str, kind: &str, source: &Source) -> Result<Self, Failure> {
+    pub fn set_credential(
+        id: &str,
+        kind: &str,
+        source: &Source,
+    ) -> Result<OperatorCommand, Failure> {
         let secret = read_secret(id, source)?;
         if secret.is_empty() {
             return Err(Failure::failed("the secret is empty; nothing was stored"));
@@ -80,36 +72,31 @@ impl Request {
         let text = std::str::from_utf8(secret.expose()).map_err(|_| {
             Failure::failed("the secret is not UTF-8 text; the operator socket carries text only")
         })?;
-        Ok(Request {
-            command: "set_credential",
-            args: json!({"credential": {"id": id, "kind": kind, "secret": text}}),
-        })
+        Ok(OperatorCommand::SetCredential(SetCredentialArgs {
+            credential: SetCredential {
+                id: id.to_string(),
+                kind: kind.to_string(),
+                secret: text.to_string(),
+                passphrase: None,
+            },
+        }))
     }
 
-    pub fn sessions() -> Self {
-        Request {
-            command: "list_sessions",
-            args: Value::Null,
-        }
+    pub fn sessions() -> OperatorCommand {
+        OperatorCommand::ListSessions(ListSessionsArgs {})
     }
 
     /// Pauses (or resumes) agent calls.
-    pub fn pause(paused: bool) -> Self {
-        Request {
-            command: if paused {
-                "pause_agents"
-            } else {
-                "resume_agents"
-            },
-            args: Value::Null,
+    pub fn pause(paused: bool) -> OperatorCommand {
+        if paused {
+            OperatorCommand::PauseAgents(PauseAgentsArgs {})
+        } else {
+            OperatorCommand::ResumeAgents(ResumeAgentsArgs {})
         }
     }
 
-    pub fn incidents() -> Self {
-        Request {
-            command: "peer_incidents",
-            args: Value::Null,
-        }
+    pub fn incidents() -> OperatorCommand {
+        OperatorCommand::PeerIncidents(PeerIncidentsArgs {})
     }
 }
 
@@ -133,17 +120,17 @@ fn failure(error: &CommandError) -> Failure {
 }
 
 /// Sends `request` to the operator socket at `socket` and prints the answer.
-pub fn run(socket: &Path, request: Request) -> Outcome {
+pub fn run(socket: &Path, request: OperatorCommand) -> Outcome {
     let runtime = crate::runtime()?;
     let client = OperatorClient::new(socket);
-    let answer = runtime.block_on(client.call(request.command, request.args));
+    let answer = runtime.block_on(client.run(&request));
     match answer {
         Ok(value) => {
             let text = serde_json::to_string_pretty(&value)
                 .map_err(|e| Failure::failed(format!("cannot print the answer: {e}")))?;
             println!("{text}");
             // A failed integrity check is a failed check, as `postern audit verify` says.
-            if request.command == "integrity" && value["state"] != "verified" {
+            if matches!(request, OperatorCommand::Integrity(_)) && value["state"] != "verified" {
                 return Err(Failure::silent(EXIT_FAILED));
             }
             Ok(())

@@ -381,7 +381,7 @@ pub struct ActivityRow {
 }
 
 /// Which invocations the activity screen shows. Empty fields match everything.
-#[derive(Debug, Clone, Default, Deserialize, TS)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, TS)]
 #[serde(default, deny_unknown_fields)]
 pub struct ActivityFilter {
     pub session: Option<String>,
@@ -584,7 +584,7 @@ pub struct Settlement {
 }
 
 /// An operator's attestation of an unknown outcome.
-#[derive(Debug, Clone, Deserialize, TS)]
+#[derive(Debug, Clone, Serialize, Deserialize, TS)]
 #[serde(deny_unknown_fields)]
 pub struct Attestation {
     pub invocation_id: String,
@@ -610,8 +610,10 @@ pub struct CredentialCard {
     pub used_by: Vec<String>,
 }
 
-/// A credential to add or rotate. The value goes one way, into the keychain.
-#[derive(Deserialize, TS)]
+/// A credential to add or rotate. The value goes one way, into the keychain: a client
+/// serializes it to send it to the broker (the CLI over the operator socket), and nothing
+/// the broker answers carries one.
+#[derive(Serialize, Deserialize, TS)]
 #[serde(deny_unknown_fields)]
 pub struct SetCredential {
     pub id: String,
@@ -661,7 +663,7 @@ pub struct TargetList {
 }
 
 /// An edit of one target's table.
-#[derive(Debug, Clone, Deserialize, TS)]
+#[derive(Debug, Clone, Serialize, Deserialize, TS)]
 #[serde(deny_unknown_fields)]
 pub struct TargetEdit {
     pub name: String,

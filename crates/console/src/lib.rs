@@ -3,8 +3,10 @@
 //!
 //! # Layout
 //! - [`console`]: what every operator command does, against the broker types.
-//! - [`dispatch`]: every operation by name with JSON arguments: the one path the
-//!   desktop's commands and the operator socket share.
+//! - [`protocol`]: every operator command as one typed enum ([`protocol::OperatorCommand`]),
+//!   with its arguments and answer type declared once.
+//! - [`dispatch`]: runs an [`protocol::OperatorCommand`]: the one path the desktop's
+//!   `operator` command, the operator socket and the CLI share.
 //! - [`dto`]: the types that cross to the operator (TypeScript bindings are generated
 //!   from them by the desktop crate).
 //! - [`operator`]: the operator socket (server, peer authorization, client).
@@ -15,3 +17,4 @@ pub mod dispatch;
 pub mod dto;
 pub mod headless;
 pub mod operator;
+pub mod protocol;

@@ -503,7 +503,16 @@ impl OperatorClient {
         )
     }
 
-    /// Sends one command and waits for its answer.
+    /// Sends one typed command and waits for its answer.
+    pub async fn run(
+        &self,
+        command: &crate::protocol::OperatorCommand,
+    ) -> Result<Value, CommandError> {
+        self.call(command.name(), command.args_value()).await
+    }
+
+    /// Sends the command named `command` with `args` as they are (the wire form; tests
+    /// use it to send what no typed command would) and waits for its answer.
     pub async fn call(&self, command: &str, args: Value) -> Result<Value, CommandError> {
         let stream = platform::connect(&self.socket).await.map_err(|e| {
             // On Windows a refusal names the pipe's user itself (platform::connect).

@@ -494,28 +494,33 @@ export type JournalChanged = { last_seq: number, };
 
 export type AgentPauseState = { paused: boolean, };
 
+/** Sends one operator command through the app's one command, `operator`. */
+function operator<T>(command: string, args: Record<string, unknown>): Promise<T> {
+  return invoke<T>("operator", { request: { command, args } });
+}
+
 /** Every console command, typed. Errors reject with a `CommandError`. */
 export const commands = {
-  overview: (): Promise<Overview> => invoke<Overview>("overview"),
-  listApprovals: (): Promise<ApprovalCard[]> => invoke<ApprovalCard[]>("list_approvals"),
-  answerApproval: (invocationId: string, fingerprint: string, cardDigest: string, decision: Decision): Promise<null> => invoke<null>("answer_approval", { invocationId, fingerprint, cardDigest, decision }),
-  listSessions: (): Promise<SessionSummary[]> => invoke<SessionSummary[]>("list_sessions"),
-  sessionTimeline: (session: string): Promise<InvocationDetail[]> => invoke<InvocationDetail[]>("session_timeline", { session }),
-  queryActivity: (filter: ActivityFilter, beforeSeq: number | null, limit: number): Promise<ActivityPage> => invoke<ActivityPage>("query_activity", { filter, beforeSeq, limit }),
-  exportActivity: (filter: ActivityFilter, format: ExportFormat): Promise<ExportResult> => invoke<ExportResult>("export_activity", { filter, format }),
-  invocationDetail: (invocationId: string): Promise<InvocationDetail> => invoke<InvocationDetail>("invocation_detail", { invocationId }),
-  needsReconciliation: (): Promise<InvocationDetail[]> => invoke<InvocationDetail[]>("needs_reconciliation"),
-  runReconcileQuery: (invocationId: string): Promise<InvocationDetail> => invoke<InvocationDetail>("run_reconcile_query", { invocationId }),
-  attestOutcome: (attestation: Attestation): Promise<InvocationDetail> => invoke<InvocationDetail>("attest_outcome", { attestation }),
-  peerIncidents: (): Promise<PeerIncidentRow[]> => invoke<PeerIncidentRow[]>("peer_incidents"),
-  listCredentials: (): Promise<CredentialCard[]> => invoke<CredentialCard[]>("list_credentials"),
-  setCredential: (credential: SetCredential): Promise<CredentialCard> => invoke<CredentialCard>("set_credential", { credential }),
-  removeCredential: (id: string): Promise<null> => invoke<null>("remove_credential", { id }),
-  listTargets: (): Promise<TargetList> => invoke<TargetList>("list_targets"),
-  updateTarget: (edit: TargetEdit): Promise<TargetCard> => invoke<TargetCard>("update_target", { edit }),
-  integrity: (recheck: boolean): Promise<IntegrityState> => invoke<IntegrityState>("integrity", { recheck }),
-  pauseAgents: (): Promise<AgentPauseState> => invoke<AgentPauseState>("pause_agents"),
-  resumeAgents: (): Promise<AgentPauseState> => invoke<AgentPauseState>("resume_agents"),
+  overview: (): Promise<Overview> => operator<Overview>("overview", {}),
+  listApprovals: (): Promise<Array<ApprovalCard>> => operator<Array<ApprovalCard>>("list_approvals", {}),
+  answerApproval: (invocationId: string, fingerprint: string, cardDigest: string, decision: Decision): Promise<null> => operator<null>("answer_approval", { invocationId, fingerprint, cardDigest, decision }),
+  listSessions: (): Promise<Array<SessionSummary>> => operator<Array<SessionSummary>>("list_sessions", {}),
+  sessionTimeline: (session: string): Promise<Array<InvocationDetail>> => operator<Array<InvocationDetail>>("session_timeline", { session }),
+  queryActivity: (filter: ActivityFilter, beforeSeq: number | null, limit: number): Promise<ActivityPage> => operator<ActivityPage>("query_activity", { filter, beforeSeq, limit }),
+  exportActivity: (filter: ActivityFilter, format: ExportFormat): Promise<ExportResult> => operator<ExportResult>("export_activity", { filter, format }),
+  invocationDetail: (invocationId: string): Promise<InvocationDetail> => operator<InvocationDetail>("invocation_detail", { invocationId }),
+  needsReconciliation: (): Promise<Array<InvocationDetail>> => operator<Array<InvocationDetail>>("needs_reconciliation", {}),
+  runReconcileQuery: (invocationId: string): Promise<InvocationDetail> => operator<InvocationDetail>("run_reconcile_query", { invocationId }),
+  attestOutcome: (attestation: Attestation): Promise<InvocationDetail> => operator<InvocationDetail>("attest_outcome", { attestation }),
+  peerIncidents: (): Promise<Array<PeerIncidentRow>> => operator<Array<PeerIncidentRow>>("peer_incidents", {}),
+  listCredentials: (): Promise<Array<CredentialCard>> => operator<Array<CredentialCard>>("list_credentials", {}),
+  setCredential: (credential: SetCredential): Promise<CredentialCard> => operator<CredentialCard>("set_credential", { credential }),
+  removeCredential: (id: string): Promise<null> => operator<null>("remove_credential", { id }),
+  listTargets: (): Promise<TargetList> => operator<TargetList>("list_targets", {}),
+  updateTarget: (edit: TargetEdit): Promise<TargetCard> => operator<TargetCard>("update_target", { edit }),
+  integrity: (recheck: boolean): Promise<IntegrityState> => operator<IntegrityState>("integrity", { recheck }),
+  pauseAgents: (): Promise<AgentPauseState> => operator<AgentPauseState>("pause_agents", {}),
+  resumeAgents: (): Promise<AgentPauseState> => operator<AgentPauseState>("resume_agents", {}),
 };
 
 /** Backend events and their payloads. */

@@ -1,4 +1,6 @@
-// A mocked Tauri backend for component tests: records every command with its arguments.
+// A mocked Tauri backend for component tests: records every operator command with its
+// arguments. The app's one Tauri command, `operator`, carries `{ request: { command, args } }`;
+// each call is recorded under the operator command it carries.
 import { emit } from "@tauri-apps/api/event";
 import { mockIPC } from "@tauri-apps/api/mocks";
 import { tick } from "svelte";
@@ -9,8 +11,14 @@ export type Handler = (args: Record<string, unknown>) => unknown;
 export function mockBackend(handlers: Record<string, Handler | unknown>) {
   const calls: Call[] = [];
   mockIPC(
-    async (cmd, args) => {
-      const a = (args ?? {}) as Record<string, unknown>;
+    async (tauriCmd, tauriArgs) => {
+      let cmd = tauriCmd;
+      let a = (tauriArgs ?? {}) as Record<string, unknown>;
+      if (cmd === "operator") {
+        const request = a.request as { command: string; args?: Record<string, unknown> };
+        cmd = request.command;
+        a = request.args ?? {};
+      }
       calls.push({ cmd, args: a });
       if (!(cmd in handlers)) throw { code: "UNMOCKED", message: `no mock for ${cmd}`, field: null };
       const handler = handlers[cmd];
