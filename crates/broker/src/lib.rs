@@ -24,7 +24,6 @@
 //!   inject, exchange, transport, status) and [`channel::ssh`] (validation, key,
 //!   exec), [`channel::redact`] (scrubbing the secret from results),
 //!   [`channel::ssh_keys`] (key import, host-key pinning).
-//! - [`delivery`]: a stored result in resumable pieces (cursor, digests, size cap).
 //! - [`contract`]: the public error contract (phase, outcome, retry, code) and the
 //!   evidence envelope. Closed enums; callers never parse messages.
 //! - [`record`]: the ground floor of record types: small values the journal's events,
@@ -79,7 +78,6 @@ pub mod clock;
 pub mod config;
 pub mod config_edit;
 pub mod contract;
-pub mod delivery;
 pub mod display;
 pub mod evidence;
 pub mod federation;
@@ -97,6 +95,8 @@ pub mod vault;
 
 pub use api::{AgentApi, OperatorApi};
 pub use broker::{Broker, BrokerOptions, JOURNAL_FILE, OpenError, OpenWarning, Opened};
+/// Handing a result over lives with the invocation ([`invocation::delivery`]).
+pub use invocation::delivery;
 
 /// The whole of `docs/errors.md`: every code, then the HTTP status mapping. Generated so
 /// the documentation cannot drift from the code (a test compares them).

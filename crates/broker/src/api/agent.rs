@@ -24,7 +24,7 @@ use crate::channel::peer::listing::{Listed, ListingError};
 use crate::channel::ssh::{SshOutcome, SshRequest};
 use crate::config::Config;
 use crate::contract::Envelope;
-use crate::delivery::{self, DeliveryError, Piece};
+use crate::invocation::delivery::{self, DeliveryError, Piece};
 use crate::invocation::{self, CallContext};
 use crate::journal::JournalError;
 use crate::journal::events::{Event, ParentLink};
@@ -119,6 +119,7 @@ impl AgentApi {
     pub fn context(&self, session: Option<String>, cancel: CancellationToken) -> CallContext {
         CallContext {
             session,
+            caller: crate::invocation::CallerKind::Local,
             approver: self.broker.approver.clone(),
             cancel,
             parent: None,

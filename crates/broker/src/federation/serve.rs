@@ -60,7 +60,7 @@ use crate::config::Config;
 use crate::config::ConfigHandle;
 use crate::config::peer::PeerConfig;
 use crate::contract::{Code, Outcome};
-use crate::invocation::{CallContext, Channel, Recorder, new_invocation_id};
+use crate::invocation::{CallContext, CallerKind, Channel, Recorder, new_invocation_id};
 use crate::journal::events;
 use crate::journal::peer_calls::{PeerAccept, PeerCall};
 use crate::journal::projection::Projection;
@@ -536,7 +536,7 @@ impl PeerService {
                 Ok(PeerAccept::Existing(_)) => continue,
                 Ok(PeerAccept::Accepted { .. }) => {}
             }
-            let answer = self.run_accepted(&id, session, request).await;
+            let answer = self.run_accepted(&id, session, asker, request).await;
             return Ok(Some((answer, policy.to_string())));
         }
         unavailable()
@@ -545,13 +545,22 @@ impl PeerService {
     /// Runs an accepted invocation to its end on its own task: the asker going away
     /// (a timeout, a reset) never cuts B's invocation short, and a repeat finds its
     /// record.
-    async fn run_accepted(&self, id: &str, session: String, request: &HttpRequest) -> Answer {
+    async fn run_accepted(
+        &self,
+        id: &str,
+        session: String,
+        asker: &str,
+        request: &HttpRequest,
+    ) -> Answer {
         let rec = match Recorder::resume(self.journal(), id) {
             Ok(rec) => rec,
             Err(_) => return Answer::Unavailable,
         };
         let ctx = CallContext {
             session: Some(session),
+            caller: CallerKind::Peer {
+                key_name: asker.to_string(),
+            },
             approver: self.broker.approver.clone(),
             cancel: tokio_util::sync::CancellationToken::new(),
             parent: None,

@@ -5,6 +5,8 @@
 //!   part a channel writes (validation and one attempt).
 //! - [`attempt`]: what a channel's attempt records through, and the dispatch [`Gate`].
 //! - [`credential`]: the injection step's read of the bound credential.
+//! - [`delivery`]: handing the result over: a stored result in resumable pieces (cursor,
+//!   digests, size cap), and RESULT_DELIVERED / DELIVERY_FAILED.
 //! - [`outcome`]: the one [`Outcome`] every call returns, and the envelopes for a
 //!   journal that fails part-way.
 //! - [`recorder`]: the record of one invocation, one method per durable transition.
@@ -12,15 +14,16 @@
 
 pub mod attempt;
 pub mod credential;
+pub mod delivery;
 pub mod outcome;
 pub mod pipeline;
 pub mod recorder;
 
 pub use crate::contract::Failure;
 pub use attempt::{Attempt, Gate, GateShut, Response};
+pub use delivery::{confirm_delivery, confirm_delivery_queued, delivery_failed};
 pub use outcome::Outcome;
 pub use pipeline::{
-    Accepted, Bound, CallContext, Channel, Invalid, Pipeline, Validated, confirm_delivery,
-    confirm_delivery_queued, delivery_failed,
+    Accepted, Bound, CallContext, CallerKind, Channel, Invalid, Pipeline, Validated,
 };
 pub use recorder::{Exchange, Recorder, RetryPlan, StepError, new_invocation_id};

@@ -41,10 +41,23 @@ use crate::record::job::ParentLink;
 use crate::retry::{Decision, RetryRequest};
 use crate::vault::{Secret, Vault};
 
+/// Who a call runs for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum CallerKind {
+    /// An agent on this broker's socket (or the operator's own run).
+    #[default]
+    Local,
+    /// A federated peer broker, by the key name it is pinned as: its approval card says
+    /// which broker asks.
+    Peer { key_name: String },
+}
+
 /// Who is calling and how to stop.
 #[derive(Clone, Default)]
 pub struct CallContext {
     pub session: Option<String>,
+    /// Whether the caller is local or a federated peer.
+    pub caller: CallerKind,
     pub approver: Option<Arc<dyn Approver>>,
     /// Cancelled when the caller loses interest; after dispatch the outcome stays
     /// unknown (the remote may still be running).
@@ -505,19 +518,15 @@ impl<T: Channel> Pipeline<T> {
         };
         let (summary, detail) = self.inner.channel.approval(bound).await;
         // A federated peer's call: the card (and its digest) says which broker asks.
-        let summary = match ctx
-            .session
-            .as_deref()
-            .and_then(crate::federation::session_peer)
-        {
-            Some(key_name) => {
+        let summary = match &ctx.caller {
+            CallerKind::Peer { key_name } => {
                 let config = self.inner.config.current();
                 let name = config
                     .peer_by_key_name(key_name)
                     .map_or("unknown", |p| p.name.as_str());
                 format!("for peer broker {name} ({key_name}): {summary}")
             }
-            None => summary,
+            CallerKind::Local => summary,
         };
         let retry_budget = self
             .inner
@@ -833,33 +842,4 @@ impl<T: Channel> Pipeline<T> {
             None,
         )
     }
-}
-
-/// RESULT_DELIVERED: the caller-facing protocol confirmed that `invocation_id`'s answer
-/// reached the caller. Recorded once, and only for an invocation that has ended.
-pub fn confirm_delivery(journal: &Journal, invocation_id: &str) -> Result<(), JournalError> {
-    journal.delivered(invocation_id)
-}
-
-/// [`confirm_delivery`] without waiting for the commit: for the caller-facing protocol's
-/// acknowledgement handler, which has nothing to wait for (the handoff it records has
-/// already happened).
-pub fn confirm_delivery_queued(journal: &Journal, invocation_id: &str) -> Result<(), JournalError> {
-    journal.delivered_pipelined(invocation_id)
-}
-
-/// The handoff of a stored result failed (the caller's connection closed first):
-/// DELIVERY_FAILED. The remote outcome stands, and the result stays retrievable with
-/// `fetch_result`.
-pub fn delivery_failed(
-    journal: &Journal,
-    invocation_id: &str,
-    message: &str,
-) -> Result<(), JournalError> {
-    let rec = Recorder::resume(journal, invocation_id)?;
-    let p = rec.projection()?;
-    if p.result_id.is_some() && !p.delivered {
-        rec.delivery_failed(message)?;
-    }
-    Ok(())
 }

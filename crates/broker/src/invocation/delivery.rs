@@ -18,6 +18,7 @@ use base64::Engine as _;
 use serde::Serialize;
 
 use crate::contract::{Code, Envelope, ErrorBody, Phase, Retry};
+use crate::invocation::Recorder;
 use crate::journal::projection::Projection;
 use crate::journal::{Journal, JournalError, ResultLayout};
 
@@ -334,4 +335,33 @@ pub fn refusal(journal: &Journal, p: &Projection, error: &DeliveryError) -> Enve
         },
         evidence,
     }
+}
+
+/// RESULT_DELIVERED: the caller-facing protocol confirmed that `invocation_id`'s answer
+/// reached the caller. Recorded once, and only for an invocation that has ended.
+pub fn confirm_delivery(journal: &Journal, invocation_id: &str) -> Result<(), JournalError> {
+    journal.delivered(invocation_id)
+}
+
+/// [`confirm_delivery`] without waiting for the commit: for the caller-facing protocol's
+/// acknowledgement handler, which has nothing to wait for (the handoff it records has
+/// already happened).
+pub fn confirm_delivery_queued(journal: &Journal, invocation_id: &str) -> Result<(), JournalError> {
+    journal.delivered_pipelined(invocation_id)
+}
+
+/// The handoff of a stored result failed (the caller's connection closed first):
+/// DELIVERY_FAILED. The remote outcome stands, and the result stays retrievable with
+/// `fetch_result`.
+pub fn delivery_failed(
+    journal: &Journal,
+    invocation_id: &str,
+    message: &str,
+) -> Result<(), JournalError> {
+    let rec = Recorder::resume(journal, invocation_id)?;
+    let p = rec.projection()?;
+    if p.result_id.is_some() && !p.delivered {
+        rec.delivery_failed(message)?;
+    }
+    Ok(())
 }
