@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 
 use toml_edit::{DocumentMut, value};
 
-use crate::channel::ssh_keys::fingerprint_of_public;
 use crate::config::Config;
+use crate::ssh_keys::fingerprint_of_public;
 
 /// Why a pin was not written. The file is unchanged in every case.
 #[derive(Debug, thiserror::Error)]

@@ -22,8 +22,9 @@
 //!   journal), [`invocation::recorder`] (one method per durable transition).
 //! - [`channel`]: what is particular to a protocol: [`channel::http`] (validate,
 //!   inject, exchange, transport, status) and [`channel::ssh`] (validation, key,
-//!   exec), [`channel::redact`] (scrubbing the secret from results),
-//!   [`channel::ssh_keys`] (key import, host-key pinning).
+//!   exec), [`channel::redact`] (scrubbing the secret from results).
+//! - [`ssh_keys`]: OpenSSH key formats: key import, host-key pinning, fingerprints (below
+//!   the configuration edits and the SSH channel that both use them).
 //! - [`contract`]: the public error contract (phase, outcome, retry, code) and the
 //!   evidence envelope. Closed enums; callers never parse messages.
 //! - [`record`]: the ground floor of record types: small values the journal's events,
@@ -90,6 +91,7 @@ pub mod record;
 pub mod retry;
 pub mod sealed_store;
 pub mod secret;
+pub mod ssh_keys;
 pub mod transparency;
 pub mod vault;
 

@@ -3,11 +3,11 @@
 
 use std::path::Path;
 
-use postern_broker::channel::ssh_keys::{
-    fingerprint_of_public, host_key_from_known_hosts_line, normalize_public_key,
-};
 use postern_broker::config::Config;
 use postern_broker::config_edit::{PinError, Pinned, pin_host_key};
+use postern_broker::ssh_keys::{
+    fingerprint_of_public, host_key_from_known_hosts_line, normalize_public_key,
+};
 
 use crate::common::{self, Failure, print_table};
 

@@ -6,7 +6,7 @@ use std::io::{IsTerminal, Read};
 use std::path::{Path, PathBuf};
 
 use postern_broker::audit::AUDIT_KEY_ID;
-use postern_broker::channel::ssh_keys::{ImportedKey, KeyImportError, import_private_key};
+use postern_broker::ssh_keys::{ImportedKey, KeyImportError, import_private_key};
 use postern_broker::vault::{
     CredentialId, CredentialKind, CredentialMeta, KeychainBackend, Secret, Vault, meta,
 };

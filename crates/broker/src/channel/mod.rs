@@ -7,7 +7,6 @@
 //! - [`ssh`]: one command on a configured host (russh), against a pinned host key.
 //! - [`peer`]: a capability another broker exports (`peer://<peer>/<capability>/...`),
 //!   with no credential of this broker's; its answers classified by seed 002.
-//! - [`ssh_keys`]: importing user keys, pinning host keys from known_hosts lines.
 //! - [`guard`]: the resolved-address guard (no credential to metadata or internal
 //!   addresses) and the resolver both channels connect through.
 //! - [`redact`]: scrubbing the injected secret, in its encoded forms, from results.
@@ -17,4 +16,3 @@ pub mod http;
 pub mod peer;
 pub mod redact;
 pub mod ssh;
-pub mod ssh_keys;

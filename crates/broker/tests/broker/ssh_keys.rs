@@ -1,10 +1,10 @@
-//! `channel::ssh_keys`: private key import, `known_hosts` lines and fingerprints, against
+//! `ssh_keys`: private key import, `known_hosts` lines and fingerprints, against
 //! keys made by `ssh-keygen` (skipped, with a note, when `ssh-keygen` is not installed).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use postern_broker::channel::ssh_keys::{
+use postern_broker::ssh_keys::{
     HostKeyError, KeyImportError, fingerprint_of_public, host_key_from_known_hosts_line,
     import_private_key, normalize_public_key,
 };

@@ -57,9 +57,10 @@ impl client::Handler for Verifier {
                     }
                     Some(_) => (HostKeyVerdict::Mismatch { fingerprint }, false),
                     None => {
-                        let key = key.to_openssh().ok().and_then(|line| {
-                            crate::channel::ssh_keys::normalize_public_key(&line).ok()
-                        });
+                        let key = key
+                            .to_openssh()
+                            .ok()
+                            .and_then(|line| crate::ssh_keys::normalize_public_key(&line).ok());
                         (HostKeyVerdict::Unpinned { fingerprint, key }, false)
                     }
                 }
