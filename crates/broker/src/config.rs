@@ -61,7 +61,7 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use url::Url;
 
-use crate::action::{Canonical, NormalizedHttp, is_token, normalize_path};
+use crate::canonical::{Canonical, is_token, normalize_path};
 use crate::contract::Code;
 use crate::vault::CredentialId;
 
@@ -881,17 +881,7 @@ impl Config {
         })
     }
 
-    /// [`Config::resolve_http`] for an already normalized request.
-    pub fn resolve_normalized_http(
-        &self,
-        req: &NormalizedHttp,
-    ) -> Result<&HttpTarget, ResolveError> {
-        let port = req.port.or_else(|| default_port(&req.scheme));
-        self.resolve_parts(&req.scheme, Some(&req.host), port, &req.path)
-            .ok_or_else(|| ResolveError::NoHttpTarget { url: req.url() })
-    }
-
-    fn resolve_parts(
+    pub(crate) fn resolve_parts(
         &self,
         scheme: &str,
         host: Option<&str>,
@@ -1034,7 +1024,7 @@ fn same_prefix(a: &HttpTarget, b: &HttpTarget) -> bool {
         && a.base_url.path() == b.base_url.path()
 }
 
-fn default_port(scheme: &str) -> Option<u16> {
+pub(crate) fn default_port(scheme: &str) -> Option<u16> {
     match scheme {
         "http" => Some(80),
         "https" => Some(443),

@@ -74,6 +74,7 @@ pub mod approvals;
 pub mod audit;
 mod broker;
 pub mod budget;
+pub mod canonical;
 pub mod channel;
 pub mod clock;
 pub mod config;

@@ -130,7 +130,7 @@ impl SourceQueryPredicate {
         SourceQueryPredicate {
             path: self.path.replace(
                 MEMBER_ID_PLACEHOLDER,
-                &crate::action::percent_encode(id.as_bytes()),
+                &crate::canonical::percent_encode(id.as_bytes()),
             ),
             ..self.clone()
         }
