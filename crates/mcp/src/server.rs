@@ -481,6 +481,18 @@ impl Session {
         Some(CallToolResult::structured_error(value))
     }
 
+    /// For a tool that may run something: this session's SESSION_OPENED on disk first
+    /// (or its refusal), then [`Session::owned_or_unrecorded`].
+    async fn opened_and_owned(
+        &self,
+        invocation_id: &str,
+    ) -> Result<Result<Owned, CallToolResult>, McpError> {
+        if let Err(refusal) = self.opened().await {
+            return Ok(Err(refusal));
+        }
+        self.owned_or_unrecorded(invocation_id)
+    }
+
     /// The invocation's projection, or the answer for one that was never recorded.
     fn owned_or_unrecorded(
         &self,
@@ -583,11 +595,8 @@ impl Session {
         args: InvocationArgs,
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
-        if let Err(refusal) = self.opened().await {
-            return Ok(refusal);
-        }
         // Only the agent's own submission or job is read.
-        let owned = match self.owned_or_unrecorded(&args.invocation_id)? {
+        let owned = match self.opened_and_owned(&args.invocation_id).await? {
             Ok(owned) => owned,
             Err(answer) => return Ok(answer),
         };
@@ -634,10 +643,7 @@ impl Session {
         args: InvocationArgs,
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
-        if let Err(refusal) = self.opened().await {
-            return Ok(refusal);
-        }
-        let owned = match self.owned_or_unrecorded(&args.invocation_id)? {
+        let owned = match self.opened_and_owned(&args.invocation_id).await? {
             Ok(owned) => owned,
             Err(answer) => return Ok(answer),
         };
