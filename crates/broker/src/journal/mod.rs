@@ -25,7 +25,9 @@
 //! - [`peer_calls`]: which invocation runs a federated peer's call (at most once per
 //!   asking broker and caller invocation).
 
+pub mod chain;
 pub mod events;
+pub mod merkle;
 pub mod peer_calls;
 pub mod projection;
 pub mod query;
@@ -43,14 +45,14 @@ use std::time::{Duration, Instant};
 use ed25519_dalek::SigningKey;
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::audit::merkle::{self, Frontier};
-use crate::audit::{
+use crate::clock::Clock;
+use crate::config::RetentionPolicy;
+use chain::{
     CHECKPOINT_COLUMNS, ChainHasher, ChainedRow, Checkpoint, GENESIS, SIGN_INTERVAL_MS,
     checkpoint_row, witness_path, write_checkpoint_file,
 };
-use crate::clock::Clock;
-use crate::config::RetentionPolicy;
 use events::{Channel, Event, EventBody, JOURNAL_SCOPE};
+use merkle::Frontier;
 use projection::{Projection, ProjectionError};
 pub use results::{ResultLayout, ResultToStore, Settle, StoredResult};
 
@@ -1028,7 +1030,7 @@ impl Journal {
     /// This broker's name to its peers: the audit log origin of its key, the name the
     /// peers' `[[peer]] key` entries pin it by.
     pub fn peer_name(&self) -> String {
-        crate::audit::log_origin(&self.inner.verifying_key)
+        chain::log_origin(&self.inner.verifying_key)
     }
 
     /// Signs one peering tool call (`tool` about `subject`) as this broker, with a
