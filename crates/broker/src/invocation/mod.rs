@@ -9,12 +9,15 @@
 //!   journal that fails part-way.
 //! - [`recorder`]: the record of one invocation, one method per durable transition.
 //!   It, not the channel, decides what a failure proves.
+//! - [`recovery`]: at startup, closing what a crash interrupted
+//!   ([`Journal::recover_interrupted`](crate::journal::Journal::recover_interrupted)).
 
 pub mod attempt;
 pub mod credential;
 pub mod outcome;
 pub mod pipeline;
 pub mod recorder;
+pub mod recovery;
 
 pub use crate::contract::Failure;
 pub use attempt::{Attempt, Gate, GateShut, Response};
