@@ -7,11 +7,13 @@
 
 use rusqlite::{Connection, params};
 
+use super::chain::ChainHasher;
 use super::chain::ChainedRow;
 use super::events::EventBody;
-use super::invocations::accept_in;
-use super::writer::{ChainPos, ProjectionCache};
-use super::{Appended, ChainHasher, JournalError, NewInvocation, Projection, load_events, merkle};
+use super::merkle::{self, Frontier};
+use super::projection::Projection;
+use super::rows::load_events;
+use super::store::{Appended, JournalError};
 use crate::contract::Code;
 
 /// What a job sees inside the writer's transaction.
@@ -113,12 +115,6 @@ impl WriteCtx<'_> {
         self.append_raw(invocation_id, body)
     }
 
-    /// Records a new invocation (ACTION_ACCEPTED) and its identity row, inside another
-    /// step's transaction (see [`Journal::accept`]).
-    pub fn accept(&mut self, new: NewInvocation) -> Result<Appended, JournalError> {
-        accept_in(self, new)
-    }
-
     /// The invocation's current projection (cached, or folded from its events).
     pub fn projection(&mut self, invocation_id: &str) -> Result<Projection, JournalError> {
         if let Some(p) = self.cache.map.get(invocation_id) {
@@ -197,5 +193,31 @@ impl WriteCtx<'_> {
         self.touched.push(invocation_id.to_string());
         self.cache.insert(invocation_id, projection.clone());
         Ok(Appended { seq, projection })
+    }
+}
+
+/// The chain position and the tree's right edge, saved and restored around each job.
+#[derive(Clone)]
+pub(super) struct ChainPos {
+    pub(super) last_seq: u64,
+    pub(super) head: [u8; 32],
+    pub(super) frontier: Frontier,
+}
+
+/// A bounded map of recent projections; cleared wholesale when full (a miss only costs
+/// a fold).
+#[derive(Default)]
+pub(super) struct ProjectionCache {
+    pub(super) map: std::collections::HashMap<String, Projection>,
+}
+
+impl ProjectionCache {
+    const MAX: usize = 4096;
+
+    pub(super) fn insert(&mut self, id: &str, p: Projection) {
+        if self.map.len() >= Self::MAX && !self.map.contains_key(id) {
+            self.map.clear();
+        }
+        self.map.insert(id.to_string(), p);
     }
 }

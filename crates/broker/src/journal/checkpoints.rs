@@ -17,8 +17,8 @@ use super::chain::{
     checkpoint_row, write_checkpoint_file,
 };
 use super::merkle::{self, Frontier};
-use super::writer::WriterState;
-use super::{Journal, JournalError};
+use super::store::JournalError;
+use super::writer::{Journal, Retention, WriterState};
 
 impl Journal {
     /// The newest checkpoint known to be on disk (fsynced): what may be shown to a
@@ -129,17 +129,6 @@ impl Journal {
             nonce,
         )
     }
-}
-
-/// Which checkpoints are kept: the newest is provisional and is replaced by the next one
-/// made within [`SIGN_INTERVAL_MS`] of the last kept one, so the table holds about one
-/// checkpoint per interval of activity while every event is still covered within it.
-#[derive(Clone, Copy, Default)]
-pub(super) struct Retention {
-    /// The last kept checkpoint: (seq, made_at_ms).
-    pub(super) retained: Option<(u64, i64)>,
-    /// The newest checkpoint, kept only if the next one falls in a new window.
-    pub(super) provisional: Option<(u64, i64)>,
 }
 
 impl WriterState {

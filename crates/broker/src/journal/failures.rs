@@ -5,27 +5,9 @@
 //! Must never: hold secret bytes; forget a recorded RESULT_STORE_FAILED.
 
 use super::events::EventBody;
-use super::{Journal, JournalError};
+use super::store::{JournalError, StoreFailure, Unrecorded};
+use super::writer::Journal;
 use crate::contract::Code;
-
-/// An invocation whose acceptance never reached the journal.
-#[derive(Debug, Clone)]
-pub struct Unrecorded {
-    pub invocation_id: String,
-    pub session: Option<String>,
-    pub envelope: crate::contract::Envelope,
-}
-
-/// A complete response whose result could not be stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoreFailure {
-    pub invocation_id: String,
-    pub at_ms: i64,
-    /// The journal recorded the failure (RESULT_STORE_FAILED with the settled outcome);
-    /// false when even that record failed and the outcome is left unknown.
-    pub recorded: bool,
-    pub detail: String,
-}
 
 /// How many unrecorded invocations are remembered.
 const MAX_UNRECORDED: usize = 4096;

@@ -9,7 +9,9 @@ use rusqlite::{OptionalExtension, params};
 
 use super::append::WriteCtx;
 use super::events::{Channel, EventBody};
-use super::{Appended, Journal, JournalError, NewInvocation, ResultToStore, Settle, results};
+use super::results::{self, ResultToStore, Settle};
+use super::store::{Appended, JournalError, NewInvocation};
+use super::writer::Journal;
 
 impl Journal {
     /// Records a new invocation (ACTION_ACCEPTED) and its identity row.
@@ -174,5 +176,13 @@ fn delivered_job(
             ctx.append_checked(&id, &EventBody::ResultDelivered)?;
         }
         Ok(())
+    }
+}
+
+impl WriteCtx<'_> {
+    /// Records a new invocation (ACTION_ACCEPTED) and its identity row, inside another
+    /// step's transaction (see [`Journal::accept`]).
+    pub fn accept(&mut self, new: NewInvocation) -> Result<Appended, JournalError> {
+        accept_in(self, new)
     }
 }

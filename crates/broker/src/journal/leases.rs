@@ -9,7 +9,8 @@ use rusqlite::{OptionalExtension, params};
 
 use super::append::WriteCtx;
 use super::events::EventBody;
-use super::{Appended, Authorization, Dispatch, Journal, JournalError};
+use super::store::{Appended, Authorization, Dispatch, JournalError};
+use super::writer::Journal;
 use crate::contract::{Code, Outcome, Phase, Retry};
 
 impl Journal {

@@ -18,9 +18,11 @@
 //!
 //! # Layout
 //! The store is [`Journal`]; its methods live beside what they do, as `impl Journal`
-//! blocks of one file each:
-//! - [`writer`]: the writer thread and group commit; the write API ([`Journal::write_async`],
-//!   and [`Journal::write`], its blocking adapter).
+//! blocks of one file each. This file only opens it and names the public paths; no
+//! file of the journal imports it.
+//! - [`store`]: what the store trades in (errors, options, the facts of a step).
+//! - [`writer`]: the [`Journal`] handle, the writer thread and group commit; the write
+//!   API ([`Journal::write_async`], and [`Journal::write`], its blocking adapter).
 //! - [`append`]: what a job sees in the writer's transaction ([`WriteCtx`]): the checked,
 //!   chained append.
 //! - [`invocations`]: acceptance, stored requests, committed results, delivery.
@@ -31,6 +33,7 @@
 //! - [`space`]: the disk-space reserve and the low-space mode of a full disk.
 //! - [`failures`]: what could not be recorded or stored, for the operator's alert.
 //! - [`pause`]: the recorded pause of agent calls.
+//! - [`rows`]: an invocation's event rows read back.
 //! - [`read`] and [`query`]: the read side (one invocation; searches and listings).
 //! - [`chain`] and [`merkle`]: the audit chain, checkpoint and tree format the writer
 //!   writes (`crate::audit` verifies it).
@@ -59,208 +62,34 @@ pub mod query;
 pub mod read;
 pub mod results;
 pub mod retention;
+pub mod rows;
 pub mod schema;
 pub mod space;
+pub mod store;
 pub mod writer;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::AtomicBool;
-use std::sync::mpsc::{self, SyncSender};
+use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use ed25519_dalek::SigningKey;
-use rusqlite::Connection;
-
-use crate::clock::Clock;
-use chain::{ChainHasher, Checkpoint, witness_path};
-use checkpoints::{
-    Retention, chain_tail, load_or_rebuild_tree, newest_checkpoint, verify_unsigned_tail,
-};
-use events::{Channel, EventBody, JOURNAL_SCOPE};
-use projection::{Projection, ProjectionError};
-use writer::{ChainPos, Job, ProjectionCache, SearchLag, WriterState, index_for_search};
+use append::{ChainPos, ProjectionCache};
+use chain::{ChainHasher, witness_path};
+use checkpoints::{chain_tail, load_or_rebuild_tree, newest_checkpoint, verify_unsigned_tail};
+use events::{EventBody, JOURNAL_SCOPE};
+use writer::{Inner, Job, Retention, SearchLag, WriterState, index_for_search};
 
 pub use append::WriteCtx;
-pub use failures::{StoreFailure, Unrecorded};
 pub(crate) use invocations::{encode_request, insert_request};
-pub(crate) use read::load_events;
 pub use results::{ResultLayout, ResultToStore, Settle, StoredResult};
-pub use retention::{PRUNE_INTERVAL, RetentionSource};
-pub use writer::{SEARCH_BATCH, SEARCH_DELAY};
-
-/// Errors of the journal. Messages name the file and never contain secret bytes (the
-/// journal never holds any).
-#[derive(Debug, thiserror::Error)]
-pub enum JournalError {
-    #[error("cannot open journal {path}: {detail}")]
-    Open { path: PathBuf, detail: String },
-    #[error("journal {path} is not a readable Postern database ({detail}); it was left untouched")]
-    Corrupt { path: PathBuf, detail: String },
-    #[error(
-        "journal {path} has schema version {found}, newer than this build supports ({supported}); upgrade Postern — the file was left untouched"
-    )]
-    NewerSchema {
-        path: PathBuf,
-        found: i64,
-        supported: i64,
-    },
-    #[error("{path} is a SQLite database of another application; it was left untouched")]
-    Foreign { path: PathBuf },
-    #[error(
-        "journal {path} is damaged ({detail}); Postern will not add to it. Run `postern audit verify` for the details, and move the file aside (keep it as evidence) to start a new journal"
-    )]
-    Damaged { path: PathBuf, detail: String },
-    #[error("the journal's disk is full ({detail}); nothing new is accepted until space is freed")]
-    DiskFull { detail: String },
-    #[error("journal storage failed: {0}")]
-    Storage(String),
-    #[error("the journal writer has stopped")]
-    Closed,
-    #[error(transparent)]
-    Impossible(#[from] ProjectionError),
-    #[error("invocation {0} does not exist")]
-    UnknownInvocation(String),
-    #[error("invocation {0} already exists")]
-    DuplicateInvocation(String),
-    #[error("invocation {invocation_id}: lease generation {generation} is no longer current")]
-    LeaseLost {
-        invocation_id: String,
-        generation: u32,
-    },
-    #[error("invocation {invocation_id}: another attempt holds the lease until {until_ms}")]
-    LeaseHeld {
-        invocation_id: String,
-        until_ms: i64,
-    },
-    #[error("invocation {invocation_id}: retry budget of {budget} dispatches is spent")]
-    BudgetExhausted { invocation_id: String, budget: u32 },
-    /// A step found it could not go ahead and recorded the failure that ends the
-    /// invocation instead (a changed fingerprint at dispatch, a credential removed since
-    /// it was read): the appended failure.
-    #[error("invocation {}: a failure was recorded instead; nothing was sent", .0.projection.invocation_id)]
-    RecordedInstead(Box<Appended>),
-    #[error("invocation {0}: the stored result is missing or incomplete")]
-    ResultIncomplete(String),
-    #[error("event body in the journal does not parse at sequence {seq}: {detail}")]
-    BadEvent { seq: u64, detail: String },
-}
-
-impl From<rusqlite::Error> for JournalError {
-    fn from(e: rusqlite::Error) -> Self {
-        match e.sqlite_error_code() {
-            Some(rusqlite::ErrorCode::DiskFull) => JournalError::DiskFull {
-                detail: e.to_string(),
-            },
-            _ => JournalError::Storage(e.to_string()),
-        }
-    }
-}
-
-impl JournalError {
-    /// Whether this is the disk running out of space (as opposed to damage or a bug).
-    pub fn is_disk_full(&self) -> bool {
-        matches!(self, JournalError::DiskFull { .. })
-    }
-}
-
-/// Settings of an open journal.
-pub struct JournalOptions {
-    pub clock: Arc<dyn Clock>,
-    /// Signs audit checkpoints. Kept in the OS keychain by the broker.
-    pub signing_key: SigningKey,
-    /// Where to keep a copy of the latest durable checkpoint outside the data directory,
-    /// so a journal cut together with its checkpoint rows and witness file still fails
-    /// verification against it.
-    pub anchor: Option<PathBuf>,
-    /// How long accepted invocations may wait for the text search index
-    /// ([`SEARCH_DELAY`]; see [`SEARCH_BATCH`]).
-    pub search_delay: Duration,
-}
-
-impl JournalOptions {
-    pub fn new(clock: Arc<dyn Clock>, signing_key: SigningKey) -> Self {
-        JournalOptions {
-            clock,
-            signing_key,
-            anchor: None,
-            search_delay: SEARCH_DELAY,
-        }
-    }
-}
-
-/// A handle to the journal; cheap to clone, shared by every channel and interface.
-#[derive(Clone)]
-pub struct Journal {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    path: PathBuf,
-    sender: Mutex<Option<SyncSender<Job>>>,
-    writer: Mutex<Option<JoinHandle<()>>>,
-    reader: Mutex<Connection>,
-    clock: Arc<dyn Clock>,
-    /// The public half of the checkpoint signing key, to verify this journal's file.
-    verifying_key: ed25519_dalek::VerifyingKey,
-    /// The same key, for signing retry manifests (never leaves this struct).
-    manifest_key: SigningKey,
-    /// Set by the writer while the disk is full (see [`space`]).
-    low_space: Arc<AtomicBool>,
-    /// Complete responses whose results could not be stored, since this process
-    /// started: the operator console's alert (recorded ones are also in the journal).
-    store_failures: Mutex<Vec<StoreFailure>>,
-    /// Invocations refused before their acceptance could be recorded, so `get_invocation`
-    /// can still say what happened to them (in memory: nothing else could be written).
-    unrecorded: Mutex<std::collections::VecDeque<Unrecorded>>,
-    /// Set by the writer after each fsynced commit that carried a checkpoint.
-    latest_durable: Arc<Mutex<Option<Checkpoint>>>,
-    /// The retention policy of stored results, read by the writer's periodic pass.
-    result_retention: Arc<Mutex<Option<RetentionSource>>>,
-    /// Authenticates `fetch_result` cursors; derived from the checkpoint signing key so
-    /// cursors stay valid across restarts of the same broker.
-    cursor_key: [u8; 32],
-}
-
-/// The result of an append: where it landed and the invocation's new status.
-#[derive(Debug, Clone)]
-pub struct Appended {
-    pub seq: u64,
-    pub projection: Projection,
-}
-
-/// Facts recorded when an invocation is accepted.
-#[derive(Debug, Clone)]
-pub struct NewInvocation {
-    pub invocation_id: String,
-    pub channel: Channel,
-    pub target: String,
-    pub summary: String,
-    pub session: Option<String>,
-    pub idempotency_key: Option<String>,
-    /// The invocation the broker started this one for, if it did.
-    pub parent: Option<crate::record::job::ParentLink>,
-}
-
-/// What CREDENTIAL_AUTHORIZED and the attempt's lease record: the credential's id and
-/// non-secret version tag, and who takes the lease for how long.
-#[derive(Debug, Clone)]
-pub struct Authorization {
-    pub credential_id: String,
-    pub version: String,
-    pub holder: String,
-    pub ttl_ms: i64,
-}
-
-/// What DISPATCH_STARTED records of one connection: the fingerprint of what is about to
-/// be sent, the connection's id and the verified peer.
-#[derive(Debug, Clone)]
-pub struct Dispatch {
-    pub fingerprint: String,
-    pub connection_id: Option<String>,
-    pub peer_identity: Option<String>,
-}
+pub use retention::PRUNE_INTERVAL;
+pub(crate) use rows::load_events;
+pub use store::{
+    Appended, Authorization, Dispatch, JournalError, JournalOptions, NewInvocation,
+    RetentionSource, SEARCH_BATCH, SEARCH_DELAY, StoreFailure, Unrecorded,
+};
+pub use writer::Journal;
 
 impl Journal {
     /// Opens (creating or migrating) the journal at `path` and starts its writer.
@@ -367,41 +196,5 @@ impl Journal {
             })?;
         }
         Ok(journal)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.inner.path
-    }
-
-    pub fn now_ms(&self) -> i64 {
-        self.inner.clock.now_ms()
-    }
-
-    /// Stops the writer after it has drained, with its last checkpoint on disk and
-    /// written to the witness file and the anchor.
-    pub fn close(self) -> Result<(), JournalError> {
-        self.inner.shutdown()
-    }
-}
-
-impl Inner {
-    fn shutdown(&self) -> Result<(), JournalError> {
-        if let Ok(mut sender) = self.sender.lock() {
-            sender.take();
-        }
-        let handle = self.writer.lock().map_err(|_| JournalError::Closed)?.take();
-        if let Some(handle) = handle {
-            handle
-                .join()
-                .map_err(|_| JournalError::Storage("journal writer panicked".into()))?;
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        // A clean shutdown makes the last checkpoint durable; errors have nowhere to go.
-        let _ = self.shutdown();
     }
 }

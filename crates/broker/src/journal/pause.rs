@@ -7,7 +7,8 @@
 use rusqlite::OptionalExtension;
 
 use super::events::{self, EventBody, JOURNAL_SCOPE};
-use super::{Journal, JournalError};
+use super::store::JournalError;
+use super::writer::Journal;
 
 impl Journal {
     /// Records that `operator` paused (or resumed) agent calls; returns once it is on

@@ -11,8 +11,10 @@
 
 use rusqlite::{OptionalExtension, params};
 
+use super::append::WriteCtx;
 use super::invocations::accept_in;
-use super::{Journal, JournalError, NewInvocation, WriteCtx};
+use super::store::{JournalError, NewInvocation};
+use super::writer::Journal;
 
 /// One peer call as recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]

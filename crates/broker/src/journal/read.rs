@@ -4,11 +4,16 @@
 //!
 //! Must never: write.
 
-use rusqlite::{Connection, OptionalExtension};
+use rusqlite::OptionalExtension;
 
 use super::events::{Event, EventBody};
 use super::projection::Projection;
-use super::{Journal, JournalError, ResultLayout, StoredResult, results};
+use std::sync::atomic::Ordering;
+
+use super::results::{self, ResultLayout, StoredResult};
+use super::rows::load_events;
+use super::store::JournalError;
+use super::writer::Journal;
 
 impl Journal {
     /// All events of one invocation, in sequence order.
@@ -204,34 +209,9 @@ impl Journal {
     }
 }
 
-pub(crate) fn load_events(
-    conn: &Connection,
-    invocation_id: &str,
-) -> Result<Vec<Event>, JournalError> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT seq, body, recorded_at_ms FROM events WHERE invocation_id = ?1 ORDER BY seq",
-    )?;
-    let rows = stmt.query_map([invocation_id], |r| {
-        Ok((
-            r.get::<_, i64>(0)?,
-            r.get::<_, String>(1)?,
-            r.get::<_, i64>(2)?,
-        ))
-    })?;
-    let mut out = Vec::new();
-    for row in rows {
-        let (seq, body, recorded_at_ms) = row?;
-        let seq = u64::try_from(seq).unwrap_or(0);
-        let body: EventBody = serde_json::from_str(&body).map_err(|e| JournalError::BadEvent {
-            seq,
-            detail: e.to_string(),
-        })?;
-        out.push(Event {
-            seq,
-            invocation_id: invocation_id.to_string(),
-            recorded_at_ms,
-            body,
-        });
+impl Journal {
+    /// Whether the disk is full and new invocations are refused (see [`space`]).
+    pub fn low_space(&self) -> bool {
+        self.inner.low_space.load(Ordering::Relaxed)
     }
-    Ok(out)
 }

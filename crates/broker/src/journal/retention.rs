@@ -3,19 +3,16 @@
 //!
 //! Must never: delete an event; only result rows expire, each with a RESULT_EXPIRED.
 
-use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use super::writer::{Job, WriterState, job};
-use super::{Journal, JournalError, results};
+use super::results;
+use super::store::{JournalError, RetentionSource};
+use super::writer::{Job, Journal, WriterState, job};
 use crate::config::RetentionPolicy;
 
 /// How often the writer applies the result retention policy (also once at open).
 pub const PRUNE_INTERVAL: Duration = Duration::from_secs(60);
-
-/// Where the writer reads the live retention policy of stored results.
-pub type RetentionSource = Arc<dyn Fn() -> RetentionPolicy + Send + Sync>;
 
 impl Journal {
     /// Sets where the writer reads the retention policy of stored results, and applies

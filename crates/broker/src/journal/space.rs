@@ -16,11 +16,6 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
-
-use super::Journal;
-use super::writer::WriterState;
 
 /// Space kept aside for invocations in flight when the disk fills up.
 pub const RESERVE_BYTES: u64 = 4 * 1024 * 1024;
@@ -90,55 +85,5 @@ pub fn describe(db: &Path) -> String {
             2 * RESERVE_BYTES
         ),
         None => format!("on the filesystem of {}", dir.display()),
-    }
-}
-
-impl Journal {
-    /// Whether the disk is full and new invocations are refused (see [`space`]).
-    pub fn low_space(&self) -> bool {
-        self.inner.low_space.load(Ordering::Relaxed)
-    }
-}
-
-impl WriterState {
-    /// The disk is full: give the reserve back so invocations in flight can settle,
-    /// fold the WAL into the database, and refuse new invocations (see [`space`]).
-    pub(super) fn enter_low_space(&mut self) {
-        if !self.low_space.swap(true, Ordering::Relaxed) {
-            release_reserve(&self.reserve);
-        }
-        self.last_space_check = Some(Instant::now());
-        let _ = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
-    }
-
-    /// Leaves low-space mode once the filesystem has room for the reserve twice over
-    /// and the reserve could be written again. Measured at most every 200 ms.
-    pub(super) fn try_leave_low_space(&mut self) {
-        if self
-            .last_space_check
-            .is_some_and(|t| t.elapsed() < Duration::from_millis(200))
-        {
-            return;
-        }
-        self.last_space_check = Some(Instant::now());
-        let enough = free_bytes(&self.db).is_none_or(|free| free >= 2 * RESERVE_BYTES);
-        if !enough {
-            return;
-        }
-        // Fold the WAL into the database first: it may hold most of the used space.
-        let _ = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
-        if ensure_reserve(&self.reserve) {
-            self.low_space.store(false, Ordering::Relaxed);
-        }
-    }
-
-    /// Checkpoints and truncates a WAL that grew past [`WAL_CHECKPOINT_AT`]
-    /// (passive checkpoints cannot reset it while readers keep coming).
-    pub(super) fn trim_wal(&mut self) {
-        let mut wal = self.db.as_os_str().to_os_string();
-        wal.push("-wal");
-        if std::fs::metadata(&wal).is_ok_and(|m| m.len() > WAL_CHECKPOINT_AT) {
-            let _ = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
-        }
     }
 }

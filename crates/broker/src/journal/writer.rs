@@ -8,23 +8,23 @@
 //! fsynced); commit a batch without the checkpoint over the events it adds; let a
 //! rolled-back job move the chain position.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver};
+use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use ed25519_dalek::SigningKey;
 use rusqlite::Connection;
 
-use super::append::WriteCtx;
+use super::append::{ChainPos, ProjectionCache, WriteCtx};
 use super::chain::{ChainHasher, Checkpoint};
-use super::checkpoints::Retention;
 use super::events::EventBody;
-use super::merkle::Frontier;
-use super::projection::Projection;
-use super::retention::RetentionSource;
-use super::{Appended, Journal, JournalError, space};
+use super::space;
+use super::store::{
+    Appended, JournalError, RetentionSource, SEARCH_BATCH, StoreFailure, Unrecorded,
+};
 use crate::clock::Clock;
 
 /// Jobs drained into one transaction at most; bounds the latency of the first job.
@@ -39,17 +39,6 @@ const MAX_BATCH: usize = 512;
 /// write less still but cost the closed loop's throughput (docs/benchmarks.md).
 const GROUP_MIN: usize = 4;
 const GROUP_WAIT: Duration = Duration::from_micros(300);
-
-/// The writer feeds the text search index once this many accepted invocations wait,
-/// or once the oldest has waited [`SEARCH_DELAY`] ([`JournalOptions::search_delay`]),
-/// or when it is idle: each transaction
-/// that adds to the index writes a new segment of it, which cost a commit several
-/// pages when every commit did. A search matches the invocations not indexed yet
-/// without the index, so nothing is missed meanwhile.
-pub const SEARCH_BATCH: usize = 256;
-
-/// See [`SEARCH_BATCH`].
-pub const SEARCH_DELAY: Duration = Duration::from_secs(1);
 
 /// Accepted invocations the search index does not hold yet.
 pub(super) struct SearchLag {
@@ -120,8 +109,8 @@ where
 pub(super) struct JobOutcome {
     pub(super) ok: bool,
     /// The job failed because the disk is full.
-    pub(super) disk_full: bool,
-    pub(super) finish: Finish,
+    disk_full: bool,
+    finish: Finish,
 }
 
 /// A job runs inside the batch transaction, or with `None` when the transaction could
@@ -131,32 +120,6 @@ pub(super) type JobFn = Box<dyn FnOnce(Option<&mut WriteCtx<'_>>) -> JobOutcome 
 pub(super) struct Job {
     pub(super) durable: bool,
     pub(super) run: JobFn,
-}
-
-/// The chain position and the tree's right edge, saved and restored around each job.
-#[derive(Clone)]
-pub(super) struct ChainPos {
-    pub(super) last_seq: u64,
-    pub(super) head: [u8; 32],
-    pub(super) frontier: Frontier,
-}
-
-/// A bounded map of recent projections; cleared wholesale when full (a miss only costs
-/// a fold).
-#[derive(Default)]
-pub(super) struct ProjectionCache {
-    pub(super) map: std::collections::HashMap<String, Projection>,
-}
-
-impl ProjectionCache {
-    const MAX: usize = 4096;
-
-    pub(super) fn insert(&mut self, id: &str, p: Projection) {
-        if self.map.len() >= Self::MAX && !self.map.contains_key(id) {
-            self.map.clear();
-        }
-        self.map.insert(id.to_string(), p);
-    }
 }
 
 pub(super) struct WriterState {
@@ -605,5 +568,131 @@ impl Journal {
     {
         // Nobody waits for the answer: a refusal surfaces at the next waited append.
         self.enqueue(false, f, |_| {})
+    }
+}
+
+/// A handle to the journal; cheap to clone, shared by every channel and interface.
+#[derive(Clone)]
+pub struct Journal {
+    pub(super) inner: Arc<Inner>,
+}
+
+pub(super) struct Inner {
+    pub(super) path: PathBuf,
+    pub(super) sender: Mutex<Option<SyncSender<Job>>>,
+    pub(super) writer: Mutex<Option<JoinHandle<()>>>,
+    pub(super) reader: Mutex<Connection>,
+    pub(super) clock: Arc<dyn Clock>,
+    /// The public half of the checkpoint signing key, to verify this journal's file.
+    pub(super) verifying_key: ed25519_dalek::VerifyingKey,
+    /// The same key, for signing retry manifests (never leaves this struct).
+    pub(super) manifest_key: SigningKey,
+    /// Set by the writer while the disk is full (see [`space`]).
+    pub(super) low_space: Arc<AtomicBool>,
+    /// Complete responses whose results could not be stored, since this process
+    /// started: the operator console's alert (recorded ones are also in the journal).
+    pub(super) store_failures: Mutex<Vec<StoreFailure>>,
+    /// Invocations refused before their acceptance could be recorded, so `get_invocation`
+    /// can still say what happened to them (in memory: nothing else could be written).
+    pub(super) unrecorded: Mutex<std::collections::VecDeque<Unrecorded>>,
+    /// Set by the writer after each fsynced commit that carried a checkpoint.
+    pub(super) latest_durable: Arc<Mutex<Option<Checkpoint>>>,
+    /// The retention policy of stored results, read by the writer's periodic pass.
+    pub(super) result_retention: Arc<Mutex<Option<RetentionSource>>>,
+    /// Authenticates `fetch_result` cursors; derived from the checkpoint signing key so
+    /// cursors stay valid across restarts of the same broker.
+    pub(super) cursor_key: [u8; 32],
+}
+
+impl Inner {
+    fn shutdown(&self) -> Result<(), JournalError> {
+        if let Ok(mut sender) = self.sender.lock() {
+            sender.take();
+        }
+        let handle = self.writer.lock().map_err(|_| JournalError::Closed)?.take();
+        if let Some(handle) = handle {
+            handle
+                .join()
+                .map_err(|_| JournalError::Storage("journal writer panicked".into()))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // A clean shutdown makes the last checkpoint durable; errors have nowhere to go.
+        let _ = self.shutdown();
+    }
+}
+
+impl Journal {
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    pub fn now_ms(&self) -> i64 {
+        self.inner.clock.now_ms()
+    }
+
+    /// Stops the writer after it has drained, with its last checkpoint on disk and
+    /// written to the witness file and the anchor.
+    pub fn close(self) -> Result<(), JournalError> {
+        self.inner.shutdown()
+    }
+}
+
+/// Which checkpoints are kept: the newest is provisional and is replaced by the next one
+/// made within [`SIGN_INTERVAL_MS`] of the last kept one, so the table holds about one
+/// checkpoint per interval of activity while every event is still covered within it.
+#[derive(Clone, Copy, Default)]
+pub(super) struct Retention {
+    /// The last kept checkpoint: (seq, made_at_ms).
+    pub(super) retained: Option<(u64, i64)>,
+    /// The newest checkpoint, kept only if the next one falls in a new window.
+    pub(super) provisional: Option<(u64, i64)>,
+}
+
+impl WriterState {
+    /// The disk is full: give the reserve back so invocations in flight can settle,
+    /// fold the WAL into the database, and refuse new invocations (see [`space`]).
+    fn enter_low_space(&mut self) {
+        if !self.low_space.swap(true, Ordering::Relaxed) {
+            space::release_reserve(&self.reserve);
+        }
+        self.last_space_check = Some(Instant::now());
+        let _ = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
+    }
+
+    /// Leaves low-space mode once the filesystem has room for the reserve twice over
+    /// and the reserve could be written again. Measured at most every 200 ms.
+    fn try_leave_low_space(&mut self) {
+        if self
+            .last_space_check
+            .is_some_and(|t| t.elapsed() < Duration::from_millis(200))
+        {
+            return;
+        }
+        self.last_space_check = Some(Instant::now());
+        let enough =
+            space::free_bytes(&self.db).is_none_or(|free| free >= 2 * space::RESERVE_BYTES);
+        if !enough {
+            return;
+        }
+        // Fold the WAL into the database first: it may hold most of the used space.
+        let _ = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
+        if space::ensure_reserve(&self.reserve) {
+            self.low_space.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// Checkpoints and truncates a WAL that grew past [`space::WAL_CHECKPOINT_AT`]
+    /// (passive checkpoints cannot reset it while readers keep coming).
+    fn trim_wal(&mut self) {
+        let mut wal = self.db.as_os_str().to_os_string();
+        wal.push("-wal");
+        if std::fs::metadata(&wal).is_ok_and(|m| m.len() > space::WAL_CHECKPOINT_AT) {
+            let _ = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
+        }
     }
 }
