@@ -210,7 +210,7 @@ impl Journal {
 }
 
 impl Journal {
-    /// Whether the disk is full and new invocations are refused (see [`space`]).
+    /// Whether the disk is full and new invocations are refused (see [`super::space`]).
     pub fn low_space(&self) -> bool {
         self.inner.low_space.load(Ordering::Relaxed)
     }
