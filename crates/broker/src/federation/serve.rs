@@ -188,7 +188,7 @@ impl PeerService {
 
     /// B's key name: its audit log origin, what its peers pin it as.
     pub fn key_name(&self) -> String {
-        crate::audit::log_origin(&self.journal().verifying_key())
+        self.journal().peer_name()
     }
 
     /// Signs a statement answering exactly `call` (issue 27: every answer is bound to

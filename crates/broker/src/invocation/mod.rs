@@ -11,6 +11,8 @@
 //!   journal that fails part-way.
 //! - [`recorder`]: the record of one invocation, one method per durable transition.
 //!   It, not the channel, decides what a failure proves.
+//! - [`recovery`]: at startup, closing what a crash interrupted
+//!   ([`Journal::recover_interrupted`](crate::journal::Journal::recover_interrupted)).
 
 pub mod attempt;
 pub mod credential;
@@ -18,6 +20,7 @@ pub mod delivery;
 pub mod outcome;
 pub mod pipeline;
 pub mod recorder;
+pub mod recovery;
 
 pub use crate::contract::Failure;
 pub use attempt::{Attempt, Gate, GateShut, Response};

@@ -377,7 +377,7 @@ impl EventBody {
             EventBody::MemberReconciled { .. } => "MEMBER_RECONCILED",
             EventBody::JobTracked { .. } => "JOB_TRACKED",
             EventBody::JobStatus { .. } => "JOB_STATUS",
-            EventBody::SigningResumed { .. } => crate::audit::SIGNING_RESUMED,
+            EventBody::SigningResumed { .. } => super::chain::SIGNING_RESUMED,
             EventBody::SessionOpened(_) => "SESSION_OPENED",
             EventBody::AgentPause { .. } => AGENT_PAUSE,
             EventBody::PeerAnswer(_) => "PEER_ANSWER",

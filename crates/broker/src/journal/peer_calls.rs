@@ -11,7 +11,10 @@
 
 use rusqlite::{OptionalExtension, params};
 
-use super::{JournalError, NewInvocation, WriteCtx, accept_in};
+use super::append::WriteCtx;
+use super::invocations::accept_in;
+use super::store::{JournalError, NewInvocation};
+use super::writer::Journal;
 
 /// One peer call as recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,7 +134,7 @@ pub(super) fn accept(
 /// Records `nonce` of `asker` (issued at `issued_at_ms`), first forgetting every nonce
 /// issued before `forget_before_ms`. Whether it was new: `false` when it was already
 /// recorded (a replay).
-pub(super) fn remember_nonce(
+fn remember_nonce(
     ctx: &mut WriteCtx<'_>,
     asker: &str,
     nonce: &str,
@@ -149,4 +152,51 @@ pub(super) fn remember_nonce(
         )?
         .execute(params![asker, nonce, issued_at_ms])?;
     Ok(inserted == 1)
+}
+
+impl Journal {
+    /// Accepts `new` as the invocation that runs the peer call `call`, recording both in
+    /// one transaction, unless the call already has an invocation other than
+    /// `replacing` (see [`accept`]). Refused like [`Journal::accept`] in
+    /// low-space mode.
+    pub fn accept_peer_call(
+        &self,
+        call: PeerCall,
+        replacing: Option<String>,
+        new: NewInvocation,
+    ) -> Result<PeerAccept, JournalError> {
+        self.write(false, move |ctx| accept(ctx, call, replacing, new))
+    }
+
+    /// Records a federated peer's request nonce, durably (fsynced), forgetting those
+    /// issued before `forget_before_ms`; `false` when it was already recorded: the
+    /// request is a replay, also across a restart of this broker.
+    pub fn remember_peer_nonce(
+        &self,
+        asker: &str,
+        nonce: &str,
+        issued_at_ms: i64,
+        forget_before_ms: i64,
+    ) -> Result<bool, JournalError> {
+        let (asker, nonce) = (asker.to_string(), nonce.to_string());
+        self.write(true, move |ctx| {
+            remember_nonce(ctx, &asker, &nonce, issued_at_ms, forget_before_ms)
+        })
+    }
+
+    /// The recorded peer call `caller_invocation` of `asker`.
+    pub fn peer_call(
+        &self,
+        asker: &str,
+        caller_invocation: &str,
+    ) -> Result<Option<PeerCall>, JournalError> {
+        let conn = self.inner.reader.lock().map_err(|_| JournalError::Closed)?;
+        find(&conn, asker, caller_invocation)
+    }
+
+    /// The peer call `invocation_id` runs, if any.
+    pub fn peer_call_of(&self, invocation_id: &str) -> Result<Option<PeerCall>, JournalError> {
+        let conn = self.inner.reader.lock().map_err(|_| JournalError::Closed)?;
+        of_invocation(&conn, invocation_id)
+    }
 }

@@ -12,7 +12,8 @@ use rusqlite::Connection;
 use serde::Serialize;
 
 use super::projection::Projection;
-use super::{JournalError, load_events};
+use super::rows::load_events;
+use super::store::JournalError;
 use crate::contract::{Code, Outcome, Phase, Retry};
 
 /// One invocation as the activity log shows it.

@@ -9,8 +9,9 @@
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
+use super::append::WriteCtx;
 use super::events::{EventBody, ResultFacts};
-use super::{Appended, JournalError, WriteCtx};
+use super::store::{Appended, JournalError};
 use crate::config::RetentionPolicy;
 use crate::contract::{Code, ConfidenceSource, Outcome, Retry};
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 
-use super::JournalError;
+use super::store::JournalError;
 use crate::vault::{Keychain, Vault};
 
 /// `PRAGMA application_id` of a Postern journal ("PSTN").

@@ -166,7 +166,7 @@ impl Listings {
             return State::Refused(ListingError::NotCalled(peer.name.clone()));
         };
         let timeout = peer.timeout.min(LISTING_TIMEOUT);
-        let me = crate::audit::log_origin(&self.journal.verifying_key());
+        let me = self.journal.peer_name();
         let session = match Session::open_as(url, timeout, &me).await {
             Ok(s) => s,
             Err(f) => return refused(f.to_string()),

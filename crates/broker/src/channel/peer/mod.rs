@@ -472,7 +472,7 @@ impl<'a, 'b> Run<'a, 'b> {
         } else {
             PeerStage::Setup
         };
-        let me = crate::audit::log_origin(&self.attempt.journal().verifying_key());
+        let me = self.attempt.journal().peer_name();
         let session = match Session::open_as(&self.url, self.per_try, &me).await {
             Ok(s) => s,
             Err(fault) => {
@@ -1160,7 +1160,7 @@ impl Pipeline<Peer> {
         };
         let args = args.map_err(|e| e.to_string())?;
         let sent_at_ms = journal.now_ms();
-        let me = crate::audit::log_origin(&journal.verifying_key());
+        let me = journal.peer_name();
         let answered = match Session::open_as(&url, per_try, &me).await {
             Err(fault) => Err(fault),
             Ok(session) => {
