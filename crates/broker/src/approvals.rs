@@ -18,7 +18,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use crate::action::ConfigSnapshot;
-use crate::provenance::{ApprovalCard, CardAgent};
+use crate::record::approval::{ApprovalCard, CardAgent};
 
 /// A request for a person's approval, bound to one fingerprint.
 #[derive(Debug, Clone)]

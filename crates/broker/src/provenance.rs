@@ -32,10 +32,9 @@ use std::io::Read;
 use std::path::Path;
 
 use rusqlite::Connection;
-use serde::{Deserialize, Serialize};
 
 use crate::approvals::ApprovalRequest;
-use crate::display::{BodyPreview, HeaderPreview, escape_text};
+use crate::display::escape_text;
 use crate::journal::events::{Event, EventBody};
 use crate::journal::{Journal, JournalError, load_events};
 use crate::platform;
@@ -58,107 +57,10 @@ pub fn is_session_key(key: &str) -> bool {
 
 // ----- the session record ---------------------------------------------------------------
 
-/// The blake3 of an executable's bytes, or why it could not be read.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "state", rename_all = "snake_case", deny_unknown_fields)]
-pub enum ExecutableDigest {
-    /// Lowercase hex of blake3 over the whole file, read through `/proc/<pid>/exe` on
-    /// Linux (the inode the process runs, even if the path was replaced or deleted
-    /// since); elsewhere through the executable's path ([`crate::platform::process_image`]).
-    Blake3 { hex: String },
-    /// The bytes could not be read; the reason is the operating system's.
-    Unreadable { reason: String },
-}
-
-impl ExecutableDigest {
-    /// The hex digest, when there is one.
-    pub fn hex(&self) -> Option<&str> {
-        match self {
-            ExecutableDigest::Blake3 { hex } => Some(hex),
-            ExecutableDigest::Unreadable { .. } => None,
-        }
-    }
-}
-
-/// The agent process, as the platform described it when its bridge connected (/proc on
-/// Linux; [`crate::platform`] says what each platform gives).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ProcessIdentity {
-    pub pid: u32,
-    /// Effective uid (`/proc/<pid>/status`); `None` on Windows, which names users by SID.
-    pub uid: Option<u32>,
-    /// The uid's (or SID's) account name when the broker read the record, if it has
-    /// one. Omitted when absent, so records from before it keep their bytes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user_name: Option<String>,
-    /// The user SID, on Windows only (absent from the record elsewhere, so Linux and
-    /// macOS records keep their bytes).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sid: Option<String>,
-    /// Start time: clock ticks since boot on Linux (`/proc/<pid>/stat` field 22); see
-    /// [`crate::platform::process_start`] for the other platforms' units. With the pid,
-    /// what makes this process distinct from a later one reusing the pid.
-    pub start_ticks: u64,
-    /// The same start time as unix milliseconds, for people.
-    pub started_at_ms: Option<i64>,
-    /// The executable's path (what `/proc/<pid>/exe` points to on Linux), as the broker
-    /// read it itself; `None` when it could not (another user's process).
-    pub executable: Option<String>,
-    pub executable_digest: ExecutableDigest,
-    pub cwd: Option<String>,
-}
-
-/// One ancestor of the agent process.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Ancestor {
-    pub pid: u32,
-    pub executable: Option<String>,
-}
-
-/// How the agent reached the broker.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Transport {
-    /// `unix_socket`: the broker's local socket, peer uid checked with SO_PEERCRED (or
-    /// getpeereid on macOS); `named_pipe` on Windows, the peer's user SID checked.
-    pub kind: String,
-    /// The connecting process (the `postern mcp` bridge the agent launched).
-    pub bridge_pid: u32,
-    pub bridge_executable: Option<String>,
-}
-
-/// What SESSION_OPENED records: one bridge connection of one agent session.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SessionOpened {
-    /// `sess_<pid>_<start ticks>`, the id invocations carry in ACTION_ACCEPTED.
-    pub session: String,
-    pub transport: Transport,
-    pub agent: ProcessIdentity,
-    /// Parents of the agent, nearest first (at most [`MAX_ANCESTORS`]).
-    pub parent_chain: Vec<Ancestor>,
-    /// What the bridge said about itself and the process that started it: a claim,
-    /// never checked by the broker. Omitted when the client sent none (a client that
-    /// talks to the socket directly), so records from before it keep their bytes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bridge_report: Option<BridgeReport>,
-}
-
-/// What a bridge reports, right after the agent's `initialize` request, about the process that
-/// started it (the agent, read through the bridge's own `/proc/PPID/exe`, which works
-/// where the broker runs as another user) and about itself. Recorded and shown as a
-/// claim: any program the agent starts can send it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BridgeReport {
-    /// The bridge's parent.
-    pub parent_pid: u32,
-    pub parent_executable: Option<String>,
-    pub parent_executable_digest: ExecutableDigest,
-    pub bridge_executable: Option<String>,
-}
+pub use crate::record::approval::{ApprovalCard, CardAgent};
+pub use crate::record::session::{
+    Ancestor, BridgeReport, ExecutableDigest, ProcessIdentity, SessionOpened, Transport,
+};
 
 /// The longest path a bridge report may carry (bytes), and the longest reason.
 const MAX_REPORTED_PATH: usize = 4096;
@@ -213,26 +115,6 @@ impl BridgeReport {
             }
             _ => Ok(()),
         }
-    }
-
-    /// The report as a card shows it: every agent-written text escaped.
-    fn escaped(&self) -> BridgeReport {
-        let esc = |s: &Option<String>| s.as_deref().map(escape_text);
-        BridgeReport {
-            parent_pid: self.parent_pid,
-            parent_executable: esc(&self.parent_executable),
-            parent_executable_digest: escape_digest(&self.parent_executable_digest),
-            bridge_executable: esc(&self.bridge_executable),
-        }
-    }
-}
-
-fn escape_digest(digest: &ExecutableDigest) -> ExecutableDigest {
-    match digest {
-        ExecutableDigest::Unreadable { reason } => ExecutableDigest::Unreadable {
-            reason: escape_text(reason),
-        },
-        digest => digest.clone(),
     }
 }
 
@@ -513,111 +395,6 @@ pub fn recorded_session_in(
 pub fn card_agent_of(journal: &Journal, session: Option<&str>) -> Option<CardAgent> {
     let recorded = recorded_session_in(journal, session?).ok()??;
     Some(CardAgent::of(&recorded.opened))
-}
-
-/// The agent as an approval card shows it: the recorded identity, escaped for display.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CardAgent {
-    pub session: String,
-    pub pid: u32,
-    pub uid: Option<u32>,
-    /// Omitted when absent, like the fields below, so cards recorded before them keep
-    /// their digests.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user_name: Option<String>,
-    /// Read by the broker itself; `None` (and the digest says why) when it could not.
-    pub executable: Option<String>,
-    pub executable_digest: ExecutableDigest,
-    pub started_at_ms: Option<i64>,
-    pub cwd: Option<String>,
-    /// Ancestors, nearest first.
-    pub parent_chain: Vec<Ancestor>,
-    /// What the bridge claimed (never verified), escaped.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bridge_report: Option<BridgeReport>,
-}
-
-impl CardAgent {
-    /// The card's view of a recorded session: every path escaped, so a crafted file
-    /// name cannot hide or reorder what a person reads.
-    pub fn of(opened: &SessionOpened) -> CardAgent {
-        let esc = |s: &Option<String>| s.as_deref().map(escape_text);
-        let a = &opened.agent;
-        CardAgent {
-            session: opened.session.clone(),
-            pid: a.pid,
-            uid: a.uid,
-            user_name: esc(&a.user_name),
-            executable: esc(&a.executable),
-            executable_digest: escape_digest(&a.executable_digest),
-            started_at_ms: a.started_at_ms,
-            cwd: esc(&a.cwd),
-            parent_chain: opened
-                .parent_chain
-                .iter()
-                .map(|p| Ancestor {
-                    pid: p.pid,
-                    executable: esc(&p.executable),
-                })
-                .collect(),
-            bridge_report: opened.bridge_report.as_ref().map(BridgeReport::escaped),
-        }
-    }
-}
-
-/// Exactly what an approval card displays, in display form (agent-written text
-/// escaped). The console renders these fields and nothing else about the request; the
-/// digest of this value is what APPROVAL_REQUESTED and the answer record. The request
-/// and expiry times are not part of it: they are the journal's own timestamps.
-///
-/// Nothing here is secret: the credential is named by id and version only, and the
-/// request parts are the agent's own (the credential is injected after approval).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ApprovalCard {
-    pub invocation_id: String,
-    /// `session`, `per_call` or `host_key`.
-    pub mode: String,
-    pub target: String,
-    pub summary: String,
-    pub method: Option<String>,
-    pub url: Option<String>,
-    pub body: Option<BodyPreview>,
-    pub ssh_destination: Option<String>,
-    pub command: Option<String>,
-    pub host_key: Option<String>,
-    /// What the host resolved to when the card was built (see `ApprovalDetail`).
-    /// Omitted when absent, so cards recorded before it keep their digests.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resolved: Option<String>,
-    /// The proxy the request goes through (`host:port`). Omitted when absent, like
-    /// `resolved`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub proxy: Option<String>,
-    /// What the person should look at first (see `ApprovalDetail`). This and the fields
-    /// below are omitted when empty, so cards recorded before them keep their digests.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub cautions: Vec<String>,
-    /// What approving covers (one send and its safe resends, a session, a host key).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub covers: String,
-    /// Every header the agent supplied, in the order sent.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub headers: Vec<HeaderPreview>,
-    /// What the broker adds to the request (the credential by id only).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub added: Vec<String>,
-    /// SSH: the command's standard input.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stdin: Option<BodyPreview>,
-    pub credential_id: String,
-    pub credential_version: String,
-    pub injection_mode: String,
-    pub idempotency_key: Option<String>,
-    pub fingerprint: String,
-    /// The agent, from its SESSION_OPENED record; `None` when the journal has none.
-    pub agent: Option<CardAgent>,
 }
 
 /// Domain separation for card digests (a version bump changes every digest).

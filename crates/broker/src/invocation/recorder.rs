@@ -15,7 +15,7 @@ use crate::journal::projection::Projection;
 use crate::journal::{
     Appended, Authorization, Dispatch, Journal, JournalError, NewInvocation, ResultToStore, Settle,
 };
-use crate::provenance::ApprovalCard;
+use crate::record::approval::ApprovalCard;
 use crate::retry::{self, Decision, RetryManifest, RetryRequest};
 
 /// Why a step did not go ahead.

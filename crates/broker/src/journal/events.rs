@@ -13,8 +13,9 @@ pub use crate::contract::MemberState;
 use crate::contract::{
     Code, ConfidenceSource, IdempotencyEvidence, Outcome, Phase, RemoteContract, Retry, Stage,
 };
-use crate::provenance::{ApprovalCard, SessionOpened};
+use crate::record::approval::ApprovalCard;
 pub use crate::record::job::{JobFacts, JobState, ParentLink, Relation};
+use crate::record::session::SessionOpened;
 use crate::retry::{Decision, SourceQueryPredicate, Verdict};
 
 /// Which channel an invocation runs on.

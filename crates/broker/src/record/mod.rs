@@ -4,5 +4,9 @@
 //!
 //! - [`job`]: how an invocation relates to the one it was started for, and a tracked
 //!   job's state.
+//! - [`session`]: who an agent session is (SESSION_OPENED).
+//! - [`approval`]: the approval card and the agent as it names it.
 
+pub mod approval;
 pub mod job;
+pub mod session;
