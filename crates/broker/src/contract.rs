@@ -340,6 +340,9 @@ pub struct Evidence {
     pub members: Vec<MemberState>,
     /// For a call through a peer broker: what the peer proved (its invocation, its
     /// signed attestation and whether the signature verified) and the budgets spent.
+    // Up a floor (ARCHITECTURE.md, Layers): the peer's evidence is a federation record
+    // type that itself names this contract's codes; moving the federation value types
+    // under `record` would end it.
     pub peer: Option<crate::federation::record::PeerEvidence>,
 }
 

@@ -2,6 +2,8 @@
 //! and the [`Gate`] that records DISPATCH_STARTED immediately before the first byte.
 
 use super::outcome::Outcome;
+// The attempt is the pipeline's own step, in a file of its own for size: the two name
+// each other (ARCHITECTURE.md, Layers).
 use super::pipeline::{Bound, Channel, Pipeline};
 use super::recorder::{Exchange, Recorder, StepError};
 use crate::action::{ConfigSnapshot, NormalizedAction};

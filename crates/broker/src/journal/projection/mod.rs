@@ -17,6 +17,8 @@ use crate::contract::{
     AttemptEvidence, Code, ConfidenceSource, Envelope, ErrorBody, Evidence, MemberState, Outcome,
     Phase, RemoteContract, Retry,
 };
+// Up a floor (ARCHITECTURE.md, Layers): the federation payloads the journal stores and
+// the projection reads are defined beside the federation protocol.
 use crate::federation::Incident;
 use crate::federation::record::{PeerAnswer, PeerEvidence};
 use crate::journal::events::{
