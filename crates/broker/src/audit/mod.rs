@@ -27,19 +27,22 @@
 //! re-exported here); this module holds the verifier, which only reads. A hash chain proves recorded events were not altered; it cannot
 //! prove every event was recorded.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use ed25519_dalek::VerifyingKey;
 use rusqlite::{Connection, OpenFlags};
 use serde::{Deserialize, Serialize};
 
 mod key;
+mod outside;
 pub mod witnessing;
 
 pub use key::{
     AUDIT_KEY_ID, AuditKeyError, last_checkpoint_key, signing_key_from_secret,
     signing_key_from_vault,
 };
+use outside::read_checkpoint_file;
+pub use outside::{Outside, TreeHead, default_anchor};
 
 use crate::journal::chain::{CHECKPOINT_COLUMNS, checkpoint_row};
 /// The chain and checkpoint format, which the journal writes (see [`crate::journal::chain`]).
@@ -54,18 +57,6 @@ use merkle::Frontier;
 /// What `verify` allows beyond [`SIGN_INTERVAL_MS`] between an event and the checkpoint
 /// that covers it (a slow commit, a clock stepped back).
 pub const SIGN_SLACK_MS: i64 = 5_000;
-
-/// Where the broker keeps the anchor of the journal in `data_dir` unless told otherwise:
-/// `$XDG_STATE_HOME/postern/anchors/` (or `~/.local/state/...`; the macOS and Windows
-/// places are [`crate::platform::anchor_dir`]'s), one file per data dir, named by a hash
-/// of its canonical path. Outside the data dir, so deleting or replacing that directory
-/// does not take the anchor with it.
-pub fn default_anchor(data_dir: &Path) -> Option<PathBuf> {
-    let anchors = crate::platform::anchor_dir()?;
-    let canonical = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
-    let name = blake3::hash(canonical.as_os_str().as_encoded_bytes());
-    Some(anchors.join(format!("{}.checkpoint", &name.to_hex()[..16])))
-}
 
 /// What went wrong, at the first sequence number where the record stops verifying.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -165,25 +156,6 @@ pub struct VerifyReport {
     /// Records kept outside the journal's tables that it was checked against (witness
     /// file, outside anchor, witnesses' cosigned tree heads).
     pub outside_checked: u64,
-}
-
-/// A tree head held outside the journal (by a witness that cosigned it, say): the
-/// journal must still contain a tree of that size with that root.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TreeHead {
-    pub size: u64,
-    pub root: [u8; 32],
-    /// Who holds it, for the message.
-    pub source: String,
-}
-
-/// What `verify_file` checks the journal against besides its own tables.
-#[derive(Debug, Clone, Default)]
-pub struct Outside {
-    /// The anchor file kept outside the data directory (see [`write_checkpoint_file`]).
-    pub anchor: Option<PathBuf>,
-    /// Tree heads witnesses cosigned.
-    pub heads: Vec<TreeHead>,
 }
 
 fn broken(first_bad_seq: u64, kind: Tamper, detail: impl Into<String>) -> AuditError {
@@ -351,16 +323,6 @@ fn in_snapshot<T>(
     let result = f(conn);
     let _ = conn.execute_batch("COMMIT");
     result
-}
-
-fn read_checkpoint_file(path: &Path) -> Result<Option<Checkpoint>, String> {
-    match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| format!("checkpoint file {}: {e}", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("checkpoint file {}: {e}", path.display())),
-    }
 }
 
 #[derive(Debug)]
