@@ -38,9 +38,11 @@
 //! saved from an earlier try cannot stand in for a later one.
 
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
-use serde::{Deserialize, Serialize};
 
 pub use crate::config::peer::Attempts;
+pub use crate::record::peer::{
+    Attestation, AttestationKind, CallBinding, Incident, Owner, TransportFault, Verdict,
+};
 
 pub mod client;
 pub mod record;
@@ -71,41 +73,6 @@ const FORMAT: u8 = 2;
 /// What a broker's signature on an attestation covers, before the digest.
 pub const SIGNING_CONTEXT: &[u8] = b"postern federation-attestation signature v1\n";
 
-/// What an attestation says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AttestationKind {
-    /// B's policy refused. Terminal: never retried. B does not disclose whether the
-    /// capability exists.
-    Denial,
-    /// B cannot serve the capability for now.
-    Unavailable,
-    /// B ran the call; `outcome_digest` binds B's outcome envelope.
-    Outcome,
-}
-
-impl AttestationKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AttestationKind::Denial => "denial",
-            AttestationKind::Unavailable => "unavailable",
-            AttestationKind::Outcome => "outcome",
-        }
-    }
-}
-
-/// The one call an attestation answers, as the answering broker read it from the call's
-/// signed auth: who asked (the asking broker's key name), the auth's nonce (fresh for
-/// every call), and for a `peer_call` the asking broker's invocation id and attempt.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CallBinding {
-    pub caller: String,
-    pub nonce: String,
-    pub invocation: Option<String>,
-    pub attempt: Option<u32>,
-}
-
 impl CallBinding {
     /// The binding of the call whose auth is `auth`.
     pub fn of(
@@ -120,34 +87,6 @@ impl CallBinding {
             attempt,
         }
     }
-}
-
-/// A peer broker's signed statement about one request for one capability.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Attestation {
-    pub kind: AttestationKind,
-    /// The attesting broker's key name (its audit log origin, the name part of the key
-    /// pinned for it in `[[peer]]`).
-    pub peer: String,
-    /// The capability asked for, as the attesting broker exports it.
-    pub capability: String,
-    /// The fingerprint of the request the asking broker sent.
-    pub request_fingerprint: String,
-    /// The attesting broker's export policy version when it decided.
-    pub policy_version: String,
-    /// Unix ms, by the attesting broker's clock.
-    pub issued_at_ms: i64,
-    /// For `outcome`: the digest of the attesting broker's outcome envelope.
-    pub outcome_digest: Option<String>,
-    /// The call answered. Empty in records written before format 2, which a fresh
-    /// answer never verifies as.
-    #[serde(default)]
-    pub call: CallBinding,
-    /// `blake3:` + hex over the fields above ([`Attestation::digest`]).
-    pub digest: String,
-    /// ed25519 signature, hex, over [`SIGNING_CONTEXT`] followed by `digest`.
-    pub signature: String,
 }
 
 /// The fields an attestation signs, before it is signed.
@@ -381,17 +320,6 @@ pub struct InFlight {
 /// accepted in, too).
 pub const CLOCK_SKEW_MS: i64 = wire::AUTH_WINDOW_MS;
 
-/// A failure below the attestation layer: never a verdict about policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TransportFault {
-    /// HTTP 429 (a rate limiter, perhaps answering a retry storm).
-    RateLimited,
-    Timeout,
-    /// Connection refused or reset, or the stream broke.
-    Reset,
-}
-
 /// What came back from the peer for one attempt. One exists per try, briefly: its size
 /// is not worth a box at every construction site.
 #[allow(clippy::large_enum_variant)]
@@ -400,26 +328,6 @@ pub enum Answer {
     Transport(TransportFault),
     /// An answer at the attestation layer; `None` when it carried no envelope.
     Attested(Option<Attestation>),
-}
-
-/// How one answer is classified (seed 002's decision boundary).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
-    /// Signed denial: terminal, never retried, no failover.
-    Denial,
-    /// Signed unavailable: transient.
-    Unavailable,
-    /// Signed outcome: B ran the call and says what happened.
-    Outcome,
-    /// A transport error: transient, and never counted toward a denial or contract
-    /// budget.
-    Transport(TransportFault),
-    /// No envelope or one that does not verify: not a verdict; a broker-contract
-    /// violation once the retries are spent.
-    Unknown { reason: String },
-    /// The peer's policy version changed since the attempt began: the attempt is
-    /// abandoned, not classified.
-    PolicyChanged { from: String, to: String },
 }
 
 /// Classifies one answer. Signature validation comes before anything the envelope
@@ -470,40 +378,6 @@ pub fn classify(answer: &Answer, pinned: &VerifyingKey, request: &Request) -> Ve
         AttestationKind::Denial => Verdict::Denial,
         AttestationKind::Unavailable => Verdict::Unavailable,
         AttestationKind::Outcome => Verdict::Outcome,
-    }
-}
-
-/// Who must act on an incident.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Owner {
-    /// Whoever owns the peering agreement: the peer's policy refuses this capability.
-    PeeringOwner,
-    /// The operator of the peer broker: it emitted outcomes it did not attest.
-    PeerOperator,
-    /// This broker's operator: the peer stayed unavailable.
-    LocalOperator,
-}
-
-/// What the asking broker raises when it stops.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Incident {
-    /// A signed denial.
-    Policy,
-    /// Unattested or unverifiable answers until the unknown budget was spent.
-    ContractViolation,
-    /// Signed unavailable or transport errors until the transient budget was spent.
-    TransientExhaustion,
-}
-
-impl Incident {
-    pub fn owner(self) -> Owner {
-        match self {
-            Incident::Policy => Owner::PeeringOwner,
-            Incident::ContractViolation => Owner::PeerOperator,
-            Incident::TransientExhaustion => Owner::LocalOperator,
-        }
     }
 }
 

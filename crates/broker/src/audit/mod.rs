@@ -54,7 +54,8 @@ pub use key::{
     signing_key_from_vault,
 };
 pub use outside::{Outside, TreeHead, default_anchor};
-pub use verify::{VerifiedPrefix, verify_file, verify_file_prefix, verify_file_with, verify_since};
+pub use scan::VerifiedPrefix;
+pub use verify::{verify_file, verify_file_prefix, verify_file_with, verify_since};
 
 /// The chain and checkpoint format, which the journal writes (see [`crate::journal::chain`]).
 pub use crate::journal::chain::{

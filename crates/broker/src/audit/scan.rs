@@ -8,10 +8,9 @@ use rusqlite::Connection;
 use serde::Deserialize;
 
 use super::merkle::{self, Frontier};
-use super::verify::{VerifiedPrefix, VerifyFailure};
 use super::{
-    ChainHasher, ChainedRow, Checkpoint, GENESIS, SIGN_INTERVAL_MS, SIGN_SLACK_MS, SIGNING_RESUMED,
-    SignedLate, Tamper, TreeHead, broken,
+    AuditError, ChainHasher, ChainedRow, Checkpoint, GENESIS, SIGN_INTERVAL_MS, SIGN_SLACK_MS,
+    SIGNING_RESUMED, SignedLate, Tamper, TreeHead, broken,
 };
 
 /// The events since the last checkpoint that the signing policy holds to its interval.
@@ -288,4 +287,39 @@ fn signed_late_range(body: &str, seq: u64) -> Option<SignedLate> {
         last: b.last_unsigned,
         at: seq,
     })
+}
+
+/// Where an incremental verification stopped: enough to go on from there without
+/// reading the events before it again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifiedPrefix {
+    pub(super) seq: u64,
+    pub(super) head: [u8; 32],
+    pub(super) frontier: Frontier,
+    pub(super) checkpoints: u64,
+    pub(super) last_checkpoint_seq: Option<u64>,
+}
+
+impl VerifiedPrefix {
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+}
+
+#[derive(Debug)]
+pub(super) enum VerifyFailure {
+    Audit(AuditError),
+    Sql(rusqlite::Error),
+}
+
+impl From<rusqlite::Error> for VerifyFailure {
+    fn from(e: rusqlite::Error) -> Self {
+        VerifyFailure::Sql(e)
+    }
+}
+
+impl From<AuditError> for VerifyFailure {
+    fn from(e: AuditError) -> Self {
+        VerifyFailure::Audit(e)
+    }
 }

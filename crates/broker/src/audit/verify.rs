@@ -10,7 +10,9 @@ use rusqlite::{Connection, OpenFlags};
 
 use super::merkle::Frontier;
 use super::outside::{Outside, TreeHead, read_checkpoint_file};
-use super::scan::{Linked, RowBatch, RowFeed, Scanned, check_links, scan};
+use super::scan::{
+    Linked, RowBatch, RowFeed, Scanned, VerifiedPrefix, VerifyFailure, check_links, scan,
+};
 use super::{
     AuditError, Checkpoint, GENESIS, Tamper, VerifyReport, broken, log_origin, witness_path,
 };
@@ -127,23 +129,6 @@ fn quick_check(db: &Path) -> Result<(), String> {
     }
 }
 
-/// Where an incremental verification stopped: enough to go on from there without
-/// reading the events before it again.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VerifiedPrefix {
-    pub(super) seq: u64,
-    pub(super) head: [u8; 32],
-    pub(super) frontier: Frontier,
-    pub(super) checkpoints: u64,
-    pub(super) last_checkpoint_seq: Option<u64>,
-}
-
-impl VerifiedPrefix {
-    pub fn seq(&self) -> u64 {
-        self.seq
-    }
-}
-
 /// Verifies the events after `from` (all of them when `None`), for a status display
 /// that checks often: the row `from` ended at must still carry the head it had, and
 /// every later row and checkpoint is checked as [`verify_file`] would. Rows before it
@@ -172,24 +157,6 @@ fn in_snapshot<T>(
     let result = f(conn);
     let _ = conn.execute_batch("COMMIT");
     result
-}
-
-#[derive(Debug)]
-pub(super) enum VerifyFailure {
-    Audit(AuditError),
-    Sql(rusqlite::Error),
-}
-
-impl From<rusqlite::Error> for VerifyFailure {
-    fn from(e: rusqlite::Error) -> Self {
-        VerifyFailure::Sql(e)
-    }
-}
-
-impl From<AuditError> for VerifyFailure {
-    fn from(e: AuditError) -> Self {
-        VerifyFailure::Audit(e)
-    }
 }
 
 fn verify(

@@ -22,7 +22,7 @@
 //! returns is checked against that key, never against anything the network says. A peer
 //! needs a `url` (this broker calls it), `exports` (it calls this broker), or both.
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use url::Url;
 
 use std::time::Duration;
@@ -35,49 +35,7 @@ pub const DEFAULT_PEER_TIMEOUT_MS: u64 = 60_000;
 /// The most retries of either kind a `[[peer]]` may allow.
 pub const MAX_PEER_RETRIES: u32 = 20;
 
-/// Budgets for one resolution, counted separately: a transport error never spends the
-/// unknown budget, and nothing but a signed denial ever stops as a policy incident.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Attempts {
-    /// Retries allowed after signed `unavailable` or transport errors.
-    pub transient_budget: u32,
-    /// Retries allowed after unattested answers.
-    pub unknown_budget: u32,
-    pub transient_used: u32,
-    pub unknown_used: u32,
-    /// Backoff base and cap, ms.
-    pub base_backoff_ms: u64,
-    pub max_backoff_ms: u64,
-}
-
-impl Attempts {
-    /// Five transient retries (seed 002's example), three for unattested answers
-    /// (fewer: a broker that does not attest is at fault, and waiting rarely fixes it),
-    /// backoff from 500 ms doubling to at most 30 s.
-    pub fn new() -> Attempts {
-        Attempts {
-            transient_budget: 5,
-            unknown_budget: 3,
-            transient_used: 0,
-            unknown_used: 0,
-            base_backoff_ms: 500,
-            max_backoff_ms: 30_000,
-        }
-    }
-
-    /// The wait before retry `n` (from 0): the base doubled `n` times, at most the cap.
-    pub fn backoff(&self, n: u32) -> u64 {
-        self.base_backoff_ms
-            .saturating_mul(1u64 << n.min(20))
-            .min(self.max_backoff_ms)
-    }
-}
-
-impl Default for Attempts {
-    fn default() -> Self {
-        Attempts::new()
-    }
-}
+pub use crate::record::peer::Attempts;
 
 /// The `[[peer]]` table as written.
 #[derive(Debug, Deserialize)]

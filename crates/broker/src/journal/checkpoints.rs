@@ -101,7 +101,7 @@ impl Journal {
     pub fn sign_attestation(
         &self,
         statement: crate::federation::Statement,
-    ) -> crate::federation::Attestation {
+    ) -> crate::record::peer::Attestation {
         statement.sign(&self.inner.manifest_key)
     }
 

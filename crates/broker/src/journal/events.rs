@@ -49,7 +49,7 @@ pub struct OperationFacts {
     pub retry_budget: u32,
     /// For a call through a peer broker: whom it asks, the policy version and budgets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub peer: Option<Box<crate::federation::record::PeerOperation>>,
+    pub peer: Option<Box<crate::record::peer::PeerOperation>>,
 }
 
 /// A batch request's members and how to settle them, bound at preflight.
@@ -311,7 +311,7 @@ pub enum EventBody {
     /// its classification, its signature check and the budget it spent. The budgets
     /// of a call through a peer are counted from these, so a restart does not reset
     /// them.
-    PeerAnswer(Box<crate::federation::record::PeerAnswer>),
+    PeerAnswer(Box<crate::record::peer::PeerAnswer>),
     /// The peer attested, in the answer recorded just before (signed and verified),
     /// that it did not run the call: the attempt ends not_attempted although this
     /// broker dispatched it. `attestation_digest` names that answer's attestation.
@@ -322,7 +322,7 @@ pub enum EventBody {
         attestation_digest: String,
     },
     /// A call through a peer stopped with an incident for its owner (seed 002).
-    PeerIncident(Box<crate::federation::record::PeerIncident>),
+    PeerIncident(Box<crate::record::peer::PeerIncident>),
     /// An agent's bridge connected: who the agent process is, recorded before the
     /// connection may run an invocation. Stored under the session's reserved key
     /// ([`crate::provenance::session_key`]), never under an invocation.

@@ -6,7 +6,9 @@
 //!   job's state.
 //! - [`session`]: who an agent session is (SESSION_OPENED).
 //! - [`approval`]: the approval card and the agent as it names it.
+//! - [`peer`]: what federated brokers attest and record about each other's answers.
 
 pub mod approval;
 pub mod job;
+pub mod peer;
 pub mod session;

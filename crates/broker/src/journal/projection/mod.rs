@@ -19,12 +19,12 @@ use crate::contract::{
 };
 // Up a floor (ARCHITECTURE.md, Layers): the federation payloads the journal stores and
 // the projection reads are defined beside the federation protocol.
-use crate::federation::Incident;
-use crate::federation::record::{PeerAnswer, PeerEvidence};
 use crate::journal::events::{
     Channel, Event, EventBody, ExpiryReason, OperationFacts, ResultFacts, Settlement,
 };
 use crate::record::job::{JobFacts, ParentLink};
+use crate::record::peer::Incident;
+use crate::record::peer::{PeerAnswer, PeerEvidence};
 use crate::retry::{MemberDisposition, RecordFacts, disposition_for_unknown};
 
 /// A call through a peer broker: its answers so far, folded from PEER_ANSWER.

@@ -8,9 +8,9 @@ use super::{AttemptMarkers, PeerState, Projection, ProjectionError};
 use crate::contract::{
     AttemptEvidence, Code, ConfidenceSource, MemberState, Outcome, Phase, Retry,
 };
-use crate::federation::record::PeerStage;
 use crate::journal::events::{Channel, EventBody, Settlement};
 use crate::record::job::{JobFacts, JobState, Relation};
+use crate::record::peer::PeerStage;
 
 /// What a transition answers an event of another family (never reached: the dispatch
 /// in [`Projection::apply_in_place`] routes each event to its own).
@@ -735,11 +735,11 @@ impl Projection {
                 }
                 state.answers = answer.n;
                 match answer.spent {
-                    Some(crate::federation::record::Budget::Transient) => state.transient_used += 1,
-                    Some(crate::federation::record::Budget::Unknown) => state.unknown_used += 1,
+                    Some(crate::record::peer::Budget::Transient) => state.transient_used += 1,
+                    Some(crate::record::peer::Budget::Unknown) => state.unknown_used += 1,
                     None => {}
                 }
-                if answer.signature == crate::federation::record::SignatureCheck::Verified {
+                if answer.signature == crate::record::peer::SignatureCheck::Verified {
                     state.last_verified = Some((**answer).clone());
                 }
                 state.last = Some((**answer).clone());
