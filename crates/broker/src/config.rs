@@ -66,9 +66,11 @@ use crate::vault::CredentialId;
 
 pub mod batch;
 mod error;
+mod field;
 pub mod job;
 pub mod peer;
 pub mod proxy;
+mod target;
 mod warning;
 use batch::{BatchContract, BatchProblem, RawBatch};
 use job::{JobContract, JobProblem, RawJob};
@@ -76,6 +78,11 @@ use proxy::{ProxyEnv, ProxySetting};
 
 use error::Ctx;
 pub use error::{ConfigError, InvalidField, Problem, ResolveError, Section, TargetRef};
+use field::{
+    check_credential, check_methods, check_range, is_loopback, is_uppercase_token, parse_duration,
+    plain_text, valid_name,
+};
+pub use target::{ApprovalMode, Target};
 pub use warning::{Caution, ConfigWarning};
 
 const VERSION_CONTEXT: &str = "postern 2026 target-config v1";
@@ -156,25 +163,6 @@ impl Injection {
             Injection::Header { name, .. } => Some(name),
             Injection::Basic { .. } => Some("authorization"),
             Injection::Query { .. } => None,
-        }
-    }
-}
-
-/// When a person must approve.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ApprovalMode {
-    None,
-    Session,
-    PerCall,
-}
-
-impl ApprovalMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ApprovalMode::None => "none",
-            ApprovalMode::Session => "session",
-            ApprovalMode::PerCall => "per_call",
         }
     }
 }
@@ -704,43 +692,6 @@ impl Config {
     }
 }
 
-/// A configured target of either kind: what the invocation pipeline reads of it.
-#[derive(Debug, Clone, Copy)]
-pub enum Target<'a> {
-    Http(&'a HttpTarget),
-    Ssh(&'a SshTarget),
-}
-
-impl Target<'_> {
-    pub fn name(&self) -> &str {
-        match self {
-            Target::Http(t) => &t.name,
-            Target::Ssh(t) => &t.name,
-        }
-    }
-
-    pub fn credential(&self) -> &CredentialId {
-        match self {
-            Target::Http(t) => &t.credential,
-            Target::Ssh(t) => &t.credential,
-        }
-    }
-
-    pub fn approval(&self) -> ApprovalMode {
-        match self {
-            Target::Http(t) => t.approval,
-            Target::Ssh(t) => t.approval,
-        }
-    }
-
-    pub fn version(&self) -> TargetVersion {
-        match self {
-            Target::Http(t) => t.version(),
-            Target::Ssh(t) => t.version(),
-        }
-    }
-}
-
 /// The configuration in force. A reload swaps the whole snapshot; an invocation binds
 /// the version it validated against and re-checks it right before dispatch.
 #[derive(Clone)]
@@ -791,69 +742,6 @@ pub(crate) fn default_port(scheme: &str) -> Option<u16> {
         "http" => Some(80),
         "https" => Some(443),
         _ => None,
-    }
-}
-
-fn valid_name(name: &str) -> bool {
-    let b = name.as_bytes();
-    let ok_first = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-    (1..=64).contains(&b.len())
-        && ok_first(b[0])
-        && b[1..]
-            .iter()
-            .all(|&c| ok_first(c) || c == b'_' || c == b'-')
-}
-
-/// Free text that ends up in a header, URL or command line: no whitespace, no controls.
-fn plain_text(s: &str) -> bool {
-    !s.is_empty() && s.chars().all(|c| !c.is_whitespace() && !c.is_control())
-}
-
-fn check_credential(ctx: &Ctx<'_>, credential: String) -> Result<CredentialId, ConfigError> {
-    if credential.is_empty() {
-        return Err(ctx.err("credential", Problem::Empty));
-    }
-    // The id is a keychain lookup key; the message never echoes it (an id is not a
-    // secret, but a confused caller may have put one there).
-    CredentialId::new(credential).map_err(|_| ctx.err("credential", Problem::InvalidCharacters))
-}
-
-fn check_range(ctx: &Ctx<'_>, field: &str, v: u64, min: u64, max: u64) -> Result<(), ConfigError> {
-    if (min..=max).contains(&v) {
-        Ok(())
-    } else {
-        Err(ctx.err(field, Problem::OutOfRange { min, max }))
-    }
-}
-
-/// Methods are case-sensitive tokens (RFC 9110 §9.1); requiring uppercase keeps `get`
-/// from silently never matching a request for `GET`.
-fn is_uppercase_token(m: &str) -> bool {
-    is_token(m) && !m.bytes().any(|b| b.is_ascii_lowercase())
-}
-
-fn check_methods(
-    ctx: &Ctx<'_>,
-    field: &str,
-    methods: Vec<String>,
-) -> Result<Vec<String>, ConfigError> {
-    for (i, m) in methods.iter().enumerate() {
-        if !is_uppercase_token(m) {
-            let problem = Problem::InvalidMethod { value: m.clone() };
-            return Err(ctx.err(format!("{field}[{i}]"), problem));
-        }
-    }
-    let mut methods = methods;
-    methods.sort();
-    methods.dedup();
-    Ok(methods)
-}
-
-fn is_loopback(host: &url::Host<&str>) -> bool {
-    match host {
-        url::Host::Domain(d) => d.eq_ignore_ascii_case("localhost"),
-        url::Host::Ipv4(ip) => ip.is_loopback(),
-        url::Host::Ipv6(ip) => ip.is_loopback(),
     }
 }
 
@@ -1137,24 +1025,6 @@ fn parse_size(s: &str) -> Option<u64> {
     };
     let n: u64 = digits.parse().ok()?;
     n.checked_mul(unit).filter(|&b| b > 0)
-}
-
-/// `<digits><unit>` with unit s, m, h or d; zero is no retention at all and is rejected.
-fn parse_duration(s: &str) -> Option<Duration> {
-    let unit = match s.as_bytes().last()? {
-        b's' => 1,
-        b'm' => 60,
-        b'h' => 3600,
-        b'd' => 86_400,
-        _ => return None,
-    };
-    let digits = &s[..s.len() - 1];
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let n: u64 = digits.parse().ok()?;
-    let secs = n.checked_mul(unit)?;
-    (secs > 0).then(|| Duration::from_secs(secs))
 }
 
 fn check_idempotency(
