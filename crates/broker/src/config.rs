@@ -53,16 +53,12 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::net::{IpAddr, Ipv6Addr};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use url::Url;
 
 use crate::canonical::{Canonical, normalize_path};
-use crate::vault::CredentialId;
 
 pub mod batch;
 mod error;
@@ -71,8 +67,11 @@ mod http;
 pub mod job;
 pub mod peer;
 pub mod proxy;
+mod results;
+mod ssh;
 mod target;
 mod warning;
+mod witness;
 use proxy::{ProxyEnv, ProxySetting};
 
 use error::Ctx;
@@ -83,24 +82,25 @@ use field::{
 };
 pub use http::{HttpTarget, IdempotencyContract, Injection, ReconcileQuery};
 use http::{RawHttp, check_ca_file, validate_http};
+pub use results::{DEFAULT_RESULT_MAX_AGE, DEFAULT_RESULT_MAX_BYTES, RetentionPolicy};
+use results::{RawResults, validate_results};
+pub use ssh::{MAX_OUTPUT_BYTES_LIMIT, SshTarget};
+use ssh::{RawSsh, normalize_ssh_host, validate_ssh};
 pub use target::{ApprovalMode, Target};
 pub use warning::{Caution, ConfigWarning};
+pub use witness::WitnessConfig;
+use witness::{RawWitness, validate_witness};
 
 const VERSION_CONTEXT: &str = "postern 2026 target-config v1";
 const VERSION_FORMAT: u8 = 1;
 
 const DEFAULT_TIMEOUT_MS: u64 = 30_000;
 const MAX_TIMEOUT_MS: u64 = 600_000;
-const DEFAULT_MAX_OUTPUT_BYTES: u64 = 1024 * 1024;
-/// The most an SSH target may let one command's output (stdout and stderr together) hold
-/// in the broker's memory; issue 26 found any value accepted (350 MB in one call).
-pub const MAX_OUTPUT_BYTES_LIMIT: u64 = 64 * 1024 * 1024;
 /// The largest payload (an HTTP body, an SSH command's stdin) any target takes. Agents
 /// reach the broker through the bridge's 16 MiB line limit; 10 MiB fits in it even
 /// base64-encoded (13.4 MiB), so a larger payload reaches the broker and is answered
 /// PAYLOAD_LIMIT instead of being cut off as an over-long line (issue 26).
 pub const MAX_PAYLOAD_BYTES: u64 = 10 * 1024 * 1024;
-const DEFAULT_SSH_PORT: u16 = 22;
 
 /// The parsed, validated targets file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,36 +115,6 @@ pub struct Config {
     pub peers: Vec<peer::PeerConfig>,
     /// The file this configuration came from.
     pub source: PathBuf,
-}
-
-/// A witness (c2sp.org/tlog-witness) the broker sends its checkpoints to, and whose
-/// cosignatures `audit verify` checks: `[[witness]] url = "…", key = "<verifier key>"`.
-/// Checkpoints are public, so plain http is allowed; what the witness returns is
-/// checked against `key`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WitnessConfig {
-    /// The witness's key name (from `key`).
-    pub name: String,
-    pub url: String,
-    /// A cosignature/v1 verifier key, as `postern witness init` prints it.
-    pub key: crate::transparency::note::VerifierKey,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SshTarget {
-    pub name: String,
-    /// Lowercase domain (IDNA) or an IP address (IPv6 without brackets).
-    pub host: String,
-    pub port: u16,
-    pub user: String,
-    pub credential: CredentialId,
-    /// Pinned `<algo> <base64>`; `None` requires first-seen approval.
-    pub host_key: Option<String>,
-    pub approval: ApprovalMode,
-    pub timeout_ms: u64,
-    pub max_output_bytes: u64,
-    /// `allow_private = true`, as for HTTP targets.
-    pub allow_private: bool,
 }
 
 /// The digest of a target's normalized configuration: `blake3:<64 hex>`.
@@ -208,50 +178,9 @@ struct RawConfig {
     peer: Vec<peer::RawPeer>,
 }
 
-/// `[results] max_age = "7d", max_bytes = "1GiB"`; both optional.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawResults {
-    max_age: Option<String>,
-    max_bytes: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawWitness {
-    url: String,
-    key: String,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawSsh {
-    name: String,
-    host: String,
-    #[serde(default = "default_ssh_port")]
-    port: u16,
-    user: String,
-    credential: String,
-    host_key: Option<String>,
-    approval: ApprovalMode,
-    #[serde(default = "default_timeout")]
-    timeout_ms: u64,
-    #[serde(default = "default_max_output")]
-    max_output_bytes: u64,
-    #[serde(default)]
-    allow_private: bool,
-}
-
 fn default_timeout() -> u64 {
     DEFAULT_TIMEOUT_MS
 }
-fn default_max_output() -> u64 {
-    DEFAULT_MAX_OUTPUT_BYTES
-}
-fn default_ssh_port() -> u16 {
-    DEFAULT_SSH_PORT
-}
-
 // ---- loading and validation ------------------------------------------------------------
 
 impl Config {
@@ -589,217 +518,6 @@ pub(crate) fn default_port(scheme: &str) -> Option<u16> {
         "https" => Some(443),
         _ => None,
     }
-}
-
-fn validate_witness(
-    path: &Path,
-    index: usize,
-    raw: &RawWitness,
-) -> Result<WitnessConfig, ConfigError> {
-    use crate::transparency::note::{KeyAlg, VerifierKey};
-    let mut target = TargetRef {
-        section: Section::Witness,
-        index,
-        name: None,
-    };
-    let key_problem = |reason: String| Problem::InvalidWitnessKey { reason };
-    let key = VerifierKey::parse(raw.key.trim()).map_err(|e| {
-        Ctx {
-            file: path,
-            target: target.clone(),
-        }
-        .err("key", key_problem(e.to_string()))
-    })?;
-    if key.alg != KeyAlg::CosignatureV1 {
-        let problem = key_problem("the key is not of type 0x04 (cosignature/v1)".into());
-        return Err(Ctx { file: path, target }.err("key", problem));
-    }
-    target.name = Some(key.name.clone());
-    let ctx = Ctx { file: path, target };
-    let url = Url::parse(&raw.url).map_err(|e| {
-        ctx.err(
-            "url",
-            Problem::InvalidUrl {
-                reason: e.to_string(),
-            },
-        )
-    })?;
-    if !matches!(url.scheme(), "http" | "https") {
-        let problem = Problem::UnsupportedScheme {
-            scheme: url.scheme().to_owned(),
-        };
-        return Err(ctx.err("url", problem));
-    }
-    if !url.username().is_empty() || url.password().is_some() {
-        return Err(ctx.err("url", Problem::UserinfoInUrl));
-    }
-    if url.host_str().is_none_or(str::is_empty) {
-        let problem = Problem::InvalidUrl {
-            reason: "no host".to_owned(),
-        };
-        return Err(ctx.err("url", problem));
-    }
-    Ok(WitnessConfig {
-        name: key.name.clone(),
-        url: raw.url.trim_end_matches('/').to_owned(),
-        key,
-    })
-}
-
-/// Stored results older than this are removed (`[results] max_age`).
-pub const DEFAULT_RESULT_MAX_AGE: Duration = Duration::from_secs(7 * 86_400);
-/// Stored result bytes above this are removed, oldest first (`[results] max_bytes`).
-pub const DEFAULT_RESULT_MAX_BYTES: u64 = 1024 * 1024 * 1024;
-
-/// The retention policy of stored results (`[results]` in the targets file).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RetentionPolicy {
-    /// Results stored longer ago than this are removed.
-    pub max_age_ms: i64,
-    /// When stored result bytes exceed this, the oldest results are removed until they
-    /// fit.
-    pub max_bytes: u64,
-}
-
-/// The retention policy of `[results]`, with defaults for what is left out.
-fn validate_results(path: &Path, raw: Option<RawResults>) -> Result<RetentionPolicy, ConfigError> {
-    let ctx = Ctx {
-        file: path,
-        target: TargetRef {
-            section: Section::Results,
-            index: 0,
-            name: None,
-        },
-    };
-    let raw = raw.unwrap_or(RawResults {
-        max_age: None,
-        max_bytes: None,
-    });
-    let max_age = match raw.max_age {
-        None => DEFAULT_RESULT_MAX_AGE,
-        Some(value) => parse_duration(&value)
-            .ok_or_else(|| ctx.err("max_age", Problem::InvalidDuration { value }))?,
-    };
-    let max_bytes = match raw.max_bytes {
-        None => DEFAULT_RESULT_MAX_BYTES,
-        Some(value) => parse_size(&value)
-            .ok_or_else(|| ctx.err("max_bytes", Problem::InvalidSize { value }))?,
-    };
-    Ok(RetentionPolicy {
-        max_age_ms: i64::try_from(max_age.as_millis()).unwrap_or(i64::MAX),
-        max_bytes,
-    })
-}
-
-/// `<digits>[unit]` with unit B, KiB, MiB or GiB (also KB/MB/GB, taken as powers of
-/// 1024); zero is rejected: it would delete every result as soon as it is stored.
-fn parse_size(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (digits, unit) = s.split_at(split);
-    let unit: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "KiB" | "KB" | "K" => 1024,
-        "MiB" | "MB" | "M" => 1024 * 1024,
-        "GiB" | "GB" | "G" => 1024 * 1024 * 1024,
-        _ => return None,
-    };
-    let n: u64 = digits.parse().ok()?;
-    n.checked_mul(unit).filter(|&b| b > 0)
-}
-
-/// A host name (IDNA-mapped, lowercase) or an IP address; IPv6 may come bracketed.
-fn normalize_ssh_host(host: &str) -> Option<String> {
-    let unbracketed = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
-    if let Ok(ip) = unbracketed.parse::<Ipv6Addr>() {
-        return Some(ip.to_string());
-    }
-    match url::Host::parse(host).ok()? {
-        url::Host::Domain(d) => Some(d),
-        url::Host::Ipv4(ip) => Some(IpAddr::V4(ip).to_string()),
-        url::Host::Ipv6(ip) => Some(ip.to_string()),
-    }
-}
-
-/// Known host key algorithms (RFC 4253 §6.6, RFC 5656 §6.2, RFC 8709 §4, OpenSSH
-/// PROTOCOL.u2f).
-const HOST_KEY_ALGORITHMS: &[&str] = &[
-    "ssh-ed25519",
-    "ssh-rsa",
-    "ecdsa-sha2-nistp256",
-    "ecdsa-sha2-nistp384",
-    "ecdsa-sha2-nistp521",
-    "ssh-ed448",
-    "sk-ssh-ed25519@openssh.com",
-    "sk-ecdsa-sha2-nistp256@openssh.com",
-];
-
-/// Checks `<algo> <base64>` and that the key blob names the same algorithm: an SSH public
-/// key blob starts with the length-prefixed algorithm string (RFC 4253 §6.6).
-fn check_host_key(s: &str) -> Result<String, String> {
-    let mut parts = s.split_whitespace();
-    let (Some(algo), Some(b64), None) = (parts.next(), parts.next(), parts.next()) else {
-        return Err("expected exactly two fields".to_owned());
-    };
-    if !HOST_KEY_ALGORITHMS.contains(&algo) {
-        return Err(format!("unknown algorithm `{algo}`"));
-    }
-    let blob = base64::engine::general_purpose::STANDARD
-        .decode(b64)
-        .map_err(|e| format!("key is not base64: {e}"))?;
-    let named = blob
-        .get(..4)
-        .and_then(|l| <[u8; 4]>::try_from(l).ok())
-        .map(|l| u32::from_be_bytes(l) as usize)
-        .and_then(|n| blob.get(4..4 + n));
-    if named != Some(algo.as_bytes()) {
-        return Err(format!("key blob is not an `{algo}` key"));
-    }
-    Ok(format!("{algo} {b64}"))
-}
-
-fn validate_ssh(ctx: &Ctx<'_>, raw: RawSsh) -> Result<SshTarget, ConfigError> {
-    if raw.host.is_empty() {
-        return Err(ctx.err("host", Problem::Empty));
-    }
-    let host =
-        normalize_ssh_host(&raw.host).ok_or_else(|| ctx.err("host", Problem::InvalidHost))?;
-    check_range(ctx, "port", u64::from(raw.port), 1, u64::from(u16::MAX))?;
-    if raw.user.is_empty() {
-        return Err(ctx.err("user", Problem::Empty));
-    }
-    if !plain_text(&raw.user) {
-        return Err(ctx.err("user", Problem::InvalidCharacters));
-    }
-    let credential = check_credential(ctx, raw.credential)?;
-    let host_key = raw
-        .host_key
-        .map(|k| check_host_key(&k))
-        .transpose()
-        .map_err(|reason| ctx.err("host_key", Problem::InvalidHostKey { reason }))?;
-    check_range(ctx, "timeout_ms", raw.timeout_ms, 1, MAX_TIMEOUT_MS)?;
-    check_range(
-        ctx,
-        "max_output_bytes",
-        raw.max_output_bytes,
-        1,
-        MAX_OUTPUT_BYTES_LIMIT,
-    )?;
-    Ok(SshTarget {
-        name: raw.name,
-        host,
-        port: raw.port,
-        user: raw.user,
-        credential,
-        host_key,
-        approval: raw.approval,
-        timeout_ms: raw.timeout_ms,
-        max_output_bytes: raw.max_output_bytes,
-        allow_private: raw.allow_private,
-    })
 }
 
 // ---- version digests -------------------------------------------------------------------
