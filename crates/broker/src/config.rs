@@ -7,6 +7,14 @@
 //! (`ca_file`) and applies the environment's proxy variables ([`proxy`]). What loads but needs the operator's attention (an SSH target without a
 //! pinned host key) is a [`ConfigWarning`] from [`Config::warnings`].
 //!
+//! This file holds [`Config`], its loading and the re-exports; each concern has a file
+//! of its own under `config/`: a section's types, raw TOML form and checks (`http.rs`,
+//! `ssh.rs`, `witness.rs`, `results.rs`, `peer.rs`, with `job.rs`, `batch.rs` and
+//! `proxy.rs` for the HTTP target's contracts and proxy), the rules fields share
+//! (`field.rs`), what every target shares (`target.rs`), errors and their location
+//! (`error.rs`), cautions (`warning.rs`), resolution (`resolve.rs`), the version digest
+//! (`version.rs`, encoding below) and the live swap (`handle.rs`).
+//!
 //! Each target has a [`TargetVersion`]: a digest of its *normalized* configuration, bound
 //! into every invocation's [`ConfigSnapshot`](crate::action::ConfigSnapshot) so that a
 //! reload which changes a target is detected before dispatch, and the request is refused
@@ -52,47 +60,44 @@
 //! Known-answer vectors: `tests/vectors/target_version_v1.json`.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-use url::Url;
-
-use crate::canonical::{Canonical, normalize_path};
+use serde::Deserialize;
 
 pub mod batch;
 mod error;
 mod field;
+mod handle;
 mod http;
 pub mod job;
 pub mod peer;
 pub mod proxy;
+mod resolve;
 mod results;
 mod ssh;
 mod target;
+mod version;
 mod warning;
 mod witness;
-use proxy::{ProxyEnv, ProxySetting};
 
 use error::Ctx;
 pub use error::{ConfigError, InvalidField, Problem, ResolveError, Section, TargetRef};
-use field::{
-    check_credential, check_methods, check_range, is_loopback, is_uppercase_token, parse_duration,
-    plain_text, valid_name,
-};
+use field::{is_loopback, valid_name};
+pub use handle::ConfigHandle;
 pub use http::{HttpTarget, IdempotencyContract, Injection, ReconcileQuery};
 use http::{RawHttp, check_ca_file, validate_http};
+use proxy::{ProxyEnv, ProxySetting};
+pub(crate) use resolve::default_port;
+use resolve::same_prefix;
 pub use results::{DEFAULT_RESULT_MAX_AGE, DEFAULT_RESULT_MAX_BYTES, RetentionPolicy};
 use results::{RawResults, validate_results};
 pub use ssh::{MAX_OUTPUT_BYTES_LIMIT, SshTarget};
-use ssh::{RawSsh, normalize_ssh_host, validate_ssh};
+use ssh::{RawSsh, validate_ssh};
 pub use target::{ApprovalMode, Target};
+pub use version::TargetVersion;
 pub use warning::{Caution, ConfigWarning};
 pub use witness::WitnessConfig;
 use witness::{RawWitness, validate_witness};
-
-const VERSION_CONTEXT: &str = "postern 2026 target-config v1";
-const VERSION_FORMAT: u8 = 1;
 
 const DEFAULT_TIMEOUT_MS: u64 = 30_000;
 const MAX_TIMEOUT_MS: u64 = 600_000;
@@ -117,51 +122,7 @@ pub struct Config {
     pub source: PathBuf,
 }
 
-/// The digest of a target's normalized configuration: `blake3:<64 hex>`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct TargetVersion(String);
-
-impl TargetVersion {
-    /// Wraps a raw 32-byte digest (from [`HttpTarget::version`] or a test fixture).
-    pub fn from_digest(d: [u8; 32]) -> Self {
-        Self(format!("blake3:{}", hex::encode(d)))
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl TryFrom<String> for TargetVersion {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, Self::Error> {
-        let ok = s.strip_prefix("blake3:").is_some_and(|h| {
-            h.len() == 64
-                && h.bytes()
-                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        });
-        if ok {
-            Ok(Self(s))
-        } else {
-            Err(format!("not a target version: {s:?}"))
-        }
-    }
-}
-
-impl From<TargetVersion> for String {
-    fn from(v: TargetVersion) -> Self {
-        v.0
-    }
-}
-
-impl fmt::Display for TargetVersion {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-// ---- raw TOML shapes -------------------------------------------------------------------
+// ---- the raw TOML form (each section's own raw form is in its file) --------------------
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -178,9 +139,11 @@ struct RawConfig {
     peer: Vec<peer::RawPeer>,
 }
 
+/// The `timeout_ms` of a target, of either kind, that does not set one.
 fn default_timeout() -> u64 {
     DEFAULT_TIMEOUT_MS
 }
+
 // ---- loading and validation ------------------------------------------------------------
 
 impl Config {
@@ -387,257 +350,5 @@ impl Config {
             check_ca_file(&ctx, path)?;
         }
         Ok(())
-    }
-
-    /// The target a URL falls under: same scheme, host and effective port, and the
-    /// target's path prefix matches on a segment boundary. The longest prefix wins.
-    pub fn resolve_http(&self, url: &Url) -> Result<&HttpTarget, ResolveError> {
-        let path = normalize_path(url.path()).map_err(|reason| ResolveError::MalformedUrl {
-            reason: reason.to_owned(),
-        })?;
-        self.resolve_parts(
-            url.scheme(),
-            url.host_str(),
-            url.port_or_known_default(),
-            &path,
-        )
-        .ok_or_else(|| ResolveError::NoHttpTarget {
-            url: url.as_str().to_owned(),
-        })
-    }
-
-    pub(crate) fn resolve_parts(
-        &self,
-        scheme: &str,
-        host: Option<&str>,
-        port: Option<u16>,
-        path: &str,
-    ) -> Option<&HttpTarget> {
-        let host = host?;
-        self.http
-            .iter()
-            .filter(|t| {
-                t.base_url.scheme() == scheme
-                    && t.base_url.host_str() == Some(host)
-                    && t.base_url.port_or_known_default() == port
-                    && prefix_matches(t.base_url.path(), path)
-            })
-            .max_by_key(|t| t.base_url.path().len())
-    }
-
-    /// An ssh target by name, or else by host. A host shared by several targets is
-    /// ambiguous: the caller must use the target name.
-    pub fn resolve_ssh(&self, host_or_name: &str) -> Result<&SshTarget, ResolveError> {
-        if let Some(t) = self.ssh.iter().find(|t| t.name == host_or_name) {
-            return Ok(t);
-        }
-        let wanted = normalize_ssh_host(host_or_name);
-        let matches: Vec<&SshTarget> = self
-            .ssh
-            .iter()
-            .filter(|t| Some(&t.host) == wanted.as_ref())
-            .collect();
-        match matches.as_slice() {
-            [one] => Ok(one),
-            [] => Err(ResolveError::NoSshTarget {
-                host: host_or_name.to_owned(),
-            }),
-            many => Err(ResolveError::AmbiguousSshHost {
-                host: host_or_name.to_owned(),
-                names: many.iter().map(|t| t.name.clone()).collect(),
-            }),
-        }
-    }
-
-    /// An http target by name.
-    pub fn http_target(&self, name: &str) -> Option<&HttpTarget> {
-        self.http.iter().find(|t| t.name == name)
-    }
-
-    /// An ssh target by name.
-    pub fn ssh_target(&self, name: &str) -> Option<&SshTarget> {
-        self.ssh.iter().find(|t| t.name == name)
-    }
-
-    /// A target of either kind by name (names are unique across kinds).
-    pub fn target(&self, name: &str) -> Option<Target<'_>> {
-        self.http_target(name)
-            .map(Target::Http)
-            .or_else(|| self.ssh_target(name).map(Target::Ssh))
-    }
-}
-
-/// The configuration in force. A reload swaps the whole snapshot; an invocation binds
-/// the version it validated against and re-checks it right before dispatch.
-#[derive(Clone)]
-pub struct ConfigHandle(std::sync::Arc<std::sync::RwLock<std::sync::Arc<Config>>>);
-
-impl ConfigHandle {
-    pub fn new(config: Config) -> Self {
-        use std::sync::{Arc, RwLock};
-        ConfigHandle(Arc::new(RwLock::new(Arc::new(config))))
-    }
-
-    pub fn current(&self) -> std::sync::Arc<Config> {
-        match self.0.read() {
-            Ok(g) => g.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
-    }
-
-    pub fn replace(&self, config: Config) {
-        let config = std::sync::Arc::new(config);
-        match self.0.write() {
-            Ok(mut g) => *g = config,
-            Err(poisoned) => *poisoned.into_inner() = config,
-        }
-    }
-}
-
-/// `/v1` matches `/v1` and `/v1/x` but not `/v10`; `/` matches every path.
-fn prefix_matches(prefix: &str, path: &str) -> bool {
-    if prefix == "/" {
-        return true;
-    }
-    match path.strip_prefix(prefix) {
-        Some(rest) => rest.is_empty() || rest.starts_with('/'),
-        None => false,
-    }
-}
-
-fn same_prefix(a: &HttpTarget, b: &HttpTarget) -> bool {
-    a.base_url.scheme() == b.base_url.scheme()
-        && a.base_url.host_str() == b.base_url.host_str()
-        && a.base_url.port_or_known_default() == b.base_url.port_or_known_default()
-        && a.base_url.path() == b.base_url.path()
-}
-
-pub(crate) fn default_port(scheme: &str) -> Option<u16> {
-    match scheme {
-        "http" => Some(80),
-        "https" => Some(443),
-        _ => None,
-    }
-}
-
-// ---- version digests -------------------------------------------------------------------
-
-fn sorted_list<'a>(c: &mut Canonical, tag: u8, items: &'a [String]) {
-    let mut v: Vec<&'a [u8]> = items.iter().map(|s| s.as_bytes()).collect();
-    v.sort_unstable();
-    v.dedup();
-    c.list(tag, v.into_iter());
-}
-
-fn status_list(c: &mut Canonical, tag: u8, items: &[u16]) {
-    let mut v: Vec<u16> = items.to_vec();
-    v.sort_unstable();
-    v.dedup();
-    let bytes: Vec<[u8; 2]> = v.iter().map(|s| s.to_le_bytes()).collect();
-    c.list(tag, bytes.iter().map(|b| &b[..]));
-}
-
-impl HttpTarget {
-    /// The digest of this target's normalized configuration (see the module doc).
-    pub fn version(&self) -> TargetVersion {
-        let mut c = Canonical::new(VERSION_CONTEXT, VERSION_FORMAT);
-        c.str(0x02, "http");
-        c.str(0x40, &self.name);
-        c.str(0x41, self.base_url.as_str());
-        sorted_list(&mut c, 0x42, &self.methods);
-        c.str(0x43, self.credential.as_str());
-        c.str(0x44, &self.inject.mode());
-        match &self.inject {
-            Injection::Header { format, .. } => c.opt(0x45, Some(format.as_bytes())),
-            Injection::Basic { user } => c.opt(0x45, Some(user.as_bytes())),
-            Injection::Query { .. } => c.opt(0x45, None),
-        }
-        c.str(0x46, self.approval.as_str());
-        sorted_list(&mut c, 0x47, &self.idempotent_methods);
-        c.opt(
-            0x48,
-            self.ca_file
-                .as_ref()
-                .map(|p| p.as_os_str().as_encoded_bytes()),
-        );
-        c.u64(0x49, self.timeout_ms);
-        c.u64(0x4a, self.max_response_bytes);
-        c.u64(0x4b, self.max_request_body_bytes);
-        c.bytes(0x4c, &[u8::from(self.follow_redirects)]);
-        c.presence(0x4d, self.idempotency.is_some());
-        if let Some(i) = &self.idempotency {
-            c.str(0x50, &i.header.to_ascii_lowercase());
-            c.str(0x51, &i.scope);
-            c.u64(0x52, i.retention.as_secs());
-        }
-        c.presence(0x4e, self.reconcile.is_some());
-        if let Some(r) = &self.reconcile {
-            c.str(0x58, &r.method);
-            c.str(0x59, &r.path);
-            status_list(&mut c, 0x5a, &r.committed_status);
-            status_list(&mut c, 0x5b, &r.not_applied_status);
-        }
-        // Added after v1's vectors: present only when set, so targets without them keep
-        // their digests.
-        if self.allow_private {
-            c.bytes(0x4f, &[1]);
-        }
-        // Later groups are encoded only when present, so the version of a target that
-        // does not use them is what it was before they existed.
-        if let Some(j) = &self.job {
-            c.presence(0x76, true);
-            c.opt(0x70, j.id_pointer.as_deref().map(str::as_bytes));
-            c.opt(0x71, j.status_pointer.as_deref().map(str::as_bytes));
-            c.opt(0x72, j.state_pointer.as_deref().map(str::as_bytes));
-            sorted_list(&mut c, 0x73, &j.pending);
-            sorted_list(&mut c, 0x74, &j.succeeded);
-            sorted_list(&mut c, 0x75, &j.failed);
-        }
-        if let Some(b) = &self.batch {
-            c.presence(0x7f, true);
-            c.str(0x80, &b.path);
-            c.str(0x81, &b.members);
-            c.opt(0x82, b.member_id.as_deref().map(str::as_bytes));
-            c.str(0x83, &b.results);
-            c.opt(0x84, b.result_id.as_deref().map(str::as_bytes));
-            c.str(0x85, &b.status);
-            sorted_list(&mut c, 0x86, &b.applied);
-            sorted_list(&mut c, 0x87, &b.not_applied);
-            c.opt(0x88, b.partial_header.as_deref().map(str::as_bytes));
-            c.opt(0x89, b.partial_pointer.as_deref().map(str::as_bytes));
-            c.bytes(0x8a, &[u8::from(b.atomic)]);
-            c.presence(0x8b, b.query.is_some());
-            if let Some(q) = &b.query {
-                c.str(0x8c, &q.method);
-                c.str(0x8d, &q.path);
-                status_list(&mut c, 0x8e, &q.committed_status);
-                status_list(&mut c, 0x8f, &q.not_applied_status);
-            }
-        }
-        if let Some(proxy) = self.proxy.via() {
-            c.str(0x90, &proxy.url());
-        }
-        TargetVersion::from_digest(c.finish())
-    }
-}
-
-impl SshTarget {
-    /// The digest of this target's normalized configuration (see the module doc).
-    pub fn version(&self) -> TargetVersion {
-        let mut c = Canonical::new(VERSION_CONTEXT, VERSION_FORMAT);
-        c.str(0x02, "ssh");
-        c.str(0x60, &self.name);
-        c.str(0x61, &self.host);
-        c.bytes(0x62, &self.port.to_le_bytes());
-        c.str(0x63, &self.user);
-        c.str(0x64, self.credential.as_str());
-        c.opt(0x65, self.host_key.as_deref().map(str::as_bytes));
-        c.str(0x66, self.approval.as_str());
-        c.u64(0x67, self.timeout_ms);
-        c.u64(0x68, self.max_output_bytes);
-        if self.allow_private {
-            c.bytes(0x69, &[1]);
-        }
-        TargetVersion::from_digest(c.finish())
     }
 }

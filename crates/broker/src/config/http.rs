@@ -9,12 +9,14 @@ use serde::Deserialize;
 use url::Url;
 
 use super::batch::{BatchContract, BatchProblem, RawBatch};
+use super::field::{
+    check_credential, check_methods, check_range, is_loopback, is_uppercase_token, parse_duration,
+    plain_text,
+};
 use super::job::{JobContract, JobProblem, RawJob};
 use super::proxy::ProxySetting;
 use super::{
-    ApprovalMode, ConfigError, Ctx, MAX_PAYLOAD_BYTES, MAX_TIMEOUT_MS, Problem, check_credential,
-    check_methods, check_range, default_timeout, is_loopback, is_uppercase_token, parse_duration,
-    plain_text,
+    ApprovalMode, ConfigError, Ctx, MAX_PAYLOAD_BYTES, MAX_TIMEOUT_MS, Problem, default_timeout,
 };
 use crate::canonical::{is_token, normalize_path};
 use crate::vault::CredentialId;

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{ConfigError, Ctx, Problem, Section, TargetRef, parse_duration};
+use super::field::parse_duration;
+use super::{ConfigError, Ctx, Problem, Section, TargetRef};
 
 /// `[results] max_age = "7d", max_bytes = "1GiB"`; both optional.
 #[derive(Deserialize)]

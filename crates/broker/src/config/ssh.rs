@@ -6,10 +6,8 @@ use std::net::{IpAddr, Ipv6Addr};
 use base64::Engine as _;
 use serde::Deserialize;
 
-use super::{
-    ApprovalMode, ConfigError, Ctx, MAX_TIMEOUT_MS, Problem, check_credential, check_range,
-    default_timeout, plain_text,
-};
+use super::field::{check_credential, check_range, plain_text};
+use super::{ApprovalMode, ConfigError, Ctx, MAX_TIMEOUT_MS, Problem, default_timeout};
 use crate::vault::CredentialId;
 
 const DEFAULT_MAX_OUTPUT_BYTES: u64 = 1024 * 1024;
