@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Computes the audit-chain and target-version known-answer vectors from the encodings
-documented in src/audit.rs and src/config.rs, independently of the Rust code.
+documented in src/journal/chain.rs, src/journal/merkle.rs and src/config.rs, independently
+of the Rust code.
 Needs the `blake3` Python package. Run as `make_vectors.py targets.json` where targets.json is target_version_v1.json
 without its `version` fields; prints {"chain": [...], "targets": [...]}, the content of
 audit_chain_v1.json and target_version_v1.json."""
