@@ -16,7 +16,8 @@ use postern_mcp::server::Sessions;
 use postern_mcp::{DaemonArgs, KeychainChoice, daemon};
 
 use postern_console::operator::OperatorClient;
-use serde_json::{Value, json};
+use postern_console::protocol::{IntegrityArgs, ListApprovalsArgs, OperatorCommand, OverviewArgs};
+use serde_json::json;
 
 use crate::autostart::Autostart;
 use crate::commands::Backend;
@@ -402,7 +403,10 @@ pub async fn watch_attached<R: Runtime>(app: tauri::AppHandle<R>, backend: Arc<B
     let mut seen: HashSet<String> = HashSet::new();
     let mut verified: Option<(std::time::Instant, u64)> = None;
     loop {
-        if let Ok(overview) = backend.call("overview", Value::Null, None).await {
+        if let Ok(overview) = backend
+            .run(OperatorCommand::Overview(OverviewArgs {}), None)
+            .await
+        {
             let seq = overview["last_seq"].as_u64().unwrap_or(0);
             let pending = overview["pending_approvals"].as_u64().unwrap_or(0);
             let agents_paused = overview["agents_paused"].as_bool().unwrap_or(false);
@@ -414,7 +418,9 @@ pub async fn watch_attached<R: Runtime>(app: tauri::AppHandle<R>, backend: Arc<B
                 let _ = app.emit(JOURNAL_CHANGED, JournalChanged { last_seq: seq });
             }
             if (last_seq != Some(seq) || pending_count != Some(pending))
-                && let Ok(cards) = backend.call("list_approvals", Value::Null, None).await
+                && let Ok(cards) = backend
+                    .run(OperatorCommand::ListApprovals(ListApprovalsArgs {}), None)
+                    .await
             {
                 let notices: Vec<(String, String)> = cards
                     .as_array()
@@ -444,7 +450,10 @@ pub async fn watch_attached<R: Runtime>(app: tauri::AppHandle<R>, backend: Arc<B
             };
             if due
                 && let Ok(state) = backend
-                    .call("integrity", json!({"recheck": true}), None)
+                    .run(
+                        OperatorCommand::Integrity(IntegrityArgs { recheck: true }),
+                        None,
+                    )
                     .await
             {
                 let _ = app.emit(INTEGRITY_CHANGED, state);

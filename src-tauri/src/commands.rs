@@ -49,17 +49,6 @@ impl Backend {
             Backend::Attached(client) => client.run(&command).await,
         }
     }
-
-    /// [`Backend::run`] for the command named `command` with `args` in their wire form.
-    pub async fn call(
-        &self,
-        command: &str,
-        args: Value,
-        export_dir: Option<PathBuf>,
-    ) -> Result<Value, CommandError> {
-        self.run(OperatorCommand::parse(command, args)?, export_dir)
-            .await
-    }
 }
 
 type BackendState<'a> = State<'a, Arc<Backend>>;

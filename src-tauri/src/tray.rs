@@ -7,7 +7,6 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use serde_json::Value;
 use tauri::image::Image;
 use tauri::menu::{CheckMenuItem, Menu, MenuEvent, MenuItem, PredefinedMenuItem};
 use tauri::tray::{TrayIcon, TrayIconBuilder};
@@ -17,6 +16,7 @@ use crate::autostart::Autostart;
 use crate::commands::Backend;
 use crate::dto::{AgentPauseState, PAUSE_CHANGED};
 use crate::webview;
+use postern_console::protocol::{OperatorCommand, PauseAgentsArgs, ResumeAgentsArgs};
 
 /// Menu item ids (what the tray's D-Bus menu exposes, and what tests click).
 pub const OPEN: &str = "open";
@@ -237,19 +237,20 @@ pub fn on_menu_event<R: Runtime>(
         OPEN => show_main(app),
         PAUSE => {
             let command = if tray.paused() {
-                "resume_agents"
+                OperatorCommand::ResumeAgents(ResumeAgentsArgs {})
             } else {
-                "pause_agents"
+                OperatorCommand::PauseAgents(PauseAgentsArgs {})
             };
             let (app, backend) = (app.clone(), backend.clone());
             tauri::async_runtime::spawn(async move {
-                match backend.call(command, Value::Null, None).await {
+                let name = command.name();
+                match backend.run(command, None).await {
                     Ok(state) => {
                         if let Ok(state) = serde_json::from_value::<AgentPauseState>(state) {
                             pause_changed(&app, state.paused);
                         }
                     }
-                    Err(e) => eprintln!("postern-console: {command}: {}", e.message),
+                    Err(e) => eprintln!("postern-console: {name}: {}", e.message),
                 }
             });
         }
