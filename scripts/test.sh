@@ -10,7 +10,8 @@ source scripts/lib.sh
 
 ensure_apt_packages build-essential pkg-config libdbus-1-dev dbus dbus-bin gnome-keyring keyutils \
     util-linux passwd \
-    openssh-server openssh-client "${DESKTOP_PACKAGES[@]}" xvfb xauth webkit2gtk-driver rpm
+    openssh-server openssh-client "${DESKTOP_PACKAGES[@]}" xvfb xauth webkit2gtk-driver rpm \
+    bubblewrap libsecret-tools python3-secretstorage
 ensure_rust_tools
 ensure_tauri_driver
 
@@ -52,6 +53,10 @@ fi
 # than skip when this says they are required. Set it to 0 to run the suite as a normal
 # user (they then print that they did not run).
 export POSTERN_REQUIRE_PRIVSEP_TESTS="${POSTERN_REQUIRE_PRIVSEP_TESTS:-1}"
+# The shield tests (crates/cli/tests/shield.rs) run agents in bubblewrap sandboxes and
+# try every way out of them, with secret-tool and Python's secretstorage among the
+# attackers: installed above, so here they fail rather than skip.
+export POSTERN_REQUIRE_SHIELD_TESTS="${POSTERN_REQUIRE_SHIELD_TESTS:-1}"
 
 step "cargo test (private D-Bus session + gnome-keyring + keyutils session)"
 # Audit anchors go to a private state directory, never the user's own.

@@ -602,6 +602,28 @@ fn main_attached(args: &Args, socket: PathBuf, instance: Option<instance::Instan
     }
 }
 
+/// Serves `postern shield` on the control socket beside the agent socket, in the
+/// background; a console that cannot bind it says so and runs without shields.
+async fn serve_shields(
+    agents: &postern_broker::AgentApi,
+    sessions: &Arc<postern_mcp::server::Sessions>,
+    socket: &std::path::Path,
+    setup: daemon::shield::ShieldSetup,
+) {
+    match daemon::shield::bind_control(socket).await {
+        Ok(listener) => {
+            tauri::async_runtime::spawn(daemon::shield::serve_control(
+                agents.clone(),
+                sessions.clone(),
+                setup,
+                listener,
+                std::future::pending(),
+            ));
+        }
+        Err(e) => eprintln!("postern-console: shield socket (postern shield): {e}"),
+    }
+}
+
 /// Runs the console; returns the process exit code.
 pub fn main_entry() -> i32 {
     let args = Args::parse();
@@ -625,6 +647,7 @@ pub fn main_entry() -> i32 {
     };
     let console = started.console.clone();
     let socket = started.console.paths.socket.clone();
+    let daemon_args = started.daemon_args.clone();
     let trace_startup = std::env::var_os("POSTERN_STARTUP_TRACE").is_some();
     let login = args.login_command();
     let background = args.background;
@@ -652,10 +675,12 @@ pub fn main_entry() -> i32 {
             let agents = console.engine.agent();
             let sessions = console.sessions.clone();
             let socket = socket.clone();
+            let shields = daemon::shield::ShieldSetup::for_daemon(&daemon_args, &socket, None);
             tauri::async_runtime::spawn(async move {
                 match daemon::bind(&socket).await {
                     Ok(listener) => {
                         eprintln!("postern-console: agents connect on {}", socket.display());
+                        serve_shields(&agents, &sessions, &socket, shields).await;
                         daemon::serve(agents, sessions, listener, std::future::pending()).await;
                     }
                     Err(e) => eprintln!("postern-console: agent socket: {e}"),
@@ -697,6 +722,7 @@ pub fn main_entry() -> i32 {
             on_exit(app);
             if let Some(socket) = &socket {
                 let _ = std::fs::remove_file(socket);
+                let _ = std::fs::remove_file(daemon::shield::control_socket(socket));
             }
             // A clean exit signs a final audit checkpoint.
             if let Err(e) = journal.clone().close() {

@@ -54,7 +54,8 @@
 //! added: http 0x4f allow_private (only when true), ssh 0x69 allow_private
 //!        (only when true), http 0x90 proxy (`http://host:port` without credentials,
 //!        only when requests go through a proxy, named in the file or taken from the
-//!        environment at load). Absent fields leave a v1 digest unchanged.
+//!        environment at load), http 0x91 / ssh 0x6a require_confined (only when
+//!        true). Absent fields leave a v1 digest unchanged.
 //! ```
 //!
 //! Known-answer vectors: `tests/vectors/target_version_v1.json`.

@@ -282,6 +282,7 @@ impl SessionOpened {
                 .map(|pid| observe_ancestor(*pid))
                 .collect(),
             bridge_report,
+            confinement: Default::default(),
         })
     }
 }
@@ -528,6 +529,7 @@ impl ApprovalRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::session::{Confinement, ShieldConfinement};
 
     #[test]
     fn this_process_is_observed_with_the_digest_of_its_binary() {
@@ -671,8 +673,20 @@ mod tests {
                 },
                 bridge_executable: Some("/opt/\u{00ad}postern".into()),
             }),
+            confinement: Confinement::Shield(ShieldConfinement {
+                shield: "shd_0123456789abcdef".into(),
+                profile_digest: format!("blake3:{}", "0".repeat(64)),
+                network: "full".into(),
+                ssh_agent: false,
+                writable: vec!["/home/ada/src/\u{202e}evil".into()],
+            }),
         };
         let card = CardAgent::of(&opened);
+        // The working directory's name is the agent's to choose: escaped like the rest.
+        let Confinement::Shield(shield) = &card.confinement else {
+            panic!("the card shows the confinement");
+        };
+        assert!(!shield.writable[0].contains('\u{202e}'), "{shield:?}");
         assert_eq!(card.user_name.as_deref(), Some("ada"));
         let claim = card.bridge_report.unwrap();
         for text in [
@@ -706,13 +720,16 @@ mod tests {
             },
             parent_chain: Vec::new(),
             bridge_report: None,
+            confinement: Confinement::None,
         };
         let json = serde_json::to_value(&opened).unwrap();
         assert!(json.get("bridge_report").is_none());
+        assert!(json.get("confinement").is_none());
         assert!(json["agent"].get("user_name").is_none());
         let back: SessionOpened = serde_json::from_value(json).unwrap();
         assert_eq!(back, opened);
         let card = serde_json::to_value(CardAgent::of(&opened)).unwrap();
         assert!(card.get("user_name").is_none() && card.get("bridge_report").is_none());
+        assert!(card.get("confinement").is_none());
     }
 }

@@ -9,6 +9,7 @@ mod common;
 mod config_cmd;
 mod journal_cmds;
 mod operator_cmd;
+mod shield;
 mod timefmt;
 mod vault_cmd;
 mod witness_cmd;
@@ -110,6 +111,18 @@ enum Command {
         Exit status: 0 answered, 1 refused (including a peer the socket does not admit), \
         2 the socket cannot be reached.")]
     Operator(OperatorCmd),
+    /// Run an agent confined so that Postern's MCP socket is its only way to a
+    /// credential, the record or an approval (Linux: bubblewrap).
+    #[command(after_help = "Examples:\n  \
+        postern shield -- claude\n  \
+        postern shield --network broker-only --rw ~/.cache/pip -- codex\n\n\
+        Inside, the agent writes only its working directory, its own state and each --rw \
+        path; it cannot see Postern's data, the keychain, ~/.ssh, the display or the session \
+        bus. Its sessions are recorded as confined, as targets with require_confined = true \
+        demand.\n\n\
+        Exit status: the command's own, or 125 when the shield failed and the command never \
+        started.")]
+    Shield(shield::ShieldCmd),
 }
 
 #[derive(Args)]
@@ -526,7 +539,7 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
 }
 
 /// A runtime on the calling thread alone.
-fn runtime_on_this_thread() -> Result<tokio::runtime::Runtime, Failure> {
+pub(crate) fn runtime_on_this_thread() -> Result<tokio::runtime::Runtime, Failure> {
     built(tokio::runtime::Builder::new_current_thread())
 }
 
@@ -755,6 +768,7 @@ fn run(cli: Cli) -> common::Outcome {
             config_cmd::pin_host_key_command(&file, &target, &source, replace)
         }
         Command::Witness(cmd) => witness_cmd::run(cmd),
+        Command::Shield(cmd) => shield::run(cmd),
     }
 }
 

@@ -1261,6 +1261,7 @@ fn agent_card(r: &SessionRecord) -> AgentCard {
         first_seen_ms: r.first_seen_ms,
         ended_at_ms: r.ended_at_ms,
         connections: r.connections,
+        confinement: r.identity.confinement.describe(),
     }
 }
 

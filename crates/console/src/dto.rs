@@ -68,6 +68,9 @@ pub struct AgentCard {
     #[ts(type = "number | null")]
     pub ended_at_ms: Option<i64>,
     pub connections: u32,
+    /// `none`, or `shield shd_… (network …, profile …)`: how the agent is confined, as
+    /// the broker established it.
+    pub confinement: String,
 }
 
 /// One ancestor of a recorded agent.
@@ -105,6 +108,8 @@ pub struct RecordedAgent {
     pub cwd: Option<String>,
     /// Parents of the agent, nearest first.
     pub parent_chain: Vec<AncestorCard>,
+    /// `none`, or `shield shd_… (network …, profile …)`, as SESSION_OPENED recorded it.
+    pub confinement: String,
 }
 
 /// What a bridge claimed about the process that started it (the agent, unless the
@@ -161,6 +166,7 @@ impl From<&postern_broker::provenance::CardAgent> for RecordedAgent {
                     executable: p.executable.clone(),
                 })
                 .collect(),
+            confinement: a.confinement.describe(),
         }
     }
 }

@@ -117,6 +117,16 @@ pub async fn run(args: HeadlessArgs) -> Result<(), HeadlessError> {
     };
     let listener = bind_with_mode(&socket, agent_mode).await?;
     let operator_listener = bind_operator(&operator_socket, group.as_ref()).await?;
+    // Shields are for agents of this user on this machine: a privilege-separated broker
+    // runs as another user and cannot inspect their sandboxes.
+    #[cfg(unix)]
+    let shields = match args.agent_access {
+        AgentAccess::OwnUser => {
+            let control = daemon::shield::control_socket(&socket);
+            Some((daemon::shield::bind_control(&socket).await?, control))
+        }
+        AgentAccess::AnyLocalUser => None,
+    };
     let bound = (file_identity(&socket), file_identity(&operator_socket));
     let sessions = Arc::new(Sessions::default());
     let mode = if group.is_some() || args.agent_access == AgentAccess::AnyLocalUser {
@@ -181,6 +191,20 @@ pub async fn run(args: HeadlessArgs) -> Result<(), HeadlessError> {
         }
         None => None,
     };
+    #[cfg(unix)]
+    let shielding = shields.map(|(listener, control)| {
+        let identity = file_identity(&control);
+        let setup =
+            daemon::shield::ShieldSetup::for_daemon(&args.daemon, &socket, Some(&operator_socket));
+        let task = tokio::spawn(daemon::shield::serve_control(
+            engine.agent(),
+            sessions.clone(),
+            setup,
+            listener,
+            stopped(stop_rx.clone()),
+        ));
+        (task, control, identity)
+    });
     let agents = tokio::spawn(daemon::serve_with(
         engine.agent(),
         sessions,
@@ -197,6 +221,13 @@ pub async fn run(args: HeadlessArgs) -> Result<(), HeadlessError> {
     let _ = agents.await;
     if let Some(peers) = peers {
         let _ = peers.await;
+    }
+    #[cfg(unix)]
+    if let Some((task, control, identity)) = shielding {
+        let _ = task.await;
+        if identity.is_some() && file_identity(&control) == identity {
+            let _ = std::fs::remove_file(&control);
+        }
     }
     witnessing.abort();
     // Remove each socket only if it is still the one this daemon bound.

@@ -14,6 +14,7 @@
 use serde::Serialize;
 
 use postern_broker::platform;
+use postern_broker::record::session::Confinement;
 
 /// Facts about one process, as the platform gives them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -43,6 +44,10 @@ pub struct AgentIdentity {
     pub bridge_pid: u32,
     /// Parents of the agent, nearest first (at most 8).
     pub parent_chain: Vec<ProcessInfo>,
+    /// How the agent is confined: set by the daemon when the connection arrived on a
+    /// shield's socket from inside its sandbox ([`crate::daemon::shield`]), never from
+    /// anything the agent sent.
+    pub confinement: Confinement,
 }
 
 /// Reads one process's facts; `None` if it is gone or unreadable.
@@ -138,6 +143,7 @@ pub fn identify_agent(bridge_pid: u32, user: &platform::UserId) -> Option<AgentI
         agent,
         bridge_pid,
         parent_chain,
+        confinement: Confinement::None,
     })
 }
 
@@ -190,6 +196,7 @@ mod tests {
             agent,
             bridge_pid: 0,
             parent_chain: Vec::new(),
+            confinement: Confinement::None,
         };
         assert!(session_alive(&identity));
         child.kill().unwrap();

@@ -178,6 +178,10 @@ fn record_opening(
         report,
     )
     .map_err(|e| e.to_string())?;
+    let opened = SessionOpened {
+        confinement: identity.confinement.clone(),
+        ..opened
+    };
     agents.record_session(opened).map_err(|e| e.to_string())
 }
 
@@ -338,6 +342,7 @@ impl Session {
     fn call_context(&self, context: &RequestContext<RoleServer>) -> CallContext {
         self.agents
             .context(Some(self.identity.session.clone()), context.ct.clone())
+            .with_confinement(self.identity.confinement.clone())
     }
 
     fn http_answer(&self, outcome: &HttpOutcome) -> (CallToolResult, bool) {
@@ -1037,6 +1042,7 @@ mod tests {
             bridge_pid: agent.pid,
             parent_chain: process_info(agent.ppid).into_iter().collect(),
             agent,
+            confinement: Default::default(),
         }
     }
 

@@ -123,6 +123,7 @@ impl AgentApi {
             approver: self.broker.approver.clone(),
             cancel,
             parent: None,
+            confinement: Default::default(),
         }
     }
 

@@ -106,6 +106,10 @@ pub struct HttpTarget {
     /// `allow_private = true`: the host may resolve to loopback, private and link-local
     /// addresses (never to a metadata endpoint). See [`crate::channel::guard`].
     pub allow_private: bool,
+    /// `require_confined = true`: only sessions that arrive through a shield (an agent
+    /// started by `postern shield`) may call this target; others are refused at
+    /// validation (`CONFINEMENT_REQUIRED`) before a credential is read.
+    pub require_confined: bool,
     /// How this API's 202 Accepted names its job and how its status resource reads.
     pub job: Option<JobContract>,
     /// Which requests are batches and how their members are reported.
@@ -139,6 +143,8 @@ pub(super) struct RawHttp {
     reconcile: Option<RawReconcile>,
     #[serde(default)]
     allow_private: bool,
+    #[serde(default)]
+    require_confined: bool,
     job: Option<RawJob>,
     batch: Option<RawBatch>,
     proxy: Option<String>,
@@ -542,6 +548,7 @@ pub(super) fn validate_http(
         idempotency,
         reconcile,
         allow_private: raw.allow_private,
+        require_confined: raw.require_confined,
         job,
         batch,
         proxy,

@@ -31,6 +31,8 @@ pub struct SshTarget {
     pub max_output_bytes: u64,
     /// `allow_private = true`, as for HTTP targets.
     pub allow_private: bool,
+    /// `require_confined = true`, as for HTTP targets.
+    pub require_confined: bool,
 }
 
 #[derive(Deserialize)]
@@ -50,6 +52,8 @@ pub(super) struct RawSsh {
     max_output_bytes: u64,
     #[serde(default)]
     allow_private: bool,
+    #[serde(default)]
+    require_confined: bool,
 }
 
 fn default_max_output() -> u64 {
@@ -150,5 +154,6 @@ pub(super) fn validate_ssh(ctx: &Ctx<'_>, raw: RawSsh) -> Result<SshTarget, Conf
         timeout_ms: raw.timeout_ms,
         max_output_bytes: raw.max_output_bytes,
         allow_private: raw.allow_private,
+        require_confined: raw.require_confined,
     })
 }

@@ -55,6 +55,14 @@ impl Target<'_> {
         }
     }
 
+    /// Whether only confined sessions (a shield's) may call this target.
+    pub fn require_confined(&self) -> bool {
+        match self {
+            Target::Http(t) => t.require_confined,
+            Target::Ssh(t) => t.require_confined,
+        }
+    }
+
     pub fn version(&self) -> TargetVersion {
         match self {
             Target::Http(t) => t.version(),

@@ -153,6 +153,9 @@ impl HttpTarget {
         if let Some(proxy) = self.proxy.via() {
             c.str(0x90, &proxy.url());
         }
+        if self.require_confined {
+            c.bytes(0x91, &[1]);
+        }
         TargetVersion::from_digest(c.finish())
     }
 }
@@ -174,6 +177,9 @@ impl SshTarget {
         c.u64(0x68, self.max_output_bytes);
         if self.allow_private {
             c.bytes(0x69, &[1]);
+        }
+        if self.require_confined {
+            c.bytes(0x6a, &[1]);
         }
         TargetVersion::from_digest(c.finish())
     }

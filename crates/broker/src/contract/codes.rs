@@ -144,6 +144,8 @@ codes! {
         "A required action field is missing or malformed; the field path says which.";
     UnsupportedAction = "UNSUPPORTED_ACTION", V, NA, AfterCorrection,
         "The method or action is not allowed for this target.";
+    ConfinementRequired = "CONFINEMENT_REQUIRED", V, NA, AfterCorrection,
+        "The target takes calls only from confined sessions (an agent started with `postern shield`) and this session is not confined; nothing was read or sent.";
     PayloadLimit = "PAYLOAD_LIMIT", V, NA, AfterCorrection,
         "A body, header or command exceeds the configured size limit.";
     ForbiddenHeader = "FORBIDDEN_HEADER", V, NA, AfterCorrection,

@@ -564,6 +564,8 @@ impl PeerService {
             approver: self.broker.approver.clone(),
             cancel: tokio_util::sync::CancellationToken::new(),
             parent: None,
+            // How the asking broker's agent runs is not this broker's to know.
+            confinement: Default::default(),
         };
         let http = self.broker.http.clone();
         let request = request.clone();

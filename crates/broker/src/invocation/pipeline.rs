@@ -37,7 +37,8 @@ use crate::contract::{Code, Failure, Phase, Retry};
 use crate::journal::events::{Channel as ChannelKind, EventBody, OperationFacts};
 use crate::journal::projection::Projection;
 use crate::journal::{Authorization, Journal, JournalError, NewInvocation, StoredResult};
-use crate::record::job::ParentLink;
+use crate::record::job::{ParentLink, Relation};
+use crate::record::session::Confinement;
 use crate::retry::{Decision, RetryRequest};
 use crate::vault::{Secret, Vault};
 
@@ -65,6 +66,42 @@ pub struct CallContext {
     /// Set when the broker starts this call for another invocation (a followed
     /// redirect, a job poll); recorded in the new invocation's ACTION_ACCEPTED.
     pub parent: Option<ParentLink>,
+    /// How the calling session's agent is confined, as the agent socket established it
+    /// (never the agent's word): what a `require_confined` target checks.
+    pub confinement: Confinement,
+}
+
+impl CallContext {
+    /// This context for a session whose agent is confined as `confinement`.
+    pub fn with_confinement(self, confinement: Confinement) -> Self {
+        CallContext {
+            confinement,
+            ..self
+        }
+    }
+}
+
+/// The refusal of a call from a session that is not confined to a target that says
+/// `require_confined = true`, made at validation (before a credential is read). A
+/// reconcile query is the broker's own read on the operator's behalf and is not refused;
+/// a federated peer's call is (this broker cannot know how the peer's agent runs).
+fn unconfined_refusal<P>(config: &Config, v: &Validated<P>, ctx: &CallContext) -> Option<Invalid> {
+    let required = config
+        .target(&v.target)
+        .is_some_and(|t| t.require_confined());
+    let broker_own = ctx
+        .parent
+        .as_ref()
+        .is_some_and(|p| p.relation == Relation::ReconcileQuery);
+    (required && !ctx.confinement.is_confined() && !broker_own).then(|| Invalid {
+        code: Code::ConfinementRequired,
+        field: "target".into(),
+        message: format!(
+            "target {:?} takes calls only from confined sessions; start the agent with \
+             `postern shield -- AGENT` so its session is confined",
+            v.target
+        ),
+    })
 }
 
 /// What ACTION_ACCEPTED records before anything is validated.
@@ -346,6 +383,9 @@ impl<T: Channel> Pipeline<T> {
             Ok(v) => v,
             Err(invalid) => return self.reject(&rec, &invalid),
         };
+        if let Some(invalid) = unconfined_refusal(&self.inner.config.current(), &validated, ctx) {
+            return self.reject(&rec, &invalid);
+        }
         // A target that asks nobody gets its secret read while the binding is recorded
         // (the two wait on different things: the keychain, the journal's commit). One
         // that asks a person is read only after the grant.

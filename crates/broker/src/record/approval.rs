@@ -7,7 +7,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::display::{BodyPreview, HeaderPreview, escape_text};
-use crate::record::session::{Ancestor, BridgeReport, ExecutableDigest, SessionOpened};
+use crate::record::session::{
+    Ancestor, BridgeReport, Confinement, ExecutableDigest, SessionOpened,
+};
 
 /// The agent as an approval card shows it: the recorded identity, escaped for display.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,6 +32,10 @@ pub struct CardAgent {
     /// What the bridge claimed (never verified), escaped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bridge_report: Option<BridgeReport>,
+    /// How the agent is confined, as the broker established it; omitted when it is not,
+    /// so cards recorded before it keep their digests.
+    #[serde(default, skip_serializing_if = "Confinement::is_none")]
+    pub confinement: Confinement,
 }
 
 impl CardAgent {
@@ -56,6 +62,7 @@ impl CardAgent {
                 })
                 .collect(),
             bridge_report: opened.bridge_report.as_ref().map(BridgeReport::escaped),
+            confinement: opened.confinement.escaped(),
         }
     }
 }

@@ -104,6 +104,89 @@ pub struct SessionOpened {
     /// talks to the socket directly), so records from before it keep their bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bridge_report: Option<BridgeReport>,
+    /// How the agent is confined, as the broker established it: `shield` when the
+    /// bridge connected on a shield's own socket from inside that shield's sandbox (the
+    /// broker checked the sandbox and the connecting process's namespaces itself).
+    /// Omitted when not confined, so records from before it keep their bytes.
+    #[serde(default, skip_serializing_if = "Confinement::is_none")]
+    pub confinement: Confinement,
+}
+
+/// How an agent session is confined. Established by the broker, never claimed by the
+/// agent: a session is `Shield` only when it arrived on the socket the broker made for
+/// one shield, from a process inside the sandbox the broker inspected for it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Confinement {
+    /// Started without a shield: the agent may read whatever its user can.
+    #[default]
+    None,
+    /// Started by `postern shield`.
+    Shield(ShieldConfinement),
+}
+
+impl Confinement {
+    pub fn is_none(&self) -> bool {
+        matches!(self, Confinement::None)
+    }
+
+    pub fn is_confined(&self) -> bool {
+        !self.is_none()
+    }
+
+    /// `shield` or `none`, for lists and filters.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Confinement::None => "none",
+            Confinement::Shield(_) => "shield",
+        }
+    }
+
+    /// The confinement as a card shows it: its paths escaped (a working directory's name
+    /// is the agent's to choose).
+    pub fn escaped(&self) -> Confinement {
+        match self {
+            Confinement::None => Confinement::None,
+            Confinement::Shield(s) => Confinement::Shield(ShieldConfinement {
+                writable: s
+                    .writable
+                    .iter()
+                    .map(|p| crate::display::escape_text(p))
+                    .collect(),
+                ..s.clone()
+            }),
+        }
+    }
+
+    /// One line for people: `none`, or `shield shd_… (network full, profile blake3:…)`.
+    pub fn describe(&self) -> String {
+        match self {
+            Confinement::None => "none".to_string(),
+            Confinement::Shield(s) => format!(
+                "shield {} (network {}, profile {})",
+                s.shield,
+                s.network,
+                &s.profile_digest[..s.profile_digest.len().min(19)]
+            ),
+        }
+    }
+}
+
+/// One shield's sandbox, as the broker checked it when the shield registered it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShieldConfinement {
+    /// `shd_<16 hex>`: the shield, one per `postern shield` run.
+    pub shield: String,
+    /// `blake3:<hex>` of the profile's canonical form: what was hidden, what was
+    /// writable, the network and the options.
+    pub profile_digest: String,
+    /// `full` or `broker_only` (no route out but Postern's socket).
+    pub network: String,
+    /// Whether the user's SSH agent and `~/.ssh` were let in (`--ssh-agent-ok`).
+    pub ssh_agent: bool,
+    /// The paths the agent may write, besides its private /tmp.
+    pub writable: Vec<String>,
 }
 
 /// What a bridge reports, right after the agent's `initialize` request, about the process that

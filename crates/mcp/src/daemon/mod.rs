@@ -6,6 +6,8 @@
 //! [`socket_path`].
 
 mod error;
+#[cfg(unix)]
+pub mod shield;
 pub mod socket_path;
 
 use std::path::Path;
@@ -20,6 +22,7 @@ use tokio::io::AsyncWriteExt;
 
 use postern_broker::AgentApi;
 use postern_broker::platform::{self, Accepted, Listener};
+use postern_broker::record::session::Confinement;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::admission::Admission;
@@ -102,19 +105,23 @@ pub async fn serve_connection(agents: AgentApi, sessions: Arc<Sessions>, stream:
             AgentAccess::OwnUser,
             &admission,
             slot,
+            None,
         )
         .await;
     }
 }
 
-/// [`serve_connection`] admitting the peers `access` names.
-pub async fn serve_connection_with(
+/// [`serve_connection`] admitting the peers `access` names and, on a shield's socket,
+/// only processes inside that shield's sandbox (`gate`), whose sessions are recorded as
+/// confined.
+async fn serve_connection_with(
     agents: AgentApi,
     sessions: Arc<Sessions>,
     stream: Accepted,
     access: AgentAccess,
     admission: &Arc<Admission>,
     slot: OwnedSemaphorePermit,
+    gate: Option<Arc<Gate>>,
 ) {
     let Ok(cred) = platform::peer_of(&stream) else {
         return;
@@ -142,9 +149,17 @@ pub async fn serve_connection_with(
         // Another user: refuse without a word.
         return;
     }
-    let Some(identity) = cred.pid.and_then(|pid| identify_agent(pid, &cred.user)) else {
+    let Some(mut identity) = cred.pid.and_then(|pid| identify_agent(pid, &cred.user)) else {
         return;
     };
+    if let Some(gate) = &gate {
+        // A shield's socket admits only its sandbox: the bridge and the agent must both
+        // be inside it (the kernel's pid for the bridge, /proc for the agent).
+        match gate.admit(&identity) {
+            Some(confinement) => identity.confinement = confinement,
+            None => return,
+        }
+    }
     sessions.connected(&identity, agents.now_ms());
     let report = Arc::new(std::sync::OnceLock::new());
     let session = Session::reported(agents.clone(), identity.clone(), report.clone());
@@ -182,9 +197,31 @@ pub async fn serve(
 pub async fn serve_with(
     agents: AgentApi,
     sessions: Arc<Sessions>,
+    listener: Listener,
+    stop: impl std::future::Future<Output = ()>,
+    access: AgentAccess,
+) {
+    serve_gated(agents, sessions, listener, stop, access, None).await;
+}
+
+/// Who a shield's socket admits and what their sessions are recorded as: the sandbox
+/// the broker inspected, once the shield has registered it (see [`shield`]). Before
+/// then it admits nobody.
+pub trait Admits: Send + Sync {
+    /// The confinement of `identity`'s session, or `None` to refuse the connection.
+    fn admit(&self, identity: &crate::caller::AgentIdentity) -> Option<Confinement>;
+}
+
+type Gate = dyn Admits;
+
+/// [`serve_with`] where `gate`, when given, decides which connections are admitted.
+async fn serve_gated(
+    agents: AgentApi,
+    sessions: Arc<Sessions>,
     mut listener: Listener,
     stop: impl std::future::Future<Output = ()>,
     access: AgentAccess,
+    gate: Option<Arc<Gate>>,
 ) {
     let admission = Admission::for_descriptors(platform::raise_descriptor_limit());
     let mut sweep = tokio::time::interval(std::time::Duration::from_secs(5));
@@ -204,11 +241,13 @@ pub async fn serve_with(
         tokio::select! {
             accepted = listener.accept() => {
                 if let Ok(stream) = accepted {
-                    let (agents, sessions, admission) =
-                        (agents.clone(), sessions.clone(), admission.clone());
+                    let (agents, sessions, admission, gate) =
+                        (agents.clone(), sessions.clone(), admission.clone(), gate.clone());
                     tokio::spawn(async move {
-                        serve_connection_with(agents, sessions, stream, access, &admission, slot)
-                            .await;
+                        serve_connection_with(
+                            agents, sessions, stream, access, &admission, slot, gate,
+                        )
+                        .await;
                     });
                 }
             }
