@@ -30,7 +30,7 @@ use serde_json::{Value, json};
 
 use postern_broker::AgentApi;
 use postern_broker::api::{NotOwned, Owned, Receipt};
-use postern_broker::channel::http::{HttpOutcome, HttpRequest, HttpResponse, PollRefused};
+use postern_broker::channel::http::{HttpOutcome, HttpRequest, HttpResponse};
 use postern_broker::channel::peer;
 use postern_broker::channel::ssh::{SshOutcome, SshRequest, SshResult};
 use postern_broker::contract::{Code, ErrorBody, Outcome, Phase, Retry};
@@ -38,6 +38,7 @@ use postern_broker::delivery::{self, DeliveryError, Piece};
 use postern_broker::evidence;
 use postern_broker::invocation::CallContext;
 use postern_broker::journal::events::{Channel, Relation};
+use postern_broker::operations::PollRefused;
 use postern_broker::provenance::{BridgeReport, SessionOpened};
 
 use crate::caller::AgentIdentity;
