@@ -177,7 +177,7 @@ pub trait Channel: Send + Sync + Sized + 'static {
     /// Whether the credential is first used in the request the dispatch gate releases,
     /// so its authorization and the attempt's lease can wait for that gate and be
     /// recorded in DISPATCH_STARTED's own transaction (one commit instead of two, with
-    /// the connection set up in between; see [`Recorder::defer_authorization`]). A
+    /// the connection set up in between; see [`Recorder::defer_authorization`](super::Recorder::defer_authorization)). A
     /// channel that uses it earlier (SSH authenticates with it in the handshake)
     /// records them before connecting.
     const DEFER_AUTHORIZATION: bool = false;

@@ -8,7 +8,7 @@
 //! # What reaches the broker
 //! The agent may write any bytes. The bridge reads raw bytes per line, never more than
 //! [`MAX_LINE`] of one line, and only well-formed JSON-RPC 2.0 goes on to the broker
-//! (see [`classify`]). Everything else is answered here, as JSON-RPC says: -32700 for a
+//! (see `classify`). Everything else is answered here, as JSON-RPC says: -32700 for a
 //! line that is not JSON (not UTF-8, truncated, trailing bytes, nested deeper than
 //! [`MAX_DEPTH`]), -32600 for JSON that is not a JSON-RPC message (the id echoed when one
 //! is readable), -32602 for an MCP method whose params do not fit it. Notifications and
@@ -47,15 +47,15 @@
 //! listening, this user may not reach the socket, or the server there is not trusted.
 //!
 //! # Where each step is
-//! - [`trust`]: whether the server at the socket is the broker, and what an agent is told
+//! - `trust`: whether the server at the socket is the broker, and what an agent is told
 //!   when it is not or cannot be reached.
-//! - [`lines`]: the agent's input read as lines of raw bytes, bounded, and the id found
+//! - `lines`: the agent's input read as lines of raw bytes, bounded, and the id found
 //!   at the start of a line too long to parse.
-//! - [`classify`]: what the bridge does with one line (forward, answer, drop, skip), and
+//! - `classify`: what the bridge does with one line (forward, answer, drop, skip), and
 //!   the JSON-RPC errors it answers with.
-//! - [`relay`]: the two directions between the agent and the broker, the requests owed,
+//! - `relay`: the two directions between the agent and the broker, the requests owed,
 //!   the acknowledgements, the report after `initialize`, and how a session ends.
-//! - [`unavailable`]: the MCP server that answers BROKER_UNAVAILABLE when there is no
+//! - `unavailable`: the MCP server that answers BROKER_UNAVAILABLE when there is no
 //!   broker to relay to.
 
 mod classify;

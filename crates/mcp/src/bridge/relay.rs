@@ -275,7 +275,7 @@ where
     relay_reporting(upstream, input, output, acknowledge, None).await
 }
 
-/// [`relay`], sending `report` (a [`BRIDGE_REPORT`] line) right after the agent's
+/// [`relay`], sending `report` (a [`BRIDGE_REPORT`](crate::server::BRIDGE_REPORT) line) right after the agent's
 /// `initialize` request.
 pub async fn relay_reporting<U, I, O>(
     upstream: U,

@@ -17,11 +17,11 @@
 //! - `mod.rs`: the [`Session`] and its bookkeeping of answers the bridge has not yet
 //!   acknowledged, the MCP handler (tool dispatch, the pause, the delivered
 //!   notification) and the custom notifications bridge and broker exchange.
-//! - [`opening`]: SESSION_OPENED, recorded once per connection before anything runs.
-//! - [`calls`]: one method per tool (`http_request`, `ssh_exec`, `fetch_result`,
+//! - `opening`: SESSION_OPENED, recorded once per connection before anything runs.
+//! - `calls`: one method per tool (`http_request`, `ssh_exec`, `fetch_result`,
 //!   `get_invocation`, `poll_job`, `retry_invocation`, `list_targets`).
-//! - [`answers`]: an outcome made into a tool result (JSON, capped into pieces).
-//! - [`sessions`]: the registry of agent sessions the console lists.
+//! - `answers`: an outcome made into a tool result (JSON, capped into pieces).
+//! - `sessions`: the registry of agent sessions the console lists.
 
 mod answers;
 mod calls;

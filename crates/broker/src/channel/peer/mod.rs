@@ -6,7 +6,7 @@
 //! One attempt: PREFLIGHT_VALIDATED binds the peer request's fingerprint
 //! ([`PeerRequest::fingerprint`]), the peer's policy version last seen and the retry
 //! budgets ([`PeerOperation`]); DISPATCH_STARTED is durable before the `peer_call`
-//! leaves; each answer is classified by [`federation::classify`], recorded as a
+//! leaves; each answer is classified by [`federation::classify`](crate::federation::classify), recorded as a
 //! PEER_ANSWER (which is where the budgets are counted, across restarts) and followed
 //! as [`Attempts::next`] says:
 //!
@@ -26,7 +26,7 @@
 //! for the policy version a call binds.
 //!
 //! Where each part is: this file holds the channel's hooks (validation in
-//! [`validate`], binding, the approval card, the attempt's entry) and the peer's
+//! `validate`, binding, the approval card, the attempt's entry) and the peer's
 //! configured facts; `attempt` is one attempt's loop (ask, classify, settle or stop, each
 //! recorded); `answer` checks and classifies what a peer answered; `reconcile` settles
 //! an unknown outcome by asking the peer again.
