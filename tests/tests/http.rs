@@ -1706,7 +1706,7 @@ async fn a_job_that_reports_failure_is_committed_with_job_failed_and_a_foreign_s
     assert!(
         matches!(
             refused,
-            Err(postern_broker::channel::http::PollRefused::NotAJob(_))
+            Err(postern_broker::operations::PollRefused::NotAJob(_))
         ),
         "{refused:?}"
     );

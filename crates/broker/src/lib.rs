@@ -23,6 +23,9 @@
 //! - [`channel`]: what is particular to a protocol: [`channel::http`] (validate,
 //!   inject, exchange, transport, status) and [`channel::ssh`] (validation, key,
 //!   exec), [`channel::redact`] (scrubbing the secret from results).
+//! - [`operations`]: what runs around the pipeline for the HTTP-request channels, out
+//!   of the channel's hooks: a call and its same-target redirects, retries, a 202's job
+//!   and `poll_job`, the reconcile query.
 //! - [`ssh_keys`]: OpenSSH key formats: key import, host-key pinning, fingerprints (below
 //!   the configuration edits and the SSH channel that both use them).
 //! - [`contract`]: the public error contract (phase, outcome, retry, code) and the
@@ -85,6 +88,7 @@ pub mod evidence;
 pub mod federation;
 pub mod invocation;
 pub mod journal;
+pub mod operations;
 pub mod pause;
 pub mod platform;
 pub mod provenance;

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::Broker;
-use crate::channel::http::{HttpOutcome, HttpRequest, JobPoll, PollRefused};
+use crate::channel::http::{HttpOutcome, HttpRequest};
 use crate::channel::peer::listing::{Listed, ListingError};
 use crate::channel::ssh::{SshOutcome, SshRequest};
 use crate::config::Config;
@@ -29,6 +29,7 @@ use crate::invocation::{self, CallContext};
 use crate::journal::JournalError;
 use crate::journal::events::{Event, ParentLink};
 use crate::journal::projection::Projection;
+use crate::operations::{JobPoll, PollRefused};
 use crate::provenance::{self, ProvenanceError, SessionOpened};
 
 /// The agent side's handle on a running broker. Clones share it.

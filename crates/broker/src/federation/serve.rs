@@ -2,6 +2,13 @@
 //! peering tools, independent of the transport that carries them (the MCP server in
 //! `postern-mcp` is a thin layer over [`PeerService`]).
 //!
+//! Why this file is long: about a fifth of it is this documentation, which states the
+//! answering broker's promises in one place. The rest is [`PeerService`]'s three tools,
+//! which share one authentication, one signing path (`attest`, `denial`,
+//! `unavailable`), one refusal log and the at-most-once record of a call; `call` and
+//! `reconcile` read the same record the same way. Kept together, each promise below
+//! can be checked against the one code path that keeps it.
+//!
 //! Every answer that is a verdict is signed with B's broker key ([`Journal::sign_attestation`]):
 //!
 //! - `denial` when the asker is not a pinned peer, its signature does not verify, or the

@@ -3,6 +3,8 @@
 //! - [`pipeline`]: the sequence every channel runs through — accept, validate, bind,
 //!   approve, credential and lease, attempt, delivery — and the [`Channel`] trait, the
 //!   part a channel writes (validation and one attempt).
+//! - [`hooks`]: the [`Channel`] trait a channel implements, and the values the pipeline
+//!   passes its hooks (re-exported by [`pipeline`]).
 //! - [`attempt`]: what a channel's attempt records through, and the dispatch [`Gate`].
 //! - [`credential`]: the injection step's read of the bound credential.
 //! - [`delivery`]: handing the result over: a stored result in resumable pieces (cursor,
@@ -17,6 +19,7 @@
 pub mod attempt;
 pub mod credential;
 pub mod delivery;
+pub mod hooks;
 pub mod outcome;
 pub mod pipeline;
 pub mod recorder;

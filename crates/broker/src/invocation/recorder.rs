@@ -3,6 +3,14 @@
 //! dispatched, settled, delivered). The [`pipeline`](super::pipeline) calls them; a
 //! channel never appends an event itself.
 //!
+//! Why this file is long: it is one type, [`Recorder`], with one short method per
+//! durable transition (and its async twin where the runtime waits on a commit), read top
+//! to bottom in the order an invocation goes through them. Every method leans on the
+//! same few private steps (`append`, `stopped`, `step_recorded`, the deferred
+//! authorization) and on the one rule that a failure is classified by the last boundary
+//! the record proves; splitting the transitions across files would put that rule's
+//! callers out of sight of each other without making any of them shorter.
+//!
 //! The recorder, not the channel, decides what a failure proves: [`Recorder::fail`]
 //! reads the projection and records `unknown` once the current attempt has dispatched,
 //! whatever the caller's error looked like. That keeps "classify by the last proved

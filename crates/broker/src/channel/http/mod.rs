@@ -12,8 +12,10 @@
 //! - `tunnel`: the same attempt through a proxy's CONNECT tunnel (hyper on the tunnel).
 //! - [`status`]: a complete response → outcome, code, retry.
 //!
-//! Around the pipeline: same-target redirects for targets that opt in, retries by the
-//! record's decision, and the configured reconcile query for an unknown outcome.
+//! A channel holds only its hooks. What runs around the pipeline (same-target redirects
+//! for targets that opt in, retries by the record's decision, a 202's job and its polls,
+//! the configured reconcile query for an unknown outcome) is in
+//! [`operations`](crate::operations), as methods on [`HttpChannel`].
 
 mod card;
 mod exchange;
@@ -31,16 +33,12 @@ use crate::approvals::ApprovalDetail;
 use crate::channel::guard::{AddressPolicy, Resolver};
 use crate::channel::redact::Redactor;
 use crate::config::{Config, ConfigHandle, HttpTarget, ReconcileQuery};
-use crate::contract::{Code, ConfidenceSource, IdempotencyEvidence, Outcome, RemoteContract};
-use crate::invocation::outcome::unrecorded;
+use crate::contract::{IdempotencyEvidence, RemoteContract};
 use crate::invocation::{
-    Accepted, Attempt, Bound, CallContext, Channel, Failure, Invalid, Pipeline, Recorder,
-    Validated, new_invocation_id,
+    Accepted, Attempt, Bound, CallContext, Channel, Failure, Invalid, Pipeline, Validated,
 };
-use crate::journal::events::{
-    self, BatchOperation, OperationFacts, ParentLink, Relation, Settlement as Reconciled,
-};
-use crate::journal::{Journal, NewInvocation, StoredResult};
+use crate::journal::events::{self, BatchOperation, OperationFacts};
+use crate::journal::{Journal, StoredResult};
 use crate::retry::SourceQueryPredicate;
 use crate::vault::{Secret, Vault};
 use status::Repeat;
@@ -49,8 +47,6 @@ use status::Repeat;
 const RETRY_BUDGET: u32 = 3;
 /// How long building an approval card waits for the host's addresses.
 const CARD_LOOKUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
-/// How long a redirect chain the channel follows for a target that opted in.
-const MAX_REDIRECTS: u32 = 5;
 
 /// What an agent asks for (the `http_request` tool).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -158,41 +154,16 @@ pub struct Http {
     /// Where host names resolve; the address guard checks its answers.
     resolver: Resolver,
     /// Held while a submission's job is looked up and, if missing, created, so two
-    /// polls of one submission never track its job twice.
-    jobs: std::sync::Mutex<()>,
-}
-
-/// What `poll_job` answers: the job's record after the read, and the read itself.
-#[derive(Debug, Clone)]
-pub struct JobPoll {
-    /// The job invocation's outcome: unknown while it is pending, committed once its
-    /// status resource said it finished.
-    pub job: HttpOutcome,
-    /// The read of the status resource, when one was made (not for a settled job or
-    /// a status resource outside the target).
-    pub poll: Option<HttpOutcome>,
-}
-
-/// Why `poll_job` read nothing.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum PollRefused {
-    #[error(
-        "{0} is not a job and queued none: only an HTTP 202 Accepted that names a status resource (Location) starts a job"
-    )]
-    NotAJob(String),
-    #[error("the journal could not be read or written: {0}")]
-    Journal(String),
-}
-
-impl From<crate::journal::JournalError> for PollRefused {
-    fn from(e: crate::journal::JournalError) -> Self {
-        PollRefused::Journal(e.to_string())
-    }
+    /// polls of one submission never track its job twice ([`crate::operations::jobs`]).
+    pub(crate) jobs: std::sync::Mutex<()>,
 }
 
 /// The target's reconcile query bound to one invocation: `{idempotency_key}` filled in
 /// (percent-encoded). `None` when the path needs a key the invocation does not have.
-fn source_query(query: &ReconcileQuery, key: Option<&str>) -> Option<SourceQueryPredicate> {
+pub(crate) fn source_query(
+    query: &ReconcileQuery,
+    key: Option<&str>,
+) -> Option<SourceQueryPredicate> {
     let path = match (key, query.path.contains("{idempotency_key}")) {
         (Some(k), true) => query
             .path
@@ -209,7 +180,7 @@ fn source_query(query: &ReconcileQuery, key: Option<&str>) -> Option<SourceQuery
 }
 
 /// The target whose base URL and path prefix cover `url`.
-fn target_of<'c>(config: &'c Config, method: &str, url: &str) -> Option<&'c HttpTarget> {
+pub(crate) fn target_of<'c>(config: &'c Config, method: &str, url: &str) -> Option<&'c HttpTarget> {
     let action = NormalizedHttp::new(method, url, &[], &[], &[]).ok()?;
     config.resolve_normalized_http(&action).ok()
 }
@@ -358,510 +329,6 @@ impl Pipeline<Http> {
             vault,
             config,
         )
-    }
-
-    /// Runs one agent request as a new invocation, and follows a same-target redirect
-    /// when the target opted in.
-    pub async fn execute(&self, request: HttpRequest, ctx: &CallContext) -> HttpOutcome {
-        let outcome = self.execute_following(&request, ctx, 0).await;
-        if outcome.result.as_ref().is_some_and(|r| r.status == 202) {
-            // A failure here loses nothing: the submission's record names the status
-            // resource, and poll_job tracks the job when it is first asked.
-            let _ = self.ensure_job(&outcome.invocation_id);
-        }
-        outcome
-    }
-
-    /// The job invocation a submission's 202 queued: the one already tracked, or a new
-    /// one (relation `job`, same session and target) when the submission's result names
-    /// a status resource. `None` when it names none.
-    pub fn ensure_job(&self, submission: &str) -> Result<Option<String>, PollRefused> {
-        let _held = self.channel().jobs.lock().map_err(|_| {
-            PollRefused::Journal("a job lookup panicked earlier in this process".into())
-        })?;
-        let journal = self.journal();
-        if let Some(job) = journal
-            .children(submission)?
-            .into_iter()
-            .find(|c| c.relation == Relation::Job)
-        {
-            return Ok(Some(job.invocation_id));
-        }
-        let p = journal.projection(submission)?;
-        let facts = p.result_facts.clone().unwrap_or_default();
-        if p.outcome != Outcome::Committed || facts.http_status != Some(202) {
-            return Ok(None);
-        }
-        let config = self.config().current();
-        let target = p.target.as_deref().and_then(|t| config.http_target(t));
-        let contract = target.and_then(|t| t.job.clone()).unwrap_or_default();
-        let body = match &p.result_id {
-            Some(id) => journal
-                .read_result(id)
-                .ok()
-                .and_then(|r| stored_response(&r))
-                .map(|r| r.body)
-                .unwrap_or_default(),
-            None => Vec::new(),
-        };
-        let Some(resource) = facts
-            .status_resource
-            .clone()
-            .or_else(|| contract.status_in_body(&body))
-        else {
-            return Ok(None);
-        };
-        // Relative references resolve against the submission's own URL.
-        let submitted = journal
-            .load_request(submission)?
-            .and_then(|(meta, _)| meta["url"].as_str().map(str::to_string));
-        let url = submitted
-            .as_deref()
-            .and_then(|u| url::Url::parse(u).ok())
-            .and_then(|base| base.join(&resource).ok())
-            .map_or(resource, |u| u.to_string());
-        let target_name = p.target.clone().unwrap_or_default();
-        // The credential goes only where the submission's target covers.
-        let pollable = target_of(&config, "GET", &url).is_some_and(|t| t.name == target_name);
-        let job_id = contract.job_id(&body);
-        let id = new_invocation_id()?;
-        journal.accept(NewInvocation {
-            invocation_id: id.clone(),
-            channel: events::Channel::Http,
-            target: target_name,
-            summary: match &job_id {
-                Some(job) => format!("job {job} at {url}"),
-                None => format!("job at {url}"),
-            },
-            session: p.session.clone(),
-            idempotency_key: None,
-            parent: Some(ParentLink {
-                invocation_id: submission.to_string(),
-                relation: Relation::Job,
-            }),
-        })?;
-        journal.append(
-            &id,
-            events::EventBody::JobTracked {
-                submission: submission.to_string(),
-                job_id,
-                status_resource: url,
-                pollable,
-            },
-        )?;
-        Ok(Some(id))
-    }
-
-    /// `poll_job`: reads a job's status resource once (as its own `job_poll`
-    /// invocation) and records what it said on the job. `invocation_id` names the job
-    /// or the submission that queued it. A settled job is answered from its record; the
-    /// status resource is never read again.
-    pub async fn poll_job(
-        &self,
-        invocation_id: &str,
-        ctx: &CallContext,
-    ) -> Result<JobPoll, PollRefused> {
-        let journal = self.journal();
-        let first = journal.projection(invocation_id)?;
-        let job_id = if first.job.is_some() {
-            invocation_id.to_string()
-        } else {
-            self.ensure_job(invocation_id)?
-                .ok_or_else(|| PollRefused::NotAJob(invocation_id.to_string()))?
-        };
-        let job = journal.projection(&job_id)?;
-        let Some(facts) = job.job.clone() else {
-            return Err(PollRefused::NotAJob(invocation_id.to_string()));
-        };
-        let answer = |poll| -> Result<JobPoll, PollRefused> {
-            let p = journal.projection(&job_id)?;
-            Ok(JobPoll {
-                job: crate::invocation::Outcome::of_projection(&p, journal.now_ms()),
-                poll,
-            })
-        };
-        if job.outcome != Outcome::Unknown || !facts.pollable {
-            return answer(None);
-        }
-        let request = HttpRequest {
-            url: facts.status_resource.clone(),
-            method: "GET".into(),
-            ..Default::default()
-        };
-        let poll_ctx = CallContext {
-            parent: Some(ParentLink {
-                invocation_id: job_id.clone(),
-                relation: Relation::JobPoll,
-            }),
-            session: job.session.clone(),
-            ..ctx.clone()
-        };
-        let poll = self.run(&request, &poll_ctx).await;
-        if let Some(response) = &poll.result {
-            let config = self.config().current();
-            let contract = job
-                .target
-                .as_deref()
-                .and_then(|t| config.http_target(t))
-                .and_then(|t| t.job.clone())
-                .unwrap_or_default();
-            let state = contract.state_of(response.status, &response.body);
-            journal.append(
-                &job_id,
-                events::EventBody::JobStatus {
-                    poll: poll.invocation_id.clone(),
-                    http_status: response.status,
-                    state,
-                },
-            )?;
-        }
-        answer(Some(poll))
-    }
-
-    async fn execute_following(
-        &self,
-        request: &HttpRequest,
-        ctx: &CallContext,
-        redirects: u32,
-    ) -> HttpOutcome {
-        let outcome = self.run(request, ctx).await;
-        self.follow_redirect(outcome, request, ctx, redirects).await
-    }
-
-    /// Follows a redirect only for a target that opted in, and only to a URL under the
-    /// same target (same origin, same credential): a credential never crosses origins.
-    /// The child exchange is its own invocation with its own dispatch record.
-    async fn follow_redirect(
-        &self,
-        outcome: HttpOutcome,
-        request: &HttpRequest,
-        ctx: &CallContext,
-        redirects: u32,
-    ) -> HttpOutcome {
-        let config = self.config().current();
-        let Some(response) = &outcome.result else {
-            return outcome;
-        };
-        let Some(target) = target_of(&config, &request.method, &request.url) else {
-            return outcome;
-        };
-        if !target.follow_redirects || redirects >= MAX_REDIRECTS {
-            return outcome;
-        }
-        let status = response.status;
-        if !matches!(status, 301 | 302 | 303 | 307 | 308) {
-            return outcome;
-        }
-        let Some(location) = response
-            .headers
-            .iter()
-            .find(|(k, _)| k == "location")
-            .map(|(_, v)| v.clone())
-        else {
-            return outcome;
-        };
-        let Ok(base) = url::Url::parse(&request.url) else {
-            return outcome;
-        };
-        let Ok(next) = base.join(&location) else {
-            return outcome;
-        };
-        let same_target = target_of(&config, &request.method, next.as_str())
-            .is_some_and(|t| t.name == target.name);
-        if !same_target {
-            return outcome;
-        }
-        // RFC 9110 §15.4: 307/308 keep method and body; 301/302/303 become GET.
-        let (method, body) = if matches!(status, 307 | 308) {
-            (request.method.clone(), request.body.clone())
-        } else {
-            ("GET".to_string(), Vec::new())
-        };
-        let child_ctx = CallContext {
-            parent: Some(ParentLink {
-                invocation_id: outcome.invocation_id.clone(),
-                relation: Relation::Redirect,
-            }),
-            ..ctx.clone()
-        };
-        let child = HttpRequest {
-            url: next.to_string(),
-            method,
-            headers: request.headers.clone(),
-            query: Vec::new(),
-            body,
-            idempotency_key: None,
-            timeout_ms: request.timeout_ms,
-        };
-        Box::pin(self.execute_following(&child, &child_ctx, redirects + 1)).await
-    }
-
-    /// Runs the target's configured reconcile query for an unknown outcome (with the
-    /// credential, as its own invocation) and records what it proves as `remote_query`
-    /// evidence on the original. Returns the original's outcome afterwards.
-    pub async fn reconcile(&self, invocation_id: &str, by: &str) -> HttpOutcome {
-        let rec = match Recorder::resume(self.journal(), invocation_id) {
-            Ok(r) => r,
-            Err(e) => return unrecorded(invocation_id, &e),
-        };
-        let p = match rec.projection() {
-            Ok(p) => p,
-            Err(e) => return unrecorded(invocation_id, &e),
-        };
-        let member_query = p
-            .operation
-            .as_ref()
-            .and_then(|o| o.batch.as_ref())
-            .filter(|b| !b.atomic)
-            .and_then(|b| b.member_query.clone());
-        let unknown_members = p.members.iter().any(|m| m.outcome == Outcome::Unknown);
-        if let Some(query) = member_query
-            && unknown_members
-            && p.terminal
-        {
-            return self.reconcile_members(&rec, &p, &query, by).await;
-        }
-        // A job settles through its status resource (poll_job) or an operator's
-        // attestation, never through the target's query about a submission.
-        if p.outcome != Outcome::Unknown || !p.terminal || p.job.is_some() {
-            return self.recorded_outcome(&rec);
-        }
-        let config = self.config().current();
-        let Some(target) = p.target.as_deref().and_then(|t| config.http_target(t)) else {
-            return self.outcome_of(&rec);
-        };
-        // The query bound at preflight (what the retry manifest named); a record from
-        // before binding reads the configuration.
-        let key = p
-            .operation
-            .as_ref()
-            .and_then(|o| o.idempotency.as_ref())
-            .map(|i| i.key.clone());
-        let bound_query = p
-            .operation
-            .as_ref()
-            .and_then(|o| o.source_query.as_deref().cloned());
-        let Some(query) = bound_query.or_else(|| {
-            target
-                .reconcile
-                .as_ref()
-                .and_then(|q| source_query(q, key.as_deref()))
-        }) else {
-            return self.outcome_of(&rec);
-        };
-        let probe = self.run_source_query(invocation_id, target, &query).await;
-        let Some(response) = &probe.result else {
-            let mut outcome = self.outcome_of(&rec);
-            outcome.error = outcome.error.map(|mut env| {
-                env.error.message = format!(
-                    "The reconcile query did not complete ({}); the outcome stays unknown.",
-                    probe.invocation_id
-                );
-                env
-            });
-            return outcome;
-        };
-        let settlement = if query.committed_status.contains(&response.status) {
-            Reconciled::Committed
-        } else if query.not_applied_status.contains(&response.status) {
-            Reconciled::NotApplied
-        } else {
-            return self.outcome_of(&rec);
-        };
-        let note = format!(
-            "reconcile query {} answered {}",
-            probe.invocation_id, response.status
-        );
-        if let Err(e) = rec.reconcile(
-            ConfidenceSource::RemoteQuery,
-            settlement,
-            by,
-            &note,
-            Some(response.status),
-        ) {
-            return self.journal_failed(&rec, &e);
-        }
-        self.outcome_of(&rec)
-    }
-
-    /// Settles a batch's unknown members one by one with the bound member query (each
-    /// query its own invocation), then, once none is unknown, an unknown batch as a whole:
-    /// committed if any member was applied, not applied if none was.
-    async fn reconcile_members(
-        &self,
-        rec: &Recorder,
-        p: &crate::journal::projection::Projection,
-        query: &SourceQueryPredicate,
-        by: &str,
-    ) -> HttpOutcome {
-        let config = self.config().current();
-        let Some(target) = p.target.as_deref().and_then(|t| config.http_target(t)) else {
-            return self.outcome_of(rec);
-        };
-        for member in p.members.iter().filter(|m| m.outcome == Outcome::Unknown) {
-            let member_query = query.for_member(&member.id);
-            let probe = self
-                .run_source_query(&p.invocation_id, target, &member_query)
-                .await;
-            let Some(response) = &probe.result else {
-                continue;
-            };
-            let settlement = if member_query.committed_status.contains(&response.status) {
-                Reconciled::Committed
-            } else if member_query.not_applied_status.contains(&response.status) {
-                Reconciled::NotApplied
-            } else {
-                continue;
-            };
-            let note = format!(
-                "member query {} answered {}",
-                probe.invocation_id, response.status
-            );
-            if let Err(e) = rec.reconcile_member(
-                &member.id,
-                ConfidenceSource::RemoteQuery,
-                settlement,
-                by,
-                &note,
-                Some(response.status),
-            ) {
-                return self.journal_failed(rec, &e);
-            }
-        }
-        let after = match rec.projection() {
-            Ok(p) => p,
-            Err(e) => return self.journal_failed(rec, &e),
-        };
-        let settled = after.members.iter().all(|m| m.outcome != Outcome::Unknown);
-        if after.outcome == Outcome::Unknown && settled {
-            let applied = after
-                .members
-                .iter()
-                .filter(|m| m.outcome == Outcome::Committed)
-                .count();
-            let settlement = if applied > 0 {
-                Reconciled::Committed
-            } else {
-                Reconciled::NotApplied
-            };
-            let note = format!(
-                "member queries: {applied} of {} members applied",
-                after.members.len()
-            );
-            if let Err(e) =
-                rec.reconcile(ConfidenceSource::RemoteQuery, settlement, by, &note, None)
-            {
-                return self.journal_failed(rec, &e);
-            }
-        }
-        self.outcome_of(rec)
-    }
-
-    /// Runs one source query on the target with its credential, as its own invocation
-    /// linked to `for_invocation` (relation `reconcile_query`).
-    async fn run_source_query(
-        &self,
-        for_invocation: &str,
-        target: &HttpTarget,
-        query: &SourceQueryPredicate,
-    ) -> HttpOutcome {
-        let base = target.base_url.as_str().trim_end_matches('/');
-        let request = HttpRequest {
-            url: format!("{base}/{}", query.path.trim_start_matches('/')),
-            method: query.method.clone(),
-            ..Default::default()
-        };
-        let ctx = CallContext {
-            session: Some(format!("reconcile:{for_invocation}")),
-            parent: Some(ParentLink {
-                invocation_id: for_invocation.to_string(),
-                relation: Relation::ReconcileQuery,
-            }),
-            ..Default::default()
-        };
-        match new_invocation_id() {
-            Ok(id) => self.execute_query(id, &request, &ctx).await,
-            Err(e) => unrecorded(for_invocation, &e),
-        }
-    }
-
-    /// A broker-initiated query: validated and journaled like any request, but it is the
-    /// operator's action, so agent approval policy does not apply.
-    async fn execute_query(
-        &self,
-        id: String,
-        request: &HttpRequest,
-        ctx: &CallContext,
-    ) -> HttpOutcome {
-        let rec = match Recorder::accept(
-            self.journal(),
-            NewInvocation {
-                invocation_id: id.clone(),
-                channel: events::Channel::Http,
-                target: String::new(),
-                summary: validate::summary(request),
-                session: ctx.session.clone(),
-                idempotency_key: None,
-                parent: ctx.parent.clone(),
-            },
-        ) {
-            Ok(rec) => rec,
-            Err(e) => return unrecorded(&id, &e),
-        };
-        let config = self.config().current();
-        let mut validated = match validate::validate(request, &config) {
-            Ok(v) => v,
-            Err(v) => {
-                // The configured query method may be outside the agent-facing method
-                // list; it is the operator's configuration, so only the rest applies.
-                if v.code != Code::UnsupportedAction {
-                    return self.reject(&rec, &v);
-                }
-                let as_get = HttpRequest {
-                    method: "GET".into(),
-                    ..request.clone()
-                };
-                match validate::validate(&as_get, &config) {
-                    Ok(mut v) => {
-                        v.plan.request.method = request.method.clone();
-                        v.stored.0["method"] = serde_json::Value::String(request.method.clone());
-                        v
-                    }
-                    Err(v) => return self.reject(&rec, &v),
-                }
-            }
-        };
-        validated.plan.repeat = Repeat::Idempotent;
-        let bound = match self.bind(&rec, validated).await {
-            Ok(b) => b,
-            Err(outcome) => return *outcome,
-        };
-        let mut rec = rec;
-        self.attempt(&mut rec, &bound, ctx).await
-    }
-}
-
-/// What the channels whose requests are HTTP requests (this one, and calls through a
-/// peer) share.
-impl<T> Pipeline<T>
-where
-    T: Channel<Request = HttpRequest, Result = HttpResponse>,
-{
-    /// `retry_invocation`: the stored request, retried if the record's decision allows
-    /// (through a peer, the peer answers a repeat of this invocation from its record).
-    pub async fn retry(&self, invocation_id: &str, ctx: &CallContext) -> HttpOutcome {
-        let stored = match self.journal().load_request(invocation_id) {
-            Ok(Some(stored)) => stored,
-            Ok(None) => {
-                return match Recorder::resume(self.journal(), invocation_id) {
-                    Ok(rec) => self.outcome_of(&rec),
-                    Err(e) => unrecorded(invocation_id, &e),
-                };
-            }
-            Err(e) => return unrecorded(invocation_id, &e),
-        };
-        let request = stored_request(stored);
-        self.retry_request(invocation_id, &request, ctx).await
     }
 }
 

@@ -362,9 +362,37 @@ fn percent_decode(s: &str) -> Vec<u8> {
     out
 }
 
+/// A broker-initiated query (the target's reconcile or member query): validated like an
+/// agent's request, except that its method may be outside the agent-facing method list
+/// (it is the operator's configuration, so only the rest applies), and it is read-only
+/// by configuration, so it counts as idempotent.
+pub(crate) fn validate_query(
+    request: &HttpRequest,
+    config: &Config,
+) -> Result<Validated<Plan>, Invalid> {
+    let mut validated = match validate(request, config) {
+        Ok(v) => v,
+        Err(v) => {
+            if v.code != Code::UnsupportedAction {
+                return Err(v);
+            }
+            let as_get = HttpRequest {
+                method: "GET".into(),
+                ..request.clone()
+            };
+            let mut v = validate(&as_get, config)?;
+            v.plan.request.method = request.method.clone();
+            v.stored.0["method"] = serde_json::Value::String(request.method.clone());
+            v
+        }
+    };
+    validated.plan.repeat = Repeat::Idempotent;
+    Ok(validated)
+}
+
 /// A secret-free description for people: method and URL as the agent gave them (the
 /// credential is injected later and never appears here).
-pub(super) fn summary(request: &HttpRequest) -> String {
+pub(crate) fn summary(request: &HttpRequest) -> String {
     let url: String = request.url.chars().take(512).collect();
     format!("{} {url}", request.method)
 }
