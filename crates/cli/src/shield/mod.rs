@@ -10,8 +10,10 @@
 //!
 //! Exit status 125 means the shield itself failed and the command never started.
 
+#[cfg(unix)]
 pub mod plan;
-// Built everywhere so that it is checked everywhere; run on macOS only.
+// Built on every unix so that it is checked here; run on macOS only.
+#[cfg(unix)]
 #[cfg_attr(not(target_os = "macos"), allow(dead_code))]
 pub mod seatbelt;
 
@@ -19,11 +21,14 @@ pub mod seatbelt;
 mod confine;
 
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+#[cfg(unix)]
+use std::path::Path;
+use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 
 use crate::common::{Failure, Outcome};
+#[cfg(unix)]
 use postern_mcp::daemon::shield::Network;
 
 /// The exit status of a shield that failed before its command ran.
@@ -58,6 +63,7 @@ enum NetworkArg {
     BrokerOnly,
 }
 
+#[cfg(unix)]
 impl From<NetworkArg> for Network {
     fn from(n: NetworkArg) -> Network {
         match n {
@@ -75,6 +81,7 @@ fn shield_failure(message: impl Into<String>) -> Failure {
     }
 }
 
+#[cfg(unix)]
 /// The agent socket `postern mcp` would use: `--socket`, else POSTERN_SOCKET, else the
 /// default data dir's.
 fn agent_socket(given: Option<PathBuf>) -> PathBuf {
@@ -87,6 +94,7 @@ fn agent_socket(given: Option<PathBuf>) -> PathBuf {
         .unwrap_or_else(|| postern_mcp::default_socket(&crate::common::default_data_dir()))
 }
 
+#[cfg(unix)]
 /// A path made absolute and resolved; it must exist.
 fn resolved(path: &Path, what: &str) -> Result<PathBuf, Failure> {
     std::fs::canonicalize(path)
