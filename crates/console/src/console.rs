@@ -563,31 +563,9 @@ impl Console {
             relation: l.relation.as_str().to_string(),
             role: "child".into(),
         }));
-        let job = p.job.as_ref().map(|j| JobCard {
-            submission: j.submission.clone(),
-            job_id: j.job_id.clone(),
-            status_resource: j.status_resource.clone(),
-            pollable: j.pollable,
-            state: j.state.as_str().to_string(),
-            polls: j.polls,
-        });
-        let members = p
-            .members
-            .iter()
-            .map(|m| MemberRow {
-                id: m.id.clone(),
-                outcome: m.outcome.as_str().to_string(),
-                status: m.status.clone(),
-                settled_by: m.settled_by.map(|s| s.as_str().to_string()),
-            })
-            .collect();
-        let settlement = evidence::latest_reconciliation(&events).map(|r| Settlement {
-            source: r.source.as_str().to_string(),
-            settlement: evidence::settlement_name(r.settlement).to_string(),
-            by: r.by,
-            note: r.note,
-            at_ms: r.at_ms,
-        });
+        let job = p.job.clone();
+        let members = p.members.clone();
+        let settlement = evidence::latest_reconciliation(&events);
         let manifest_verdict =
             evidence::latest_retry_verdict(&events).map(|v| v.as_str().to_string());
         let proof = evidence::what_the_record_proves(&p, &events);

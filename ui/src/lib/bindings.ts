@@ -72,7 +72,7 @@ parent_chain: Array<ProcessCard>,
  */
 first_seen_ms: number, ended_at_ms: number | null, connections: number, };
 
-export type AncestorCard = { pid: number, executable: string | null, };
+export type Ancestor = { pid: number, executable: string | null, };
 
 export type RecordedAgent = { session: string, pid: number, uid: number | null, 
 /**
@@ -103,7 +103,7 @@ started_at_ms: number | null, cwd: string | null,
 /**
  * Parents of the agent, nearest first.
  */
-parent_chain: Array<AncestorCard>, };
+parent_chain: Array<Ancestor>, };
 
 export type BridgeClaim = { parent_pid: number, parent_executable: string | null, parent_executable_blake3: string | null, parent_executable_unreadable: string | null, bridge_executable: string | null, };
 
@@ -130,29 +130,34 @@ answered_card_digest: string | null,
  */
 matched: boolean | null, };
 
-export type BodyPreview = { size: number, digest: string, 
+export type BodyPreview = { size: number, 
 /**
- * Escaped text of the first part of the body.
+ * blake3 of the exact body bytes, lowercase hex (the value bound in the fingerprint).
+ */
+digest: string, 
+/**
+ * The first [`PREVIEW_CHARS`] characters, escaped.
  */
 text: string, truncated: boolean, };
 
 export type HeaderPreview = { name: string, 
 /**
- * Escaped start of the value.
+ * The first [`HEADER_PREVIEW_CHARS`] characters of the value, escaped.
  */
 value: string, 
 /**
- * The value's full length in bytes.
+ * The value's length in bytes.
  */
 size: number, 
 /**
- * blake3 of the whole value.
+ * blake3 of the exact value bytes, lowercase hex.
  */
 digest: string, truncated: boolean, 
 /**
- * Why this header changes what the request means; the card lists these first.
+ * Why this header changes what the request means (a method override, forwarding or
+ * identity, a cookie); the card lists these first.
  */
-flag: string | null, };
+flag?: string | null, };
 
 export type ApprovalCard = { invocation_id: string, 
 /**
@@ -291,7 +296,7 @@ unsettled: boolean,
  * How it was settled, if it was: `remote_query` or `operator_attested`, with the
  * settlement, who and when.
  */
-settlement: Settlement | null, 
+settlement: Reconciliation | null, 
 /**
  * The agent of the invocation's session, from the journal.
  */
@@ -308,11 +313,11 @@ related: Array<RelatedInvocation>,
 /**
  * For a job invocation: the job and its last reported state.
  */
-job: JobCard | null, 
+job: JobFacts | null, 
 /**
  * For a batch: each member's outcome, in request order.
  */
-members: Array<MemberRow>, };
+members: Array<MemberState>, };
 
 export type RelatedInvocation = { invocation_id: string, 
 /**
@@ -324,36 +329,54 @@ relation: string,
  */
 role: string, };
 
-export type JobCard = { submission: string, job_id: string | null, status_resource: string, 
-/**
- * Whether the broker may read the status resource (it lies under the target).
- */
-pollable: boolean, 
-/**
- * `pending`, `succeeded`, `failed` or `unreported`.
- */
-state: string, polls: number, };
+export type JobState = "pending" | "succeeded" | "failed" | "unreported";
 
-export type MemberRow = { id: string, outcome: Outcome, 
+export type JobFacts = { 
 /**
- * The per-member status the response reported.
+ * The submission whose 202 queued it.
  */
-status: string | null, 
+submission: string, 
 /**
- * How its outcome became known: `remote_response`, `remote_query`,
- * `operator_attested`; absent while unknown.
+ * The job's id in the remote system, when the contract says where to find it.
  */
-settled_by: string | null, };
+job_id: string | null, 
+/**
+ * Where its status is read.
+ */
+status_resource: string, 
+/**
+ * The status resource lies under the submission's target, so the broker may read
+ * it with that target's credential; otherwise it is recorded and never read.
+ */
+pollable: boolean, state: JobState, polls: number, 
+/**
+ * The job_poll invocation that last read the status.
+ */
+last_poll: string | null, };
 
-export type Settlement = { 
+export type ConfidenceSource = "transport_observed" | "remote_response" | "remote_query" | "operator_attested";
+
+export type MemberState = { id: string, outcome: Outcome, 
+/**
+ * The per-member status a response reported, as text.
+ */
+status?: string | null, 
+/**
+ * How the member's outcome became known (absent while it is unknown).
+ */
+settled_by?: ConfidenceSource | null, };
+
+export type Settlement = "committed" | "not_applied";
+
+export type Reconciliation = { 
 /**
  * `remote_query` or `operator_attested`.
  */
-source: string, 
+source: ConfidenceSource, settlement: Settlement, by: string, note: string, 
 /**
- * `committed` or `not_applied`.
+ * When it was recorded (unix ms).
  */
-settlement: string, by: string, note: string, at_ms: number, };
+at_ms: number, };
 
 export type Attestation = { invocation_id: string, 
 /**

@@ -48,6 +48,7 @@ pub struct ParentLink {
 
 /// What a job's status resource said, read through its configured contract.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 #[serde(rename_all = "snake_case")]
 pub enum JobState {
     /// Still queued or running (HTTP 202, or a configured pending value).
@@ -78,6 +79,7 @@ impl JobState {
 
 /// The job an invocation tracks, folded from JOB_TRACKED and JOB_STATUS.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct JobFacts {
     /// The submission whose 202 queued it.
     pub submission: String,
