@@ -36,24 +36,6 @@ use crate::dto::*;
 /// How many peer incidents the console lists.
 pub const INCIDENT_LIST: usize = 200;
 
-fn incident_name(i: postern_broker::federation::Incident) -> &'static str {
-    use postern_broker::federation::Incident;
-    match i {
-        Incident::Policy => "policy",
-        Incident::ContractViolation => "contract_violation",
-        Incident::TransientExhaustion => "transient_exhaustion",
-    }
-}
-
-fn owner_name(o: postern_broker::federation::Owner) -> &'static str {
-    use postern_broker::federation::Owner;
-    match o {
-        Owner::PeeringOwner => "peering_owner",
-        Owner::PeerOperator => "peer_operator",
-        Owner::LocalOperator => "local_operator",
-    }
-}
-
 /// The most rows one activity page returns.
 pub const MAX_PAGE: usize = 500;
 /// How many unknown outcomes the reconciliation screen lists.
@@ -330,49 +312,47 @@ impl Console {
 
     pub fn sessions(&self) -> Result<Vec<SessionSummary>, CommandError> {
         let live = self.sessions.list();
-        let rows = self.read(|conn| query::sessions(conn, 200))?;
-        let mut out: Vec<SessionSummary> = rows
-            .into_iter()
-            .map(|r| SessionSummary {
+        let summary =
+            |session: &str, invocations, first_at_ms, last_at_ms, recorded| SessionSummary {
+                session: session.to_string(),
+                invocations,
+                first_at_ms,
+                last_at_ms,
                 agent: live
                     .iter()
-                    .find(|l| l.identity.session == r.session)
+                    .find(|l| l.identity.session == session)
                     .map(agent_card),
-                recorded: self.recorded_agent(Some(&r.session)),
-                session: r.session,
-                invocations: r.invocations,
-                first_at_ms: r.first_at_ms,
-                last_at_ms: r.last_at_ms,
+                recorded,
+            };
+        let rows = self.read(|conn| query::sessions(conn, 200))?;
+        let mut out: Vec<SessionSummary> = rows
+            .iter()
+            .map(|r| {
+                let recorded = self.recorded_agent(Some(&r.session));
+                summary(
+                    &r.session,
+                    r.invocations,
+                    r.first_at_ms,
+                    r.last_at_ms,
+                    recorded,
+                )
             })
             .collect();
         // Sessions the journal recorded that never invoked anything (earlier runs too).
         let recorded = self.read(|conn| provenance::recorded_sessions(conn, 200))?;
         for r in &recorded {
             if !out.iter().any(|s| s.session == r.opened.session) {
-                out.push(SessionSummary {
-                    session: r.opened.session.clone(),
-                    invocations: 0,
-                    first_at_ms: r.at_ms,
-                    last_at_ms: r.at_ms,
-                    agent: live
-                        .iter()
-                        .find(|l| l.identity.session == r.opened.session)
-                        .map(agent_card),
-                    recorded: Some(RecordedAgent::from(r)),
-                });
+                let agent = Some(RecordedAgent::from(r));
+                out.push(summary(&r.opened.session, 0, r.at_ms, r.at_ms, agent));
             }
         }
         // Live sessions that have not invoked anything yet still show.
         for record in &live {
-            if !out.iter().any(|s| s.session == record.identity.session) {
-                out.push(SessionSummary {
-                    session: record.identity.session.clone(),
-                    invocations: 0,
-                    first_at_ms: record.first_seen_ms,
-                    last_at_ms: record.first_seen_ms,
-                    agent: Some(agent_card(record)),
-                    recorded: self.recorded_agent(Some(&record.identity.session)),
-                });
+            let session = &record.identity.session;
+            if !out.iter().any(|s| s.session == *session) {
+                let agent = self.recorded_agent(Some(session));
+                let seen = record.first_seen_ms;
+                out.push(summary(session, 0, seen, seen, agent));
             }
         }
         out.sort_by_key(|s| std::cmp::Reverse(s.last_at_ms));
@@ -632,8 +612,8 @@ impl Console {
                 invocation_id: event.invocation_id.clone(),
                 seq: event.seq,
                 at_ms: event.recorded_at_ms,
-                kind: incident_name(incident.incident).to_string(),
-                owner: owner_name(incident.owner).to_string(),
+                kind: incident.incident.as_str().to_string(),
+                owner: incident.owner.as_str().to_string(),
                 peer: escape_text(&incident.peer),
                 capability: escape_text(&incident.capability),
                 code: incident.code,

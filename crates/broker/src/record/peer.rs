@@ -129,7 +129,25 @@ pub enum Incident {
     TransientExhaustion,
 }
 
+impl Owner {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Owner::PeeringOwner => "peering_owner",
+            Owner::PeerOperator => "peer_operator",
+            Owner::LocalOperator => "local_operator",
+        }
+    }
+}
+
 impl Incident {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Incident::Policy => "policy",
+            Incident::ContractViolation => "contract_violation",
+            Incident::TransientExhaustion => "transient_exhaustion",
+        }
+    }
+
     pub fn owner(self) -> Owner {
         match self {
             Incident::Policy => Owner::PeeringOwner,
