@@ -73,6 +73,7 @@ pub fn typescript() -> String {
         SessionSummary::decl(),
         TimelineEvent::decl(),
         InvocationDetail::decl(),
+        Relation::decl(),
         RelatedInvocation::decl(),
         JobState::decl(),
         JobFacts::decl(),

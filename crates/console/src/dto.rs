@@ -4,8 +4,8 @@
 //! travel only inward, in [`SetCredential`], and are never returned.
 //!
 //! Where the broker's own record type is what the webview shows (a body or header
-//! preview, an ancestor, a job's facts, a batch member, a reconciliation), it crosses as
-//! it is and is re-exported here; the types defined here are the console's views: joins
+//! preview, an ancestor, a job's facts, a link between invocations, a batch member, a
+//! reconciliation), it crosses as it is and is re-exported here; the types defined here are the console's views: joins
 //! (an approval card with its times and live session), judgements made once for every
 //! reader (whether a recorded executable is verified), display escaping, and the
 //! console's own inputs, errors and events.
@@ -17,7 +17,7 @@ pub use postern_broker::contract::{ConfidenceSource, MemberState};
 pub use postern_broker::display::{BodyPreview, HeaderPreview};
 pub use postern_broker::evidence::Reconciliation;
 pub use postern_broker::journal::events::Settlement;
-pub use postern_broker::record::job::{JobFacts, JobState};
+pub use postern_broker::record::job::{JobFacts, JobState, ParentLink, Relation};
 pub use postern_broker::record::session::Ancestor;
 use serde::{Deserialize, Serialize};
 use ts_rs::TS;
@@ -489,9 +489,10 @@ pub struct PeerIncidentRow {
 /// An invocation linked to the one shown.
 #[derive(Debug, Clone, Serialize, TS)]
 pub struct RelatedInvocation {
-    pub invocation_id: String,
-    /// `redirect`, `job`, `job_poll` or `reconcile_query`.
-    pub relation: String,
+    /// The linked invocation and why it was started (flattened: `invocation_id`,
+    /// `relation`).
+    #[serde(flatten)]
+    pub link: ParentLink,
     /// `parent` (the shown one was started for it) or `child`.
     pub role: String,
 }

@@ -319,15 +319,13 @@ job: JobFacts | null,
  */
 members: Array<MemberState>, };
 
-export type RelatedInvocation = { invocation_id: string, 
-/**
- * `redirect`, `job`, `job_poll` or `reconcile_query`.
- */
-relation: string, 
+export type Relation = "redirect" | "job" | "job_poll" | "reconcile_query";
+
+export type RelatedInvocation = { 
 /**
  * `parent` (the shown one was started for it) or `child`.
  */
-role: string, };
+role: string, invocation_id: string, relation: Relation, };
 
 export type JobState = "pending" | "succeeded" | "failed" | "unreported";
 

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 /// Why an invocation was started by the broker on behalf of another one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 #[serde(rename_all = "snake_case")]
 pub enum Relation {
     /// The parent's complete 3xx answer was followed (a new dispatch to its `Location`).
@@ -41,6 +42,7 @@ impl Relation {
 
 /// The invocation a broker-started invocation belongs to, named in its ACTION_ACCEPTED.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct ParentLink {
     pub invocation_id: String,
     pub relation: Relation,

@@ -52,25 +52,20 @@ impl Console {
                         .as_deref()
                         .and_then(|t| config.http_target(t))
                         .is_some_and(|t| t.reconcile.is_some())));
-        let mut related: Vec<RelatedInvocation> = p
-            .parent
-            .iter()
-            .map(|l| RelatedInvocation {
-                invocation_id: l.invocation_id.clone(),
-                relation: l.relation.as_str().to_string(),
-                role: "parent".into(),
-            })
-            .collect();
         let children = self
             .engine
             .journal()
             .children(&row.id)
             .map_err(|e| journal_error(&e))?;
-        related.extend(children.into_iter().map(|l| RelatedInvocation {
-            invocation_id: l.invocation_id,
-            relation: l.relation.as_str().to_string(),
-            role: "child".into(),
-        }));
+        // The invocation it was started for, then the ones started for it.
+        let related: Vec<RelatedInvocation> = (p.parent.iter().cloned())
+            .map(|link| (link, "parent"))
+            .chain(children.into_iter().map(|link| (link, "child")))
+            .map(|(link, role)| RelatedInvocation {
+                link,
+                role: role.to_string(),
+            })
+            .collect();
         let job = p.job.clone();
         let members = p.members.clone();
         let settlement = evidence::latest_reconciliation(&events);
