@@ -322,6 +322,8 @@ macro_rules! wire_names {
         }
     };
 }
+// The record types' enums name themselves the same way.
+pub(crate) use wire_names;
 
 wire_names!(Phase {
     Validation => "validation",
