@@ -5,12 +5,15 @@
 //!
 //! Where the broker's own record type is what the webview shows (a body or header
 //! preview, an ancestor, a job's facts, a link between invocations, a batch member, a
-//! reconciliation), it crosses as it is and is re-exported here; the types defined here are the console's views: joins
-//! (an approval card with its times and live session), judgements made once for every
-//! reader (whether a recorded executable is verified), display escaping, and the
-//! console's own inputs, errors and events.
+//! reconciliation), it crosses as it is and is re-exported here. The types defined here
+//! are the console's views: joins (an approval card with its times and live session),
+//! judgements made once for every reader (whether a recorded executable is verified),
+//! display escaping, and the console's own inputs, errors and events.
 
 use postern_broker::contract::Code;
+use serde::{Deserialize, Serialize};
+use ts_rs::TS;
+
 // The broker's own record types that cross as they are (their TypeScript is derived with
 // the broker's `ts` feature): nothing secret, and the console adds nothing to them.
 pub use postern_broker::contract::{ConfidenceSource, MemberState};
@@ -19,8 +22,6 @@ pub use postern_broker::evidence::Reconciliation;
 pub use postern_broker::journal::events::Settlement;
 pub use postern_broker::record::job::{JobFacts, JobState, ParentLink, Relation};
 pub use postern_broker::record::session::Ancestor;
-use serde::{Deserialize, Serialize};
-use ts_rs::TS;
 
 /// What the console shows first: whether to onboard, and the counts the navigation
 /// badges carry.
@@ -87,6 +88,9 @@ pub struct AgentCard {
 
 /// An agent as the journal recorded it when its bridge connected (SESSION_OPENED): what
 /// the log proves about who acted, also after a restart. Paths are escaped.
+/// A view of the broker's [`postern_broker::provenance::CardAgent`]: the executable's
+/// digest is split into its hex and its unreadable reason, and whether the executable is
+/// verified is judged here once, for the webview, the CLI and the tests alike.
 ///
 /// The pid, uid, user name and start time are known for certain (the kernel's). The
 /// executable is only when `executable_verified`; `reported_by_bridge` is a claim.
@@ -208,7 +212,10 @@ impl From<&postern_broker::provenance::ApprovalRecord> for ApprovalProof {
     }
 }
 
-/// One pending approval.
+/// One pending approval. A view of the broker's [`postern_broker::provenance::ApprovalCard`],
+/// not that type: every field is always present (the record omits empty ones so older
+/// cards keep their digests), `agent` is the live session while the recorded agent is
+/// `recorded_agent` in its display form, and the times and the card's digest are added.
 #[derive(Debug, Clone, Serialize, TS)]
 pub struct ApprovalCard {
     pub invocation_id: String,
