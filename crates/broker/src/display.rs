@@ -231,8 +231,10 @@ pub fn escape_text(text: &str) -> String {
 
 /// What an approval card shows of a request body (or an SSH command's stdin).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 #[serde(deny_unknown_fields)]
 pub struct BodyPreview {
+    #[cfg_attr(feature = "ts", ts(type = "number"))]
     pub size: u64,
     /// blake3 of the exact body bytes, lowercase hex (the value bound in the fingerprint).
     pub digest: String,
@@ -260,12 +262,14 @@ impl BodyPreview {
 /// escaped, with the value's full length and digest so a cut value is still bound to
 /// exactly what is sent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 #[serde(deny_unknown_fields)]
 pub struct HeaderPreview {
     pub name: String,
     /// The first [`HEADER_PREVIEW_CHARS`] characters of the value, escaped.
     pub value: String,
     /// The value's length in bytes.
+    #[cfg_attr(feature = "ts", ts(type = "number"))]
     pub size: u64,
     /// blake3 of the exact value bytes, lowercase hex.
     pub digest: String,

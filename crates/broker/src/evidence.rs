@@ -313,8 +313,10 @@ pub fn parse_settlement(name: &str) -> Option<Settlement> {
         .find(|s| settlement_name(*s) == name)
 }
 
-/// A reconciliation recorded for an invocation (a RECONCILED event).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A reconciliation recorded for an invocation (a RECONCILED event), as the console
+/// shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Reconciliation {
     /// `remote_query` or `operator_attested`.
     pub source: ConfidenceSource,
@@ -322,6 +324,7 @@ pub struct Reconciliation {
     pub by: String,
     pub note: String,
     /// When it was recorded (unix ms).
+    #[cfg_attr(feature = "ts", ts(type = "number"))]
     pub at_ms: i64,
 }
 

@@ -117,29 +117,18 @@ impl Statement {
         field(self.request_fingerprint.as_bytes());
         field(self.policy_version.as_bytes());
         field(&self.issued_at_ms.to_le_bytes());
-        match &self.outcome_digest {
-            None => field(&[0]),
-            Some(d) => {
-                field(&[1]);
-                field(d.as_bytes());
-            }
-        }
+        optional(
+            &mut field,
+            self.outcome_digest.as_deref().map(str::as_bytes),
+        );
         field(self.call.caller.as_bytes());
         field(self.call.nonce.as_bytes());
-        match &self.call.invocation {
-            None => field(&[0]),
-            Some(id) => {
-                field(&[1]);
-                field(id.as_bytes());
-            }
-        }
-        match self.call.attempt {
-            None => field(&[0]),
-            Some(n) => {
-                field(&[1]);
-                field(&n.to_le_bytes());
-            }
-        }
+        optional(
+            &mut field,
+            self.call.invocation.as_deref().map(str::as_bytes),
+        );
+        let attempt = self.call.attempt.map(u32::to_le_bytes);
+        optional(&mut field, attempt.as_ref().map(|n| &n[..]));
         format!("blake3:{}", h.finalize().to_hex())
     }
 
@@ -158,6 +147,17 @@ impl Statement {
             call: self.call,
             digest,
             signature: hex::encode(signature.to_bytes()),
+        }
+    }
+}
+
+/// An optional field of the digest: a presence byte, then the value when there is one.
+fn optional(field: &mut impl FnMut(&[u8]), value: Option<&[u8]>) {
+    match value {
+        None => field(&[0]),
+        Some(bytes) => {
+            field(&[1]);
+            field(bytes);
         }
     }
 }

@@ -650,10 +650,11 @@ mod tests {
         assert!(long_reason.validate().is_err());
     }
 
-    #[test]
-    fn the_card_escapes_the_bridges_claim_and_names_the_user() {
+    /// SESSION_OPENED for this test process as the agent, named `user_name`, with the
+    /// bridge's `report`.
+    fn this_process_opened(user_name: Option<&str>, report: Option<BridgeReport>) -> SessionOpened {
         let me = observe_process(std::process::id(), None).unwrap();
-        let opened = SessionOpened {
+        SessionOpened {
             session: "sess_u1_2_3".into(),
             transport: Transport {
                 kind: "unix_socket".into(),
@@ -661,11 +662,20 @@ mod tests {
                 bridge_executable: None,
             },
             agent: ProcessIdentity {
-                user_name: Some("ada".into()),
+                user_name: user_name.map(str::to_string),
                 ..me
             },
             parent_chain: Vec::new(),
-            bridge_report: Some(BridgeReport {
+            bridge_report: report,
+            confinement: Confinement::None,
+        }
+    }
+
+    #[test]
+    fn the_card_escapes_the_bridges_claim_and_names_the_user() {
+        let opened = this_process_opened(
+            Some("ada"),
+            Some(BridgeReport {
                 parent_pid: 9,
                 parent_executable: Some("/usr/local/bin/claude\u{202e}edoc".into()),
                 parent_executable_digest: ExecutableDigest::Unreadable {
@@ -673,6 +683,8 @@ mod tests {
                 },
                 bridge_executable: Some("/opt/\u{00ad}postern".into()),
             }),
+        );
+        let opened = SessionOpened {
             confinement: Confinement::Shield(ShieldConfinement {
                 shield: "shd_0123456789abcdef".into(),
                 profile_digest: format!("blake3:{}", "0".repeat(64)),
@@ -680,6 +692,7 @@ mod tests {
                 ssh_agent: false,
                 writable: vec!["/home/ada/src/\u{202e}evil".into()],
             }),
+            ..opened
         };
         let card = CardAgent::of(&opened);
         // The working directory's name is the agent's to choose: escaped like the rest.
@@ -706,22 +719,7 @@ mod tests {
 
     #[test]
     fn a_record_without_the_new_fields_reads_and_its_card_keeps_its_digest_bytes() {
-        let me = observe_process(std::process::id(), None).unwrap();
-        let opened = SessionOpened {
-            session: "sess_u1_2_3".into(),
-            transport: Transport {
-                kind: "unix_socket".into(),
-                bridge_pid: 2,
-                bridge_executable: None,
-            },
-            agent: ProcessIdentity {
-                user_name: None,
-                ..me
-            },
-            parent_chain: Vec::new(),
-            bridge_report: None,
-            confinement: Confinement::None,
-        };
+        let opened = this_process_opened(None, None);
         let json = serde_json::to_value(&opened).unwrap();
         assert!(json.get("bridge_report").is_none());
         assert!(json.get("confinement").is_none());

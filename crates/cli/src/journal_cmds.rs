@@ -15,42 +15,37 @@ use crate::timefmt;
 
 /// `--phase`: a wire name of [`Phase`].
 pub fn parse_phase(s: &str) -> Result<Phase, String> {
-    Phase::parse(&s.to_ascii_lowercase()).ok_or_else(|| {
-        allowed(
-            "phase",
-            s,
-            Phase::ALL.iter().map(|p| p.as_str()).collect::<Vec<_>>(),
-        )
-    })
+    one_of("phase", s, Phase::ALL, Phase::as_str)
 }
 
 /// `--outcome`: a wire name of [`Outcome`].
 pub fn parse_outcome(s: &str) -> Result<Outcome, String> {
-    Outcome::parse(&s.to_ascii_lowercase()).ok_or_else(|| {
-        allowed(
-            "outcome",
-            s,
-            Outcome::ALL.iter().map(|o| o.as_str()).collect::<Vec<_>>(),
-        )
-    })
+    one_of("outcome", s, Outcome::ALL, Outcome::as_str)
 }
 
 /// `--code`: a SCREAMING_SNAKE [`Code`].
 pub fn parse_code(s: &str) -> Result<Code, String> {
-    serde_json::from_value::<Code>(Value::String(s.to_ascii_uppercase())).map_err(|_| {
-        allowed(
-            "code",
-            s,
-            Code::ALL.iter().map(|c| c.as_str()).collect::<Vec<_>>(),
-        )
-    })
+    one_of("code", s, Code::ALL, Code::as_str)
 }
 
-fn allowed(what: &str, value: &str, values: Vec<&str>) -> String {
-    format!(
-        "unknown {what} `{value}`; allowed values: {}",
-        values.join(", ")
-    )
+/// The value of `all` whose wire name is `value`, in any case; else the error that lists
+/// the allowed names.
+fn one_of<T: Copy>(
+    what: &str,
+    value: &str,
+    all: &[T],
+    name: fn(T) -> &'static str,
+) -> Result<T, String> {
+    all.iter()
+        .copied()
+        .find(|v| name(*v).eq_ignore_ascii_case(value))
+        .ok_or_else(|| {
+            let names: Vec<&str> = all.iter().map(|v| name(*v)).collect();
+            format!(
+                "unknown {what} `{value}`; allowed values: {}",
+                names.join(", ")
+            )
+        })
 }
 
 /// The filters of `postern log`, as given on the command line.

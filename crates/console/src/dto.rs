@@ -2,10 +2,26 @@
 //! derives [`TS`], and `ui/src/lib/bindings.ts` is generated from them (a test fails when
 //! the committed file drifts). No type here can carry secret bytes: credential values
 //! travel only inward, in [`SetCredential`], and are never returned.
+//!
+//! Where the broker's own record type is what the webview shows (a body or header
+//! preview, an ancestor, a job's facts, a link between invocations, a batch member, a
+//! reconciliation), it crosses as it is and is re-exported here. The types defined here
+//! are the console's views: joins (an approval card with its times and live session),
+//! judgements made once for every reader (whether a recorded executable is verified),
+//! display escaping, and the console's own inputs, errors and events.
 
 use postern_broker::contract::Code;
 use serde::{Deserialize, Serialize};
 use ts_rs::TS;
+
+// The broker's own record types that cross as they are (their TypeScript is derived with
+// the broker's `ts` feature): nothing secret, and the console adds nothing to them.
+pub use postern_broker::contract::{ConfidenceSource, MemberState};
+pub use postern_broker::display::{BodyPreview, HeaderPreview};
+pub use postern_broker::evidence::Reconciliation;
+pub use postern_broker::journal::events::Settlement;
+pub use postern_broker::record::job::{JobFacts, JobState, ParentLink, Relation};
+pub use postern_broker::record::session::Ancestor;
 
 /// What the console shows first: whether to onboard, and the counts the navigation
 /// badges carry.
@@ -33,6 +49,10 @@ pub struct Overview {
     pub mode: String,
     /// Peers the operator socket refused since the broker started (0 without one).
     pub operator_refusals: u32,
+    /// Agent sessions connected now whose agent is not confined (not started with
+    /// `postern shield`), and those that are.
+    pub unconfined_sessions: u32,
+    pub confined_sessions: u32,
     /// The newest journal sequence: an attached console polls it to refresh its views.
     #[ts(type = "number")]
     pub last_seq: u64,
@@ -73,15 +93,11 @@ pub struct AgentCard {
     pub confinement: String,
 }
 
-/// One ancestor of a recorded agent.
-#[derive(Debug, Clone, Serialize, TS)]
-pub struct AncestorCard {
-    pub pid: u32,
-    pub executable: Option<String>,
-}
-
 /// An agent as the journal recorded it when its bridge connected (SESSION_OPENED): what
 /// the log proves about who acted, also after a restart. Paths are escaped.
+/// A view of the broker's [`postern_broker::provenance::CardAgent`]: the executable's
+/// digest is split into its hex and its unreadable reason, and whether the executable is
+/// verified is judged here once, for the webview, the CLI and the tests alike.
 ///
 /// The pid, uid, user name and start time are known for certain (the kernel's). The
 /// executable is only when `executable_verified`; `reported_by_bridge` is a claim.
@@ -107,7 +123,7 @@ pub struct RecordedAgent {
     pub started_at_ms: Option<i64>,
     pub cwd: Option<String>,
     /// Parents of the agent, nearest first.
-    pub parent_chain: Vec<AncestorCard>,
+    pub parent_chain: Vec<Ancestor>,
     /// `none`, or `shield shd_… (network …, profile …)`, as SESSION_OPENED recorded it.
     pub confinement: String,
 }
@@ -158,14 +174,7 @@ impl From<&postern_broker::provenance::CardAgent> for RecordedAgent {
             }),
             started_at_ms: a.started_at_ms,
             cwd: a.cwd.clone(),
-            parent_chain: a
-                .parent_chain
-                .iter()
-                .map(|p| AncestorCard {
-                    pid: p.pid,
-                    executable: p.executable.clone(),
-                })
-                .collect(),
+            parent_chain: a.parent_chain.clone(),
             confinement: a.confinement.describe(),
         }
     }
@@ -213,45 +222,10 @@ impl From<&postern_broker::provenance::ApprovalRecord> for ApprovalProof {
     }
 }
 
-/// A request body as a card shows it.
-#[derive(Debug, Clone, Serialize, TS)]
-pub struct BodyPreview {
-    #[ts(type = "number")]
-    pub size: u64,
-    pub digest: String,
-    /// Escaped text of the first part of the body.
-    pub text: String,
-    pub truncated: bool,
-}
-
-impl BodyPreview {
-    fn shown(b: &postern_broker::display::BodyPreview) -> Self {
-        BodyPreview {
-            size: b.size,
-            digest: b.digest.clone(),
-            text: b.text.clone(),
-            truncated: b.truncated,
-        }
-    }
-}
-
-/// One header the agent supplied, as the card shows it.
-#[derive(Debug, Clone, Serialize, TS)]
-pub struct HeaderPreview {
-    pub name: String,
-    /// Escaped start of the value.
-    pub value: String,
-    /// The value's full length in bytes.
-    #[ts(type = "number")]
-    pub size: u64,
-    /// blake3 of the whole value.
-    pub digest: String,
-    pub truncated: bool,
-    /// Why this header changes what the request means; the card lists these first.
-    pub flag: Option<String>,
-}
-
-/// One pending approval.
+/// One pending approval. A view of the broker's [`postern_broker::provenance::ApprovalCard`],
+/// not that type: every field is always present (the record omits empty ones so older
+/// cards keep their digests), `agent` is the live session while the recorded agent is
+/// `recorded_agent` in its display form, and the times and the card's digest are added.
 #[derive(Debug, Clone, Serialize, TS)]
 pub struct ApprovalCard {
     pub invocation_id: String,
@@ -321,7 +295,7 @@ impl ApprovalCard {
             summary: card.summary.clone(),
             method: card.method.clone(),
             url: card.url.clone(),
-            body: card.body.as_ref().map(BodyPreview::shown),
+            body: card.body.clone(),
             ssh_destination: card.ssh_destination.clone(),
             command: card.command.clone(),
             host_key: card.host_key.clone(),
@@ -329,20 +303,9 @@ impl ApprovalCard {
             proxy: card.proxy.clone(),
             cautions: card.cautions.clone(),
             covers: card.covers.clone(),
-            headers: card
-                .headers
-                .iter()
-                .map(|h| HeaderPreview {
-                    name: h.name.clone(),
-                    value: h.value.clone(),
-                    size: h.size,
-                    digest: h.digest.clone(),
-                    truncated: h.truncated,
-                    flag: h.flag.clone(),
-                })
-                .collect(),
+            headers: card.headers.clone(),
             added: card.added.clone(),
-            stdin: card.stdin.as_ref().map(BodyPreview::shown),
+            stdin: card.stdin.clone(),
             credential_id: card.credential_id.clone(),
             credential_version: card.credential_version.clone(),
             injection_mode: card.injection_mode.clone(),
@@ -488,7 +451,7 @@ pub struct InvocationDetail {
     pub unsettled: bool,
     /// How it was settled, if it was: `remote_query` or `operator_attested`, with the
     /// settlement, who and when.
-    pub settlement: Option<Settlement>,
+    pub settlement: Option<Reconciliation>,
     /// The agent of the invocation's session, from the journal.
     pub agent: Option<RecordedAgent>,
     /// The approval card recorded for it and whether the answer matched it.
@@ -497,9 +460,9 @@ pub struct InvocationDetail {
     /// redirects, a 202's job, job polls, reconcile queries), parent first.
     pub related: Vec<RelatedInvocation>,
     /// For a job invocation: the job and its last reported state.
-    pub job: Option<JobCard>,
+    pub job: Option<JobFacts>,
     /// For a batch: each member's outcome, in request order.
-    pub members: Vec<MemberRow>,
+    pub members: Vec<MemberState>,
 }
 
 /// A call through a peer broker that stopped with an incident (seed 002), routed to
@@ -543,50 +506,12 @@ pub struct PeerIncidentRow {
 /// An invocation linked to the one shown.
 #[derive(Debug, Clone, Serialize, TS)]
 pub struct RelatedInvocation {
-    pub invocation_id: String,
-    /// `redirect`, `job`, `job_poll` or `reconcile_query`.
-    pub relation: String,
+    /// The linked invocation and why it was started (flattened: `invocation_id`,
+    /// `relation`).
+    #[serde(flatten)]
+    pub link: ParentLink,
     /// `parent` (the shown one was started for it) or `child`.
     pub role: String,
-}
-
-/// A tracked job.
-#[derive(Debug, Clone, Serialize, TS)]
-pub struct JobCard {
-    pub submission: String,
-    pub job_id: Option<String>,
-    pub status_resource: String,
-    /// Whether the broker may read the status resource (it lies under the target).
-    pub pollable: bool,
-    /// `pending`, `succeeded`, `failed` or `unreported`.
-    pub state: String,
-    pub polls: u32,
-}
-
-/// One batch member.
-#[derive(Debug, Clone, Serialize, TS)]
-pub struct MemberRow {
-    pub id: String,
-    #[ts(type = "Outcome")]
-    pub outcome: String,
-    /// The per-member status the response reported.
-    pub status: Option<String>,
-    /// How its outcome became known: `remote_response`, `remote_query`,
-    /// `operator_attested`; absent while unknown.
-    pub settled_by: Option<String>,
-}
-
-/// A reconciliation recorded for an invocation.
-#[derive(Debug, Clone, Serialize, TS)]
-pub struct Settlement {
-    /// `remote_query` or `operator_attested`.
-    pub source: String,
-    /// `committed` or `not_applied`.
-    pub settlement: String,
-    pub by: String,
-    pub note: String,
-    #[ts(type = "number")]
-    pub at_ms: i64,
 }
 
 /// An operator's attestation of an unknown outcome.

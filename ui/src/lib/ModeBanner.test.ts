@@ -8,8 +8,21 @@ describe("Mode banner", () => {
     render(ModeBanner, { overview: overview({ mode: "single_user" }) });
     const banner = screen.getByTestId("mode-banner");
     expect(banner.dataset.mode).toBe("single_user");
-    expect(banner.textContent).toContain("an agent running as you can read the journal");
+    expect(banner.textContent).toMatch(/an agent running as you outside a shield can read the\s+journal/);
     expect(banner.textContent).toContain("keychain");
+    expect(banner.textContent).toContain("postern shield -- AGENT");
+  });
+
+  test("single-user mode counts the sessions connected now that are not confined", () => {
+    const { unmount } = render(ModeBanner, {
+      overview: overview({ mode: "single_user", unconfined_sessions: 2, confined_sessions: 1 }),
+    });
+    expect(screen.getByTestId("unconfined-sessions").textContent).toMatch(
+      /2\s+agent sessions connected now are\s+not confined/,
+    );
+    unmount();
+    render(ModeBanner, { overview: overview({ mode: "single_user", unconfined_sessions: 0, confined_sessions: 3 }) });
+    expect(screen.getByTestId("unconfined-sessions").textContent).toContain("Every connected agent session is confined");
   });
 
   test("privilege-separated mode shows the operator socket's refusals", () => {

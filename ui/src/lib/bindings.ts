@@ -9,8 +9,8 @@ export type Outcome = "not_attempted" | "rejected" | "committed" | "unknown";
 export const OUTCOME_VALUES: Outcome[] = ["not_attempted", "rejected", "committed", "unknown"];
 export type Retry = "never" | "after_correction" | "backoff" | "same_idempotency_key" | "reconcile" | "fetch_result";
 export const RETRY_VALUES: Retry[] = ["never", "after_correction", "backoff", "same_idempotency_key", "reconcile", "fetch_result"];
-export type Code = "INVALID_TARGET" | "INVALID_REQUEST" | "UNSUPPORTED_ACTION" | "PAYLOAD_LIMIT" | "FORBIDDEN_HEADER" | "IDEMPOTENCY_MISMATCH" | "FINGERPRINT_MISMATCH" | "LEASE_LOST" | "BROKER_UNAVAILABLE" | "VAULT_LOCKED" | "CREDENTIAL_MISSING" | "UNSUPPORTED_INJECTION" | "KEY_DECRYPTION_FAILED" | "APPROVAL_DENIED" | "APPROVAL_TIMEOUT" | "NO_APPROVER" | "DNS_FAILED" | "ADDRESS_REFUSED" | "CONNECTION_REFUSED" | "CONNECT_TIMEOUT" | "PROXY_UNREACHABLE" | "PROXY_REFUSED" | "PROXY_TUNNEL_FAILED" | "TLS_REJECTED" | "HOST_KEY_MISMATCH" | "HOST_KEY_UNKNOWN" | "SSH_HANDSHAKE_FAILED" | "SSH_AUTH_FAILED" | "CHANNEL_OPEN_FAILED" | "REMOTE_OUTCOME_UNKNOWN" | "REMOTE_RESULT_INCOMPLETE" | "REMOTE_TIMEOUT" | "CALLER_CANCELLED" | "EXEC_REFUSED" | "REMOTE_REJECTED" | "REMOTE_UNAUTHORIZED" | "REMOTE_RATE_LIMITED" | "REMOTE_SERVER_ERROR" | "JOB_PENDING" | "JOB_FAILED" | "BATCH_PARTIAL" | "RESULT_DELIVERY_FAILED" | "RESULT_STORE_FAILED" | "RESULT_EXPIRED" | "RECONCILED_COMMITTED" | "BROKER_INTERRUPTED" | "RECONCILED_NOT_APPLIED" | "PEER_DENIED" | "PEER_UNAVAILABLE" | "PEER_CONTRACT_VIOLATION" | "PEER_POLICY_CHANGED" | "PEER_OUTCOME_UNKNOWN" | "AGENTS_PAUSED";
-export const CODE_VALUES: Code[] = ["INVALID_TARGET", "INVALID_REQUEST", "UNSUPPORTED_ACTION", "PAYLOAD_LIMIT", "FORBIDDEN_HEADER", "IDEMPOTENCY_MISMATCH", "FINGERPRINT_MISMATCH", "LEASE_LOST", "BROKER_UNAVAILABLE", "VAULT_LOCKED", "CREDENTIAL_MISSING", "UNSUPPORTED_INJECTION", "KEY_DECRYPTION_FAILED", "APPROVAL_DENIED", "APPROVAL_TIMEOUT", "NO_APPROVER", "DNS_FAILED", "ADDRESS_REFUSED", "CONNECTION_REFUSED", "CONNECT_TIMEOUT", "PROXY_UNREACHABLE", "PROXY_REFUSED", "PROXY_TUNNEL_FAILED", "TLS_REJECTED", "HOST_KEY_MISMATCH", "HOST_KEY_UNKNOWN", "SSH_HANDSHAKE_FAILED", "SSH_AUTH_FAILED", "CHANNEL_OPEN_FAILED", "REMOTE_OUTCOME_UNKNOWN", "REMOTE_RESULT_INCOMPLETE", "REMOTE_TIMEOUT", "CALLER_CANCELLED", "EXEC_REFUSED", "REMOTE_REJECTED", "REMOTE_UNAUTHORIZED", "REMOTE_RATE_LIMITED", "REMOTE_SERVER_ERROR", "JOB_PENDING", "JOB_FAILED", "BATCH_PARTIAL", "RESULT_DELIVERY_FAILED", "RESULT_STORE_FAILED", "RESULT_EXPIRED", "RECONCILED_COMMITTED", "BROKER_INTERRUPTED", "RECONCILED_NOT_APPLIED", "PEER_DENIED", "PEER_UNAVAILABLE", "PEER_CONTRACT_VIOLATION", "PEER_POLICY_CHANGED", "PEER_OUTCOME_UNKNOWN", "AGENTS_PAUSED"];
+export type Code = "INVALID_TARGET" | "INVALID_REQUEST" | "UNSUPPORTED_ACTION" | "CONFINEMENT_REQUIRED" | "PAYLOAD_LIMIT" | "FORBIDDEN_HEADER" | "IDEMPOTENCY_MISMATCH" | "FINGERPRINT_MISMATCH" | "LEASE_LOST" | "BROKER_UNAVAILABLE" | "VAULT_LOCKED" | "CREDENTIAL_MISSING" | "UNSUPPORTED_INJECTION" | "KEY_DECRYPTION_FAILED" | "APPROVAL_DENIED" | "APPROVAL_TIMEOUT" | "NO_APPROVER" | "DNS_FAILED" | "ADDRESS_REFUSED" | "CONNECTION_REFUSED" | "CONNECT_TIMEOUT" | "PROXY_UNREACHABLE" | "PROXY_REFUSED" | "PROXY_TUNNEL_FAILED" | "TLS_REJECTED" | "HOST_KEY_MISMATCH" | "HOST_KEY_UNKNOWN" | "SSH_HANDSHAKE_FAILED" | "SSH_AUTH_FAILED" | "CHANNEL_OPEN_FAILED" | "REMOTE_OUTCOME_UNKNOWN" | "REMOTE_RESULT_INCOMPLETE" | "REMOTE_TIMEOUT" | "CALLER_CANCELLED" | "EXEC_REFUSED" | "REMOTE_REJECTED" | "REMOTE_UNAUTHORIZED" | "REMOTE_RATE_LIMITED" | "REMOTE_SERVER_ERROR" | "JOB_PENDING" | "JOB_FAILED" | "BATCH_PARTIAL" | "RESULT_DELIVERY_FAILED" | "RESULT_STORE_FAILED" | "RESULT_EXPIRED" | "RECONCILED_COMMITTED" | "BROKER_INTERRUPTED" | "RECONCILED_NOT_APPLIED" | "PEER_DENIED" | "PEER_UNAVAILABLE" | "PEER_CONTRACT_VIOLATION" | "PEER_POLICY_CHANGED" | "PEER_OUTCOME_UNKNOWN" | "AGENTS_PAUSED";
+export const CODE_VALUES: Code[] = ["INVALID_TARGET", "INVALID_REQUEST", "UNSUPPORTED_ACTION", "CONFINEMENT_REQUIRED", "PAYLOAD_LIMIT", "FORBIDDEN_HEADER", "IDEMPOTENCY_MISMATCH", "FINGERPRINT_MISMATCH", "LEASE_LOST", "BROKER_UNAVAILABLE", "VAULT_LOCKED", "CREDENTIAL_MISSING", "UNSUPPORTED_INJECTION", "KEY_DECRYPTION_FAILED", "APPROVAL_DENIED", "APPROVAL_TIMEOUT", "NO_APPROVER", "DNS_FAILED", "ADDRESS_REFUSED", "CONNECTION_REFUSED", "CONNECT_TIMEOUT", "PROXY_UNREACHABLE", "PROXY_REFUSED", "PROXY_TUNNEL_FAILED", "TLS_REJECTED", "HOST_KEY_MISMATCH", "HOST_KEY_UNKNOWN", "SSH_HANDSHAKE_FAILED", "SSH_AUTH_FAILED", "CHANNEL_OPEN_FAILED", "REMOTE_OUTCOME_UNKNOWN", "REMOTE_RESULT_INCOMPLETE", "REMOTE_TIMEOUT", "CALLER_CANCELLED", "EXEC_REFUSED", "REMOTE_REJECTED", "REMOTE_UNAUTHORIZED", "REMOTE_RATE_LIMITED", "REMOTE_SERVER_ERROR", "JOB_PENDING", "JOB_FAILED", "BATCH_PARTIAL", "RESULT_DELIVERY_FAILED", "RESULT_STORE_FAILED", "RESULT_EXPIRED", "RECONCILED_COMMITTED", "BROKER_INTERRUPTED", "RECONCILED_NOT_APPLIED", "PEER_DENIED", "PEER_UNAVAILABLE", "PEER_CONTRACT_VIOLATION", "PEER_POLICY_CHANGED", "PEER_OUTCOME_UNKNOWN", "AGENTS_PAUSED"];
 
 export type Overview = { 
 /**
@@ -42,6 +42,11 @@ mode: string,
  */
 operator_refusals: number, 
 /**
+ * Agent sessions connected now whose agent is not confined (not started with
+ * `postern shield`), and those that are.
+ */
+unconfined_sessions: number, confined_sessions: number, 
+/**
  * The newest journal sequence: an attached console polls it to refresh its views.
  */
 last_seq: number, 
@@ -70,9 +75,14 @@ parent_chain: Array<ProcessCard>,
 /**
  * When the broker first saw this session (unix ms).
  */
-first_seen_ms: number, ended_at_ms: number | null, connections: number, };
+first_seen_ms: number, ended_at_ms: number | null, connections: number, 
+/**
+ * `none`, or `shield shd_… (network …, profile …)`: how the agent is confined, as
+ * the broker established it.
+ */
+confinement: string, };
 
-export type AncestorCard = { pid: number, executable: string | null, };
+export type Ancestor = { pid: number, executable: string | null, };
 
 export type RecordedAgent = { session: string, pid: number, uid: number | null, 
 /**
@@ -103,7 +113,11 @@ started_at_ms: number | null, cwd: string | null,
 /**
  * Parents of the agent, nearest first.
  */
-parent_chain: Array<AncestorCard>, };
+parent_chain: Array<Ancestor>, 
+/**
+ * `none`, or `shield shd_… (network …, profile …)`, as SESSION_OPENED recorded it.
+ */
+confinement: string, };
 
 export type BridgeClaim = { parent_pid: number, parent_executable: string | null, parent_executable_blake3: string | null, parent_executable_unreadable: string | null, bridge_executable: string | null, };
 
@@ -130,29 +144,34 @@ answered_card_digest: string | null,
  */
 matched: boolean | null, };
 
-export type BodyPreview = { size: number, digest: string, 
+export type BodyPreview = { size: number, 
 /**
- * Escaped text of the first part of the body.
+ * blake3 of the exact body bytes, lowercase hex (the value bound in the fingerprint).
+ */
+digest: string, 
+/**
+ * The first [`PREVIEW_CHARS`] characters, escaped.
  */
 text: string, truncated: boolean, };
 
 export type HeaderPreview = { name: string, 
 /**
- * Escaped start of the value.
+ * The first [`HEADER_PREVIEW_CHARS`] characters of the value, escaped.
  */
 value: string, 
 /**
- * The value's full length in bytes.
+ * The value's length in bytes.
  */
 size: number, 
 /**
- * blake3 of the whole value.
+ * blake3 of the exact value bytes, lowercase hex.
  */
 digest: string, truncated: boolean, 
 /**
- * Why this header changes what the request means; the card lists these first.
+ * Why this header changes what the request means (a method override, forwarding or
+ * identity, a cookie); the card lists these first.
  */
-flag: string | null, };
+flag?: string | null, };
 
 export type ApprovalCard = { invocation_id: string, 
 /**
@@ -291,7 +310,7 @@ unsettled: boolean,
  * How it was settled, if it was: `remote_query` or `operator_attested`, with the
  * settlement, who and when.
  */
-settlement: Settlement | null, 
+settlement: Reconciliation | null, 
 /**
  * The agent of the invocation's session, from the journal.
  */
@@ -308,52 +327,68 @@ related: Array<RelatedInvocation>,
 /**
  * For a job invocation: the job and its last reported state.
  */
-job: JobCard | null, 
+job: JobFacts | null, 
 /**
  * For a batch: each member's outcome, in request order.
  */
-members: Array<MemberRow>, };
+members: Array<MemberState>, };
 
-export type RelatedInvocation = { invocation_id: string, 
-/**
- * `redirect`, `job`, `job_poll` or `reconcile_query`.
- */
-relation: string, 
+export type Relation = "redirect" | "job" | "job_poll" | "reconcile_query";
+
+export type RelatedInvocation = { 
 /**
  * `parent` (the shown one was started for it) or `child`.
  */
-role: string, };
+role: string, invocation_id: string, relation: Relation, };
 
-export type JobCard = { submission: string, job_id: string | null, status_resource: string, 
-/**
- * Whether the broker may read the status resource (it lies under the target).
- */
-pollable: boolean, 
-/**
- * `pending`, `succeeded`, `failed` or `unreported`.
- */
-state: string, polls: number, };
+export type JobState = "pending" | "succeeded" | "failed" | "unreported";
 
-export type MemberRow = { id: string, outcome: Outcome, 
+export type JobFacts = { 
 /**
- * The per-member status the response reported.
+ * The submission whose 202 queued it.
  */
-status: string | null, 
+submission: string, 
 /**
- * How its outcome became known: `remote_response`, `remote_query`,
- * `operator_attested`; absent while unknown.
+ * The job's id in the remote system, when the contract says where to find it.
  */
-settled_by: string | null, };
+job_id: string | null, 
+/**
+ * Where its status is read.
+ */
+status_resource: string, 
+/**
+ * The status resource lies under the submission's target, so the broker may read
+ * it with that target's credential; otherwise it is recorded and never read.
+ */
+pollable: boolean, state: JobState, polls: number, 
+/**
+ * The job_poll invocation that last read the status.
+ */
+last_poll: string | null, };
 
-export type Settlement = { 
+export type ConfidenceSource = "transport_observed" | "remote_response" | "remote_query" | "operator_attested";
+
+export type MemberState = { id: string, outcome: Outcome, 
+/**
+ * The per-member status a response reported, as text.
+ */
+status?: string | null, 
+/**
+ * How the member's outcome became known (absent while it is unknown).
+ */
+settled_by?: ConfidenceSource | null, };
+
+export type Settlement = "committed" | "not_applied";
+
+export type Reconciliation = { 
 /**
  * `remote_query` or `operator_attested`.
  */
-source: string, 
+source: ConfidenceSource, settlement: Settlement, by: string, note: string, 
 /**
- * `committed` or `not_applied`.
+ * When it was recorded (unix ms).
  */
-settlement: string, by: string, note: string, at_ms: number, };
+at_ms: number, };
 
 export type Attestation = { invocation_id: string, 
 /**

@@ -1,4 +1,5 @@
 import type { UnlistenFn } from "@tauri-apps/api/event";
+import { events } from "./bindings";
 
 /**
  * Starts listening to a backend event and returns a synchronous stop function,
@@ -61,4 +62,18 @@ export function throttle(fn: () => void, wait: number) {
     timer = null;
   };
   return throttled;
+}
+
+/**
+ * Runs `refresh` whenever the journal changes (at most once a second, with a trailing
+ * call) and returns the stop function, as the `$effect` cleanup of a screen that lists
+ * what the journal holds.
+ */
+export function followJournal(refresh: () => void): () => void {
+  const throttled = throttle(refresh, 1000);
+  const stop = subscribe(events.journalChanged(throttled));
+  return () => {
+    stop();
+    throttled.cancel();
+  };
 }

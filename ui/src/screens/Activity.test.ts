@@ -168,6 +168,7 @@ describe("Activity", () => {
           pollable: false,
           state: "pending",
           polls: 1,
+          last_poll: null,
         },
         related: [
           { invocation_id: "inv-1", relation: "job", role: "parent" },

@@ -1,4 +1,4 @@
-import { fireEvent, render, screen, within } from "@testing-library/svelte";
+import { cleanup, fireEvent, render, screen, within } from "@testing-library/svelte";
 import userEvent from "@testing-library/user-event";
 import { describe, expect, test } from "vitest";
 import { emitEvent, mockBackend, settle } from "../test/backend";
@@ -153,6 +153,17 @@ describe("Approvals", () => {
     // The forged name appears only under the claim.
     const known = screen.getByTestId("card-agent-known").textContent ?? "";
     expect(known).not.toContain("claude-code");
+  });
+
+  test("the card says whether the asking agent is confined", async () => {
+    await renderWith([approvalCard()]);
+    expect(screen.getByTestId("card-agent-confinement").textContent).toContain("not confined");
+    cleanup();
+    const shield = "shield shd_0123456789abcdef (network broker_only, profile blake3:00112233445)";
+    await renderWith([
+      approvalCard({ recorded_agent: { ...approvalCard().recorded_agent!, confinement: shield } }),
+    ]);
+    expect(screen.getByTestId("card-agent-confinement").textContent).toContain(shield);
   });
 
   test("the body preview is shown as text, never as markup", async () => {

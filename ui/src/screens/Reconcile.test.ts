@@ -2,10 +2,11 @@ import { render, screen, within } from "@testing-library/svelte";
 import userEvent from "@testing-library/user-event";
 import { describe, expect, test } from "vitest";
 import { mockBackend, settle } from "../test/backend";
+import type { ConfidenceSource, Settlement } from "../lib/bindings";
 import { detail } from "../test/fixtures";
 import Reconcile from "./Reconcile.svelte";
 
-const settled = (settlement: string, source = "operator_attested") => ({
+const settled = (settlement: Settlement, source: ConfidenceSource = "operator_attested") => ({
   source,
   settlement,
   by: "console:ada",

@@ -25,6 +25,28 @@ describe("Sessions", () => {
     expect(ended.textContent).toContain("ended");
   });
 
+  test("each session says whether its agent is confined, and how", async () => {
+    const shield = "shield shd_0123456789abcdef (network full, profile blake3:00112233445)";
+    const confined: SessionSummary = {
+      session: "sess-2",
+      invocations: 1,
+      first_at_ms: Date.now() - 30_000,
+      last_at_ms: Date.now() - 1_000,
+      agent: agent({ session: "sess-2", confinement: shield }),
+      recorded: recordedAgent({ session: "sess-2", confinement: shield }),
+    };
+    mockBackend({ list_sessions: [confined, ...SESSIONS], session_timeline: [] });
+    render(Sessions);
+    await settle();
+    const [shielded, unconfined] = screen.getAllByTestId("session-confinement");
+    expect(shielded.textContent).toBe("shielded");
+    expect(shielded.title).toBe(shield);
+    expect(unconfined.textContent).toBe("unconfined");
+    await userEvent.click(screen.getAllByTestId("session-item")[0]);
+    await settle();
+    expect(screen.getByTestId("session-confinement-detail").textContent).toContain(shield);
+  });
+
   test("selecting a session draws each invocation's lifecycle", async () => {
     const backend = mockBackend({ list_sessions: SESSIONS, session_timeline: [detail("inv-7")] });
     render(Sessions);

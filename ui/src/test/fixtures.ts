@@ -24,6 +24,7 @@ export function agent(overrides: Partial<AgentCard> = {}): AgentCard {
     first_seen_ms: Date.now() - 192_000,
     ended_at_ms: null,
     connections: 1,
+    confinement: "none",
     ...overrides,
   };
 }
@@ -49,6 +50,7 @@ export function recordedAgent(overrides: Partial<RecordedAgent> = {}): RecordedA
       { pid: 4100, executable: "/usr/bin/zsh" },
       { pid: 1, executable: "/sbin/init" },
     ],
+    confinement: "none",
     ...overrides,
   };
 }
@@ -179,6 +181,8 @@ export function overview(overrides: Partial<Overview> = {}): Overview {
     keychain: "secret-service",
     mode: "single_user",
     operator_refusals: 0,
+    unconfined_sessions: 0,
+    confined_sessions: 0,
     last_seq: 0,
     result_store_failures: 0,
     result_store_failure_latest: null,

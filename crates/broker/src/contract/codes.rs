@@ -48,6 +48,7 @@ pub enum Retry {
 
 /// Why an outcome is what it is: how the broker came to know it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 #[serde(rename_all = "snake_case")]
 pub enum ConfidenceSource {
     /// The broker's own transport saw it (a refused connect, a closed socket).
@@ -266,8 +267,10 @@ pub enum RemoteContract {
 
 /// One member of a batch: its outcome and what settled it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct MemberState {
     pub id: String,
+    #[cfg_attr(feature = "ts", ts(type = "Outcome"))]
     pub outcome: Outcome,
     /// The per-member status a response reported, as text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -321,6 +324,8 @@ macro_rules! wire_names {
         }
     };
 }
+// The record types' enums name themselves the same way.
+pub(crate) use wire_names;
 
 wire_names!(Phase {
     Validation => "validation",

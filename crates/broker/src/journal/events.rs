@@ -73,6 +73,7 @@ pub struct BatchResult {
 
 /// How a reconciliation settled an unknown outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 #[serde(rename_all = "snake_case")]
 pub enum Settlement {
     /// The remote applied the operation.

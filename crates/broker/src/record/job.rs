@@ -3,8 +3,11 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::contract::codes::wire_names;
+
 /// Why an invocation was started by the broker on behalf of another one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 #[serde(rename_all = "snake_case")]
 pub enum Relation {
     /// The parent's complete 3xx answer was followed (a new dispatch to its `Location`).
@@ -17,30 +20,16 @@ pub enum Relation {
     ReconcileQuery,
 }
 
-impl Relation {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Relation::Redirect => "redirect",
-            Relation::Job => "job",
-            Relation::JobPoll => "job_poll",
-            Relation::ReconcileQuery => "reconcile_query",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Relation> {
-        [
-            Relation::Redirect,
-            Relation::Job,
-            Relation::JobPoll,
-            Relation::ReconcileQuery,
-        ]
-        .into_iter()
-        .find(|r| r.as_str() == s)
-    }
-}
+wire_names!(Relation {
+    Redirect => "redirect",
+    Job => "job",
+    JobPoll => "job_poll",
+    ReconcileQuery => "reconcile_query",
+});
 
 /// The invocation a broker-started invocation belongs to, named in its ACTION_ACCEPTED.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct ParentLink {
     pub invocation_id: String,
     pub relation: Relation,
@@ -48,6 +37,7 @@ pub struct ParentLink {
 
 /// What a job's status resource said, read through its configured contract.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 #[serde(rename_all = "snake_case")]
 pub enum JobState {
     /// Still queued or running (HTTP 202, or a configured pending value).
@@ -61,23 +51,22 @@ pub enum JobState {
 }
 
 impl JobState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JobState::Pending => "pending",
-            JobState::Succeeded => "succeeded",
-            JobState::Failed => "failed",
-            JobState::Unreported => "unreported",
-        }
-    }
-
     /// A state that settles the job.
     pub fn is_final(self) -> bool {
         matches!(self, JobState::Succeeded | JobState::Failed)
     }
 }
 
+wire_names!(JobState {
+    Pending => "pending",
+    Succeeded => "succeeded",
+    Failed => "failed",
+    Unreported => "unreported",
+});
+
 /// The job an invocation tracks, folded from JOB_TRACKED and JOB_STATUS.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct JobFacts {
     /// The submission whose 202 queued it.
     pub submission: String,

@@ -11,6 +11,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::contract::codes::wire_names;
+
 /// What an attestation says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -24,15 +26,11 @@ pub enum AttestationKind {
     Outcome,
 }
 
-impl AttestationKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AttestationKind::Denial => "denial",
-            AttestationKind::Unavailable => "unavailable",
-            AttestationKind::Outcome => "outcome",
-        }
-    }
-}
+wire_names!(AttestationKind {
+    Denial => "denial",
+    Unavailable => "unavailable",
+    Outcome => "outcome",
+});
 
 /// The one call an attestation answers, as the answering broker read it from the call's
 /// signed auth: who asked (the asking broker's key name), the auth's nonce (fresh for
@@ -129,6 +127,12 @@ pub enum Incident {
     TransientExhaustion,
 }
 
+wire_names!(Owner {
+    PeeringOwner => "peering_owner",
+    PeerOperator => "peer_operator",
+    LocalOperator => "local_operator",
+});
+
 impl Incident {
     pub fn owner(self) -> Owner {
         match self {
@@ -138,6 +142,12 @@ impl Incident {
         }
     }
 }
+
+wire_names!(Incident {
+    Policy => "policy",
+    ContractViolation => "contract_violation",
+    TransientExhaustion => "transient_exhaustion",
+});
 
 use crate::contract::codes::{Code, ErrorBody, Outcome};
 
@@ -180,18 +190,16 @@ impl VerdictKind {
             Verdict::PolicyChanged { .. } => VerdictKind::PolicyChanged,
         }
     }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            VerdictKind::Outcome => "outcome",
-            VerdictKind::Denial => "denial",
-            VerdictKind::Unavailable => "unavailable",
-            VerdictKind::Transport => "transport",
-            VerdictKind::Unknown => "unknown",
-            VerdictKind::PolicyChanged => "policy_changed",
-        }
-    }
 }
+
+wire_names!(VerdictKind {
+    Outcome => "outcome",
+    Denial => "denial",
+    Unavailable => "unavailable",
+    Transport => "transport",
+    Unknown => "unknown",
+    PolicyChanged => "policy_changed",
+});
 
 /// What checking an answer's attestation against the peer's pinned key found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -207,16 +215,12 @@ pub enum SignatureCheck {
     NotApplicable,
 }
 
-impl SignatureCheck {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SignatureCheck::Verified => "verified",
-            SignatureCheck::Absent => "absent",
-            SignatureCheck::Failed => "failed",
-            SignatureCheck::NotApplicable => "not_applicable",
-        }
-    }
-}
+wire_names!(SignatureCheck {
+    Verified => "verified",
+    Absent => "absent",
+    Failed => "failed",
+    NotApplicable => "not_applicable",
+});
 
 /// Which budget an answer spent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

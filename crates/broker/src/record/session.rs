@@ -71,6 +71,7 @@ pub struct ProcessIdentity {
 
 /// One ancestor of the agent process.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 #[serde(deny_unknown_fields)]
 pub struct Ancestor {
     pub pid: u32,
