@@ -9,6 +9,11 @@
 //! are the console's views: joins (an approval card with its times and live session),
 //! judgements made once for every reader (whether a recorded executable is verified),
 //! display escaping, and the console's own inputs, errors and events.
+//!
+//! Why this file is long: it is the whole IPC boundary in one place, a list of plain
+//! types and their conversions from the engine's records, which the bindings generator
+//! walks and a reviewer checks for anything secret in one read; split by screen, the
+//! boundary would no longer be visible as a whole.
 
 use postern_broker::contract::Code;
 use serde::{Deserialize, Serialize};
