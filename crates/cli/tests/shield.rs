@@ -427,3 +427,64 @@ fn bad_input_fails_before_the_agent_starts_and_names_the_fix() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("postern daemon"));
     assert!(!marker.exists(), "the command never ran");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_outside_the_sandbox_cannot_pass_as_confined_through_the_shields_socket() {
+    if !shields_available() {
+        return;
+    }
+    let server = Adversary::start(Behavior::ok_json("{\"items\":[1]}"))
+        .await
+        .unwrap();
+    let config = format!(
+        "{}require_confined = true\n",
+        support::config(&server.base_url())
+    );
+    let world = World::new(&config);
+    // A shield whose agent just waits; its socket is visible outside, to this user.
+    let mut shield = world
+        .postern()
+        .args(["shield", "--", "sleep", "30"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let shields = world.daemon.dir.path().join("run/shields");
+    let mut socket = None;
+    for _ in 0..200 {
+        socket = std::fs::read_dir(&shields)
+            .ok()
+            .and_then(|mut d| d.find_map(Result::ok))
+            .map(|e| e.path());
+        if socket.is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    let socket = socket.expect("the shield's socket");
+    // Give the broker the time to register the sandbox, so the socket admits someone.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // An unconfined bridge on the shield's socket: the broker sees its namespaces and
+    // drops the connection, so no call runs and no confined session is recorded.
+    let request = json!({"url": server.url("/v1/items"), "method": "GET"});
+    if let Ok(client) = agent::connect(&world.postern, &socket).await {
+        let answer = agent::call(&client, "http_request", request).await;
+        if let Ok(result) = answer {
+            let value = structured(&result);
+            assert_ne!(value["outcome"], "committed", "{value}");
+        }
+        let _ = client.cancel().await;
+    }
+    assert_eq!(server.requests().len(), 0, "nothing was sent");
+    let conn = world.daemon.journal();
+    let sessions = provenance::recorded_sessions(&conn, 10).unwrap();
+    assert!(
+        sessions.iter().all(|s| s.opened.confinement.is_none()),
+        "{:?}",
+        sessions
+            .iter()
+            .map(|s| &s.opened.confinement)
+            .collect::<Vec<_>>()
+    );
+    let _ = shield.kill();
+    let _ = shield.wait();
+}
