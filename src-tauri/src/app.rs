@@ -631,6 +631,11 @@ pub fn main_entry() -> i32 {
         return autostart_command(&args, action);
     }
     webview::reexec_with_environment();
+    // Before any secret is read: no same-user process may read this one's memory (the
+    // webview's own processes are separate and never hold one).
+    if let Err(e) = postern_broker::platform::harden_process() {
+        eprintln!("postern-console: warning: this process could not be made non-dumpable ({e})");
+    }
     let instance = match claim_instance(&args) {
         Ok(instance) => instance,
         Err(code) => return code,

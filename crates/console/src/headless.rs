@@ -78,6 +78,10 @@ pub enum HeadlessError {
 /// Runs until SIGINT or SIGTERM (on Windows: Ctrl-C, Ctrl-Break, the console closing or
 /// the system shutting down).
 pub async fn run(args: HeadlessArgs) -> Result<(), HeadlessError> {
+    // Before any secret is read: no same-user process may read this one's memory.
+    if let Err(e) = postern_broker::platform::harden_process() {
+        eprintln!("postern: warning: this process could not be made non-dumpable ({e})");
+    }
     let socket = args
         .daemon
         .socket

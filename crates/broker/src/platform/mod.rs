@@ -88,6 +88,25 @@ pub fn raise_descriptor_limit() -> Option<u64> {
     None
 }
 
+/// Keeps other processes of this user out of this one's memory, for a process that holds
+/// secrets for a moment (the broker, the console): on Linux it becomes non-dumpable, so a
+/// process of the same user without CAP_SYS_PTRACE can neither ptrace it nor read its
+/// `/proc/PID/mem`, `environ` or `maps`; on every unix it writes no core file. Windows:
+/// nothing here (a process's memory is guarded by its token's DACL).
+pub fn harden_process() -> std::io::Result<()> {
+    imp_harden()
+}
+
+#[cfg(unix)]
+fn imp_harden() -> std::io::Result<()> {
+    unix::harden_process()
+}
+
+#[cfg(windows)]
+fn imp_harden() -> std::io::Result<()> {
+    Ok(())
+}
+
 /// A connection a [`Listener`] accepted: a Unix stream, or the server end of a named pipe.
 #[cfg(unix)]
 pub type Accepted = tokio::net::UnixStream;

@@ -111,6 +111,21 @@ pub fn raise_descriptor_limit() -> Option<u64> {
     getrlimit(Resource::Nofile).current
 }
 
+/// See [`super::harden_process`].
+pub(super) fn harden_process() -> io::Result<()> {
+    use rustix::process::{Resource, Rlimit, setrlimit};
+    setrlimit(
+        Resource::Core,
+        Rlimit {
+            current: Some(0),
+            maximum: Some(0),
+        },
+    )?;
+    #[cfg(target_os = "linux")]
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)?;
+    Ok(())
+}
+
 /// The effective uid of this process (geteuid: no /proc read, so no way to fail).
 pub fn own_uid() -> Option<u32> {
     Some(rustix::process::geteuid().as_raw())
