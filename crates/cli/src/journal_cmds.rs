@@ -252,6 +252,34 @@ pub fn verify_manifest(key: &str, file: &Path, json: bool) -> common::Outcome {
     }
 }
 
+/// Where `audit verify` gets the key the journal's checkpoints are checked against.
+pub enum Verifier<'a> {
+    /// The audit signing key in the keychain (its public half is what is used).
+    Keychain {
+        backend: KeychainBackend,
+        service: &'a str,
+        vault_key_file: Option<&'a Path>,
+    },
+    /// A verifier key as `postern audit key` prints it: no keychain at all.
+    Public(&'a str),
+}
+
+/// The Ed25519 key of a verifier key `name+id+base64`, whose name must be the log origin
+/// that key gives (so a key for another journal is refused by name, not only by a
+/// failed signature).
+fn public_verifier(text: &str) -> Result<ed25519_dalek::VerifyingKey, Failure> {
+    use postern_broker::transparency::note::VerifierKey;
+    let vkey = VerifierKey::parse(text).map_err(|e| Failure::unavailable(format!("--key: {e}")))?;
+    let origin = audit::log_origin(&vkey.key);
+    if vkey.name != origin {
+        return Err(Failure::unavailable(format!(
+            "--key names {:?}, but the journal that key signs is {origin:?}",
+            vkey.name
+        )));
+    }
+    Ok(vkey.key)
+}
+
 /// The journal, opened read-only, and its audit key (see [`audit_key`]).
 fn journal_and_audit_key(
     data_dir: &Path,
@@ -319,14 +347,27 @@ pub struct VerifyAgainst<'a> {
 
 pub fn audit_verify(
     data_dir: &Path,
-    backend: KeychainBackend,
-    service: &str,
+    verifier: Verifier<'_>,
     against: &VerifyAgainst<'_>,
-    vault_key_file: Option<&Path>,
     json: bool,
 ) -> common::Outcome {
-    let (db, conn, key) = journal_and_audit_key(data_dir, backend, service, vault_key_file, json)?;
-    let log_key = key.verifying_key();
+    let (db, conn, log_key) = match verifier {
+        Verifier::Keychain {
+            backend,
+            service,
+            vault_key_file,
+        } => {
+            let (db, conn, key) =
+                journal_and_audit_key(data_dir, backend, service, vault_key_file, json)?;
+            (db, conn, key.verifying_key())
+        }
+        Verifier::Public(text) => {
+            let key = public_verifier(text).map_err(|f| f.with_json(json, "bad_key"))?;
+            let (db, conn) = common::open_journal_read_only(data_dir)
+                .map_err(|f| f.with_json(json, "unreadable"))?;
+            (db, conn, key)
+        }
+    };
     let witnesses = match against.config {
         None => Vec::new(),
         Some(file) => {

@@ -366,6 +366,11 @@ enum AuditCmd {
         /// journal cut or rewritten behind it fails.
         #[arg(long)]
         ask_witnesses: bool,
+        /// Verify with this public verifier key (`name+id+base64`, as `postern audit key`
+        /// prints it) instead of the keychain's: no keychain is opened, so a copy of the
+        /// journal can be checked on another machine, by an auditor who holds no secret.
+        #[arg(long, value_name = "VKEY")]
+        key: Option<String>,
         /// Print the report (or the failure) as JSON.
         #[arg(long)]
         json: bool,
@@ -628,17 +633,23 @@ fn run(cli: Cli) -> common::Outcome {
             anchor,
             config,
             ask_witnesses,
+            key,
             json,
         }) => journal_cmds::audit_verify(
             &data_dir.resolve(),
-            keychain.keychain.backend(),
-            &keychain.keychain_service,
+            match key.as_deref() {
+                Some(key) => journal_cmds::Verifier::Public(key),
+                None => journal_cmds::Verifier::Keychain {
+                    backend: keychain.keychain.backend(),
+                    service: &keychain.keychain_service,
+                    vault_key_file: keychain.vault_key_file.as_deref(),
+                },
+            },
             &journal_cmds::VerifyAgainst {
                 anchor: anchor.anchor.as_deref(),
                 config: config.as_deref(),
                 ask_witnesses,
             },
-            keychain.vault_key_file.as_deref(),
             json,
         ),
         Command::Log(cmd) => journal_cmds::log(

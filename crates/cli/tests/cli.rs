@@ -944,3 +944,101 @@ fn audit_verify_passes_then_reports_the_tampered_sequence() {
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", all_output(&out));
 }
+
+#[test]
+fn audit_verify_with_the_public_key_alone_needs_no_keychain_and_still_catches_a_rewrite() {
+    if !has_secret_service() {
+        eprintln!("skipped: no DBUS_SESSION_BUS_ADDRESS (no Secret Service)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("journal.db");
+    let service = unique("postern-test");
+    let _cleanup = Cleanup {
+        data_dir: dir.path().to_path_buf(),
+        service: service.clone(),
+        ids: vec![postern_broker::audit::AUDIT_KEY_ID],
+    };
+    let now = SystemClock.now_ms();
+    let key = {
+        let vault = Vault::open(
+            Keychain::new(KeychainBackend::SecretService, &service).unwrap(),
+            &db,
+        )
+        .unwrap();
+        postern_broker::audit::signing_key_from_vault(&vault, now).unwrap()
+    };
+    let clock = ManualClock::new(now - 2 * 3_600_000);
+    let journal = open_journal(&db, &clock, key);
+    populate(&journal, &clock);
+    journal.close().unwrap();
+    let printed = postern(&[
+        "audit",
+        "key",
+        "--data-dir",
+        dir_str(dir.path()),
+        "--keychain-service",
+        &service,
+        "--json",
+    ]);
+    let vkey = serde_json::from_str::<Value>(stdout(&printed).trim()).unwrap()["key"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // A copy of the journal elsewhere, checked with no keychain reachable at all.
+    let copy = tempfile::tempdir().unwrap();
+    std::fs::copy(&db, copy.path().join("journal.db")).unwrap();
+    let verify = |key: &str| {
+        Command::new(env!("CARGO_BIN_EXE_postern"))
+            .args(["audit", "verify", "--data-dir"])
+            .arg(copy.path())
+            .args(["--key", key])
+            .env_remove("DBUS_SESSION_BUS_ADDRESS")
+            .env("XDG_STATE_HOME", copy.path().join("state"))
+            .output()
+            .unwrap()
+    };
+    let out = verify(&vkey);
+    assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
+    assert!(
+        stdout(&out).contains("every one signed"),
+        "{}",
+        all_output(&out)
+    );
+
+    // A key for another journal is refused by its name.
+    let other = ed25519_dalek::SigningKey::from_bytes(&[9u8; 32]).verifying_key();
+    let foreign = postern_broker::transparency::note::VerifierKey::new(
+        &postern_broker::audit::log_origin(&other),
+        postern_broker::transparency::note::KeyAlg::Ed25519,
+        other,
+    )
+    .unwrap()
+    .encode();
+    let out = verify(&foreign);
+    assert_eq!(out.status.code(), Some(1), "{}", all_output(&out));
+    // A verifier key whose name is not its own journal's: refused before reading.
+    let renamed = vkey.replacen(vkey.split('+').next().unwrap(), "someone.else/log", 1);
+    let out = verify(&renamed);
+    assert_eq!(out.status.code(), Some(2), "{}", all_output(&out));
+
+    // The copy rewritten: the public key alone finds it.
+    let conn = Connection::open(copy.path().join("journal.db")).unwrap();
+    let changed = conn
+        .execute(
+            "UPDATE events SET body = replace(body, 'search', 'sEarch') WHERE seq = \
+             (SELECT min(seq) FROM events WHERE invocation_id = 'inv_dns')",
+            [],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+    drop(conn);
+    let out = verify(&vkey);
+    assert_eq!(out.status.code(), Some(1), "{}", all_output(&out));
+    assert!(
+        stdout(&out).contains("audit FAILED"),
+        "{}",
+        all_output(&out)
+    );
+}
