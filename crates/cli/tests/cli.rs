@@ -1006,6 +1006,14 @@ fn audit_verify_with_the_public_key_alone_needs_no_keychain_and_still_catches_a_
         "{}",
         all_output(&out)
     );
+    assert!(
+        stdout(&out).contains(
+            "assurance: checked against the public key given; how its private half is kept \
+             is not known here; no witness's cosignature was checked"
+        ),
+        "{}",
+        all_output(&out)
+    );
 
     // A key for another journal is refused by its name.
     let other = ed25519_dalek::SigningKey::from_bytes(&[9u8; 32]).verifying_key();

@@ -342,6 +342,16 @@ async fn a_witness_cosigns_the_journal_and_refutes_a_rewrite_signed_with_the_sto
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
+    // And it says what that proves.
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("assurance: signed with a key in the user's keychain"),
+        "{text}"
+    );
+    assert!(
+        text.contains("cosigned by 1 witness: a rewrite behind what it holds fails"),
+        "{text}"
+    );
 
     // The attack, with the broker stopped.
     drop(daemon);
@@ -356,13 +366,15 @@ async fn a_witness_cosigns_the_journal_and_refutes_a_rewrite_signed_with_the_sto
         .unwrap();
     rewrite_with_stolen_key(&broker.db(), &broker.anchor, &stolen, first_call as u64);
 
-    // Locally, the forgery is perfect.
+    // Locally, the forgery is perfect; the verdict says why that proves little.
     let out = broker.verify(false);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("could read and re-sign with"), "{text}");
     // The witness is not fooled.
     let out = broker.verify(true);
     assert_eq!(

@@ -28,6 +28,8 @@ pub struct TreeHead {
     pub root: [u8; 32],
     /// Who holds it, for the message.
     pub source: String,
+    /// The witness that cosigned it, when one did.
+    pub witness: Option<String>,
 }
 
 /// What `verify_file` checks the journal against besides its own tables.

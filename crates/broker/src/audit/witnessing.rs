@@ -284,6 +284,7 @@ pub fn cosigned_heads(
             size: opened.body.size,
             root: opened.body.root,
             source: format!("witness {name} (stored cosignature)"),
+            witness: Some(name.to_string()),
         });
     }
     Ok(heads)
@@ -316,6 +317,7 @@ pub async fn ask_witnesses(
             size: opened.body.size,
             root: opened.body.root,
             source: format!("witness {} (asked now)", w.name),
+            witness: Some(w.name.clone()),
         });
     }
     Ok(heads)

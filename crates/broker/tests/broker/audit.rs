@@ -749,6 +749,7 @@ fn a_rewrite_re_signed_with_the_stolen_audit_key_is_caught_only_by_a_witness() {
         size: EVENTS,
         root: tree_root_at(&conn, EVENTS),
         source: "witness w1".into(),
+        witness: Some("w1".into()),
     };
     flip_body_byte(&conn, 12);
     rechain_from(&conn, 12);
