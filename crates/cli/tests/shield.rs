@@ -495,3 +495,48 @@ async fn a_process_outside_the_sandbox_cannot_pass_as_confined_through_the_shiel
     let _ = shield.kill();
     let _ = shield.wait();
 }
+
+#[test]
+fn a_terminal_resize_reaches_the_agent_in_its_own_session() {
+    if !shields_available() {
+        return;
+    }
+    use std::io::BufRead;
+    let world = World::new(&support::config("http://127.0.0.1:9"));
+    let mut shield = world
+        .postern()
+        .args(["shield", "--", "sh", "-c"])
+        .arg("trap 'echo resized; exit 0' WINCH; echo ready; while :; do sleep 0.05; done")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    let stdout = shield.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let next = || lines.recv_timeout(std::time::Duration::from_secs(10));
+    assert_eq!(next().unwrap(), "ready");
+    // What a terminal sends the foreground process group when it is resized.
+    assert!(
+        Command::new("kill")
+            .args(["-WINCH", &shield.id().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let resized = next();
+    let _ = shield.kill();
+    let _ = shield.wait();
+    assert_eq!(
+        resized.as_deref(),
+        Ok("resized"),
+        "the agent never saw the resize"
+    );
+}

@@ -273,6 +273,45 @@ pub fn start(
     }
 }
 
+/// Passes terminal resizes on to the agent. The sandbox runs in a session of its own
+/// (so it cannot push keystrokes into the user's terminal), which also means the
+/// terminal's SIGWINCH reaches this process and not the agent: each one is sent on to the
+/// process group of the sandbox's command, the child of its first process `sandbox`.
+pub async fn forward_resizes(sandbox: u32) {
+    let Ok(mut resized) =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change())
+    else {
+        return;
+    };
+    while resized.recv().await.is_some() {
+        if let Some(group) = command_group(sandbox) {
+            signal_group(group, libc::SIGWINCH);
+        }
+    }
+}
+
+/// The process group of the sandbox's command: the first child of its first process.
+fn command_group(sandbox: u32) -> Option<i32> {
+    let children =
+        std::fs::read_to_string(format!("/proc/{sandbox}/task/{sandbox}/children")).ok()?;
+    let command: u32 = children.split_whitespace().next()?.parse().ok()?;
+    let stat = std::fs::read_to_string(format!("/proc/{command}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces) in parentheses: state, ppid,
+    // pgrp.
+    let rest = stat.rsplit_once(')')?.1;
+    rest.split_whitespace().nth(2)?.parse().ok()
+}
+
+#[allow(unsafe_code)]
+fn signal_group(group: i32, signal: i32) {
+    if group > 1 {
+        // SAFETY: kill takes plain integers; a negative pid names a process group.
+        unsafe {
+            libc::kill(-group, signal);
+        }
+    }
+}
+
 /// Reads bubblewrap's `--info-fd` until its JSON names the child (bubblewrap may keep
 /// the descriptor open) or the descriptor ends.
 fn read_child_pid(mut info: std::fs::File) -> Option<u32> {

@@ -244,13 +244,16 @@ mod linux {
                  confined",
                 confinement.shield, confinement.network
             );
+            let sandbox = held.sandbox_pid;
             let mut child = held
                 .release()
                 .map_err(|e| shield_failure(format!("the sandbox could not be released: {e}")))?;
+            let resizes = tokio::spawn(confine::forward_resizes(sandbox));
             let status = tokio::task::spawn_blocking(move || child.wait())
                 .await
                 .map_err(|e| shield_failure(e.to_string()))?
                 .map_err(|e| shield_failure(format!("waiting for the sandbox: {e}")))?;
+            resizes.abort();
             // The broker removes the shield's socket when this goes.
             drop(control);
             exit_of(status)
