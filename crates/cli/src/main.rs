@@ -264,6 +264,16 @@ struct KeychainArgs {
     vault_key_file: Option<PathBuf>,
 }
 
+impl KeychainArgs {
+    fn spec(&self) -> common::KeychainSpec<'_> {
+        common::KeychainSpec {
+            backend: self.keychain.backend(),
+            service: &self.keychain_service,
+            vault_key_file: self.vault_key_file.as_deref(),
+        }
+    }
+}
+
 /// Where the latest signed checkpoint is kept outside the data directory.
 #[derive(Args)]
 struct AnchorArg {
@@ -612,13 +622,7 @@ fn run(cli: Cli) -> common::Outcome {
             data_dir,
             keychain,
             json,
-        }) => journal_cmds::audit_key_print(
-            &data_dir.resolve(),
-            keychain.keychain.backend(),
-            &keychain.keychain_service,
-            keychain.vault_key_file.as_deref(),
-            json,
-        ),
+        }) => journal_cmds::audit_key_print(&data_dir.resolve(), &keychain.spec(), json),
         Command::Audit(AuditCmd::VerifyManifest { key, file, json }) => {
             journal_cmds::verify_manifest(&key, &file, json)
         }
@@ -631,14 +635,12 @@ fn run(cli: Cli) -> common::Outcome {
             json,
         }) => journal_cmds::audit_verify(
             &data_dir.resolve(),
-            keychain.keychain.backend(),
-            &keychain.keychain_service,
+            &keychain.spec(),
             &journal_cmds::VerifyAgainst {
                 anchor: anchor.anchor.as_deref(),
                 config: config.as_deref(),
                 ask_witnesses,
             },
-            keychain.vault_key_file.as_deref(),
             json,
         ),
         Command::Log(cmd) => journal_cmds::log(
@@ -670,15 +672,7 @@ fn run(cli: Cli) -> common::Outcome {
                 Some(path) => vault_cmd::Source::File(path),
                 None => vault_cmd::Source::Stdin,
             };
-            vault_cmd::set(
-                &data_dir.resolve(),
-                keychain.keychain.backend(),
-                &keychain.keychain_service,
-                keychain.vault_key_file.as_deref(),
-                &id,
-                kind,
-                &source,
-            )
+            vault_cmd::set(&data_dir.resolve(), &keychain.spec(), &id, kind, &source)
         }
         Command::Vault(VaultCmd::List {
             data_dir,
@@ -690,14 +684,7 @@ fn run(cli: Cli) -> common::Outcome {
             force,
             data_dir,
             keychain,
-        }) => vault_cmd::remove(
-            &data_dir.resolve(),
-            keychain.keychain.backend(),
-            &keychain.keychain_service,
-            keychain.vault_key_file.as_deref(),
-            &id,
-            force,
-        ),
+        }) => vault_cmd::remove(&data_dir.resolve(), &keychain.spec(), &id, force),
         Command::Operator(cmd) => {
             let socket = cmd.socket.unwrap_or_else(|| {
                 postern_console::operator::default_operator_socket(&postern_mcp::default_socket(
