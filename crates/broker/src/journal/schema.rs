@@ -10,6 +10,7 @@ use std::time::Duration;
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 
 use super::store::JournalError;
+use crate::migrations::Failed;
 use crate::vault::{Keychain, Vault};
 
 /// `PRAGMA application_id` of a Postern journal ("PSTN").
@@ -325,31 +326,13 @@ fn identify(conn: &Connection, path: &Path) -> Result<i64, JournalError> {
 }
 
 fn migrate(conn: &Connection, path: &Path, version: i64) -> Result<(), JournalError> {
-    let err = |e: rusqlite::Error| classify(path, e);
-    for (index, sql) in MIGRATIONS
-        .iter()
-        .enumerate()
-        .skip(usize::try_from(version).unwrap_or(0))
-    {
-        let next = index as i64 + 1;
-        // One IMMEDIATE transaction per migration: a failure leaves the previous version
-        // intact, never a half-migrated file.
-        conn.execute_batch("BEGIN IMMEDIATE").map_err(err)?;
-        let applied = conn.execute_batch(sql).and_then(|_| {
-            conn.execute_batch(&format!(
-                "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {next};"
-            ))
-        });
-        match applied {
-            Ok(()) => conn.execute_batch("COMMIT").map_err(err)?,
-            Err(e) => {
-                let _ = conn.execute_batch("ROLLBACK");
-                return Err(JournalError::Open {
-                    path: path.to_path_buf(),
-                    detail: format!("migration {next} failed: {e}"),
-                });
-            }
+    crate::migrations::apply(conn, APPLICATION_ID, MIGRATIONS, version).map_err(|failed| {
+        match failed {
+            Failed::Transaction(e) => classify(path, e),
+            Failed::Migration { number, error } => JournalError::Open {
+                path: path.to_path_buf(),
+                detail: format!("migration {number} failed: {error}"),
+            },
         }
-    }
-    Ok(())
+    })
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::note::{KeyAlg, VerifierKey};
+use crate::migrations::Failed;
 
 /// `PRAGMA application_id` of a witness database ("PSWT").
 pub const APPLICATION_ID: i64 = 0x5053_5754;
@@ -78,30 +79,15 @@ pub fn open(path: &Path) -> Result<Connection, StoreError> {
     .map_err(open_err)?;
     conn.busy_timeout(Duration::from_secs(5))
         .map_err(open_err)?;
-    for (index, sql) in MIGRATIONS
-        .iter()
-        .enumerate()
-        .skip(usize::try_from(version).unwrap_or(0))
-    {
-        let next = index as i64 + 1;
-        // One IMMEDIATE transaction per migration: never a half-migrated file.
-        conn.execute_batch("BEGIN IMMEDIATE").map_err(open_err)?;
-        let applied = conn.execute_batch(sql).and_then(|_| {
-            conn.execute_batch(&format!(
-                "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {next};"
-            ))
-        });
-        match applied {
-            Ok(()) => conn.execute_batch("COMMIT").map_err(open_err)?,
-            Err(e) => {
-                let _ = conn.execute_batch("ROLLBACK");
-                return Err(StoreError::Open {
-                    path: path.to_path_buf(),
-                    detail: format!("migration {next} failed: {e}"),
-                });
-            }
+    crate::migrations::apply(&conn, APPLICATION_ID, MIGRATIONS, version).map_err(|failed| {
+        match failed {
+            Failed::Transaction(e) => open_err(e),
+            Failed::Migration { number, error } => StoreError::Open {
+                path: path.to_path_buf(),
+                detail: format!("migration {number} failed: {error}"),
+            },
         }
-    }
+    })?;
     Ok(conn)
 }
 
