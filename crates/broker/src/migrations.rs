@@ -1,10 +1,39 @@
 //! Numbered migrations of the broker's SQLite files (the journal, a witness's state):
-//! each runs in its own IMMEDIATE transaction, which also stamps the file's
+//! what a file is, read before anything writes to it ([`identify`]), then each migration
+//! it lacks in its own IMMEDIATE transaction, which also stamps the file's
 //! `application_id` and `user_version`, so a failure leaves the previous version intact,
-//! never a half-migrated file. Never: import a module that uses it; each file keeps its
-//! own migrations and says what a failure means for it.
+//! never a half-migrated file ([`apply`]). Never: import a module that uses it; each file
+//! keeps its own migrations and says what a refusal or a failure means for it.
 
 use rusqlite::Connection;
+
+/// What a file is, by its `application_id` and `user_version`.
+pub(crate) enum Identified {
+    /// Ours at this version (0: new and empty), which this build can bring up to date.
+    Ours(i64),
+    /// Another program's database: another application id, or tables without ours.
+    Foreign,
+    /// Ours, at this version, newer than this build knows.
+    Newer(i64),
+}
+
+/// Reads (never writes) what the file behind `conn` is.
+pub(crate) fn identify(
+    conn: &Connection,
+    application_id: i64,
+    schema_version: i64,
+) -> rusqlite::Result<Identified> {
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    let app_id: i64 = conn.query_row("PRAGMA application_id", [], |r| r.get(0))?;
+    let tables: i64 = conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))?;
+    Ok(if app_id != application_id && (app_id != 0 || tables > 0) {
+        Identified::Foreign
+    } else if version > schema_version {
+        Identified::Newer(version)
+    } else {
+        Identified::Ours(version)
+    })
+}
 
 /// Why [`apply`] stopped.
 pub(crate) enum Failed {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 
 use super::store::JournalError;
-use crate::migrations::Failed;
+use crate::migrations::{Failed, Identified};
 use crate::vault::{Keychain, Vault};
 
 /// `PRAGMA application_id` of a Postern journal ("PSTN").
@@ -301,28 +301,17 @@ fn identify(conn: &Connection, path: &Path) -> Result<i64, JournalError> {
     // Reading the header turns "not a database" into an error before any write.
     conn.query_row("PRAGMA schema_version", [], |r| r.get::<_, i64>(0))
         .map_err(err)?;
-    let version: i64 = conn
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .map_err(err)?;
-    let app_id: i64 = conn
-        .query_row("PRAGMA application_id", [], |r| r.get(0))
-        .map_err(err)?;
-    let tables: i64 = conn
-        .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
-        .map_err(err)?;
-    if app_id != APPLICATION_ID && (app_id != 0 || tables > 0) {
-        return Err(JournalError::Foreign {
+    match crate::migrations::identify(conn, APPLICATION_ID, SCHEMA_VERSION).map_err(err)? {
+        Identified::Ours(version) => Ok(version),
+        Identified::Foreign => Err(JournalError::Foreign {
             path: path.to_path_buf(),
-        });
-    }
-    if version > SCHEMA_VERSION {
-        return Err(JournalError::NewerSchema {
+        }),
+        Identified::Newer(found) => Err(JournalError::NewerSchema {
             path: path.to_path_buf(),
-            found: version,
+            found,
             supported: SCHEMA_VERSION,
-        });
+        }),
     }
-    Ok(version)
 }
 
 fn migrate(conn: &Connection, path: &Path, version: i64) -> Result<(), JournalError> {
