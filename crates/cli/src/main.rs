@@ -250,6 +250,16 @@ impl KeychainArg {
     }
 }
 
+/// Where the broker keeps its state: the data directory, and the keychain that holds its
+/// secrets.
+#[derive(Args)]
+struct StateArgs {
+    #[command(flatten)]
+    data_dir: DataDirArg,
+    #[command(flatten)]
+    keychain: KeychainArgs,
+}
+
 #[derive(Args)]
 struct KeychainArgs {
     /// Which OS keychain holds the secrets.
@@ -348,9 +358,7 @@ enum AuditCmd {
         postern witness add-log --data-dir W --origin ORIGIN --key KEY")]
     Key {
         #[command(flatten)]
-        data_dir: DataDirArg,
-        #[command(flatten)]
-        keychain: KeychainArgs,
+        state: StateArgs,
         /// Print {"origin": …, "key": …} as JSON.
         #[arg(long)]
         json: bool,
@@ -363,9 +371,7 @@ enum AuditCmd {
         printed), 2 the journal or the audit key cannot be read.")]
     Verify {
         #[command(flatten)]
-        data_dir: DataDirArg,
-        #[command(flatten)]
-        keychain: KeychainArgs,
+        state: StateArgs,
         #[command(flatten)]
         anchor: AnchorArg,
         /// The targets file: its [[witness]] keys check the cosignatures the journal
@@ -473,17 +479,13 @@ enum VaultCmd {
         #[arg(long, value_name = "PATH")]
         from_file: Option<PathBuf>,
         #[command(flatten)]
-        data_dir: DataDirArg,
-        #[command(flatten)]
-        keychain: KeychainArgs,
+        state: StateArgs,
     },
     /// List credentials: id, kind, version, created, rotated, last used. Never secrets.
     #[command(after_help = "Example:\n  postern vault list --data-dir ~/.local/share/postern")]
     List {
         #[command(flatten)]
-        data_dir: DataDirArg,
-        #[command(flatten)]
-        keychain: KeychainArgs,
+        state: StateArgs,
         /// One JSON object per line.
         #[arg(long)]
         json: bool,
@@ -499,9 +501,7 @@ enum VaultCmd {
         #[arg(long)]
         force: bool,
         #[command(flatten)]
-        data_dir: DataDirArg,
-        #[command(flatten)]
-        keychain: KeychainArgs,
+        state: StateArgs,
     },
 }
 
@@ -618,24 +618,21 @@ fn run(cli: Cli) -> common::Outcome {
             runtime.shutdown_background();
             result.map_err(|e| Failure::failed(format!("mcp: {e}")))
         }
-        Command::Audit(AuditCmd::Key {
-            data_dir,
-            keychain,
-            json,
-        }) => journal_cmds::audit_key_print(&data_dir.resolve(), &keychain.spec(), json),
+        Command::Audit(AuditCmd::Key { state, json }) => {
+            journal_cmds::audit_key_print(&state.data_dir.resolve(), &state.keychain.spec(), json)
+        }
         Command::Audit(AuditCmd::VerifyManifest { key, file, json }) => {
             journal_cmds::verify_manifest(&key, &file, json)
         }
         Command::Audit(AuditCmd::Verify {
-            data_dir,
-            keychain,
+            state,
             anchor,
             config,
             ask_witnesses,
             json,
         }) => journal_cmds::audit_verify(
-            &data_dir.resolve(),
-            &keychain.spec(),
+            &state.data_dir.resolve(),
+            &state.keychain.spec(),
             &journal_cmds::VerifyAgainst {
                 anchor: anchor.anchor.as_deref(),
                 config: config.as_deref(),
@@ -661,8 +658,7 @@ fn run(cli: Cli) -> common::Outcome {
             id,
             kind,
             from_file,
-            data_dir,
-            keychain,
+            state,
         }) => {
             let kind = match kind {
                 KindArg::Token => CredentialKind::Token,
@@ -672,19 +668,23 @@ fn run(cli: Cli) -> common::Outcome {
                 Some(path) => vault_cmd::Source::File(path),
                 None => vault_cmd::Source::Stdin,
             };
-            vault_cmd::set(&data_dir.resolve(), &keychain.spec(), &id, kind, &source)
+            vault_cmd::set(
+                &state.data_dir.resolve(),
+                &state.keychain.spec(),
+                &id,
+                kind,
+                &source,
+            )
         }
-        Command::Vault(VaultCmd::List {
-            data_dir,
-            keychain: _,
-            json,
-        }) => vault_cmd::list(&data_dir.resolve(), json),
-        Command::Vault(VaultCmd::Rm {
-            id,
+        Command::Vault(VaultCmd::List { state, json }) => {
+            vault_cmd::list(&state.data_dir.resolve(), json)
+        }
+        Command::Vault(VaultCmd::Rm { id, force, state }) => vault_cmd::remove(
+            &state.data_dir.resolve(),
+            &state.keychain.spec(),
+            &id,
             force,
-            data_dir,
-            keychain,
-        }) => vault_cmd::remove(&data_dir.resolve(), &keychain.spec(), &id, force),
+        ),
         Command::Operator(cmd) => {
             let socket = cmd.socket.unwrap_or_else(|| {
                 postern_console::operator::default_operator_socket(&postern_mcp::default_socket(
