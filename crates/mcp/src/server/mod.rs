@@ -28,7 +28,6 @@ mod calls;
 mod opening;
 mod sessions;
 
-use calls::Early;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -53,6 +52,7 @@ use postern_broker::provenance::BridgeReport;
 use crate::caller::AgentIdentity;
 use crate::tools::{self, NoArgs};
 pub use answers::{result_of, ssh_result_of};
+use calls::Early;
 use opening::Opening;
 pub use sessions::{SessionRecord, Sessions};
 
