@@ -42,17 +42,26 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Waits up to 10 s for NAME (PID, logging to LOG) to be ready (the rest of the arguments,
+# a command); fails with its log if it died.
+wait_started() {
+    local name=$1 pid=$2 log=$3
+    shift 3
+    for _ in $(seq 1 100); do
+        "$@" && break
+        sleep 0.1
+    done
+    if ! kill -0 "$pid" 2>/dev/null; then
+        echo "$name did not start:" >&2
+        cat "$log" >&2
+        exit 1
+    fi
+}
+port_taken() { ! port_free "$1"; }
+
 Xvfb ":$display_number" -screen 0 1280x860x24 -nolisten tcp >"$log_dir/xvfb.log" 2>&1 &
 xvfb_pid=$!
-for _ in $(seq 1 100); do
-    [ -e "/tmp/.X11-unix/X$display_number" ] && break
-    sleep 0.1
-done
-if ! kill -0 "$xvfb_pid" 2>/dev/null; then
-    echo "Xvfb did not start:" >&2
-    cat "$log_dir/xvfb.log" >&2
-    exit 1
-fi
+wait_started Xvfb "$xvfb_pid" "$log_dir/xvfb.log" test -e "/tmp/.X11-unix/X$display_number"
 export DISPLAY=":$display_number"
 
 # The consoles tauri-driver starts keep WebKit's accelerated compositing on: without it
@@ -61,15 +70,7 @@ export DISPLAY=":$display_number"
 POSTERN_WEBVIEW_SETTINGS=none tauri-driver --port "$driver_port" --native-port "$((driver_port + 1))" \
     >"$log_dir/tauri-driver.log" 2>&1 &
 driver_pid=$!
-for _ in $(seq 1 100); do
-    port_free "$driver_port" || break
-    sleep 0.1
-done
-if ! kill -0 "$driver_pid" 2>/dev/null; then
-    echo "tauri-driver did not start:" >&2
-    cat "$log_dir/tauri-driver.log" >&2
-    exit 1
-fi
+wait_started tauri-driver "$driver_pid" "$log_dir/tauri-driver.log" port_taken "$driver_port"
 export TAURI_DRIVER_URL="http://127.0.0.1:$driver_port"
 
 "$@"

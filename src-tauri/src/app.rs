@@ -509,6 +509,23 @@ fn keep_serving_in_tray<R: Runtime>(app: &tauri::AppHandle<R>, event: &tauri::Ru
     }
 }
 
+/// SIGTERM/SIGINT end the app the same way closing the window does, so the journal signs
+/// its final checkpoint.
+fn exit_on_termination<R: Runtime>(app: &tauri::AppHandle<R>) {
+    let exit = app.clone();
+    tauri::async_runtime::spawn(async move {
+        if let Ok(mut terminate) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            tokio::select! {
+                _ = terminate.recv() => {},
+                _ = tokio::signal::ctrl_c() => {},
+            }
+            exit.exit(0);
+        }
+    });
+}
+
 /// What every exit does: the tray's icon files go.
 fn on_exit<R: Runtime>(app: &tauri::AppHandle<R>) {
     if let Some(tray) = app.try_state::<Tray<R>>() {
@@ -569,18 +586,7 @@ fn main_attached(args: &Args, socket: PathBuf, instance: Option<instance::Instan
                 socket.display()
             );
             let handle = app.handle().clone();
-            let exit = handle.clone();
-            tauri::async_runtime::spawn(async move {
-                if let Ok(mut terminate) =
-                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                {
-                    tokio::select! {
-                        _ = terminate.recv() => {},
-                        _ = tokio::signal::ctrl_c() => {},
-                    }
-                    exit.exit(0);
-                }
-            });
+            exit_on_termination(&handle);
             tauri::async_runtime::spawn(watch_attached(handle, backend.clone()));
             Ok(())
         })
@@ -691,20 +697,7 @@ pub fn main_entry() -> i32 {
                     Err(e) => eprintln!("postern-console: agent socket: {e}"),
                 }
             });
-            // SIGTERM/SIGINT end the app the same way closing the window does, so the
-            // journal signs its final checkpoint.
-            let exit = handle.clone();
-            tauri::async_runtime::spawn(async move {
-                if let Ok(mut terminate) =
-                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                {
-                    tokio::select! {
-                        _ = terminate.recv() => {},
-                        _ = tokio::signal::ctrl_c() => {},
-                    }
-                    exit.exit(0);
-                }
-            });
+            exit_on_termination(&handle);
             tauri::async_runtime::spawn(watch_approvals(handle.clone(), console.clone()));
             tauri::async_runtime::spawn(watch_pause(handle.clone(), console.clone()));
             tauri::async_runtime::spawn(watch_journal(handle, console.clone()));

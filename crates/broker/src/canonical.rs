@@ -1,11 +1,18 @@
 //! The canonical forms the record's digests are computed over: the tagged,
 //! length-prefixed encoder shared by the request fingerprint and the target version
 //! ([`Canonical`]), and the URL normalization both depend on (RFC 3986 dot segments and
-//! percent-encoding, RFC 9110 tokens). On the ground floor: it imports nothing of the
-//! engine, so the configuration and the normalized action can both use it.
+//! percent-encoding, RFC 9110 tokens), and the message a signature over a digest covers
+//! ([`signed_message`]). On the ground floor: it imports nothing of the engine, so the
+//! configuration and the normalized action can both use it.
 //!
 //! Never: change an encoding without changing its format version byte (digests already
 //! in journals must keep verifying).
+
+/// What a signature over `digest` covers: the signing context (domain separation), then
+/// the digest. Attestations, retry manifests and peer auths are signed this way.
+pub(crate) fn signed_message(context: &[u8], digest: &str) -> Vec<u8> {
+    [context, digest.as_bytes()].concat()
+}
 
 /// The tagged, length-prefixed canonical encoder shared by the fingerprint and the target
 /// version digest. Each scalar is `tag ‖ u64le(len) ‖ bytes`; see the module doc.

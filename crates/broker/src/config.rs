@@ -186,11 +186,7 @@ impl Config {
                 Err(problem) => {
                     let ctx = Ctx {
                         file: &self.source,
-                        target: TargetRef {
-                            section: Section::Http,
-                            index,
-                            name: Some(t.name.clone()),
-                        },
+                        target: TargetRef::named(Section::Http, index, &t.name),
                     };
                     let problem = Problem::InvalidEnvironmentProxy { variable, problem };
                     return Err(ctx.err("proxy", problem));
@@ -233,11 +229,7 @@ impl Config {
                 };
                 return Err(Ctx { file: path, target }.err("name", Problem::InvalidName));
             }
-            let target = TargetRef {
-                section,
-                index,
-                name: Some(name.clone()),
-            };
+            let target = TargetRef::named(section, index, name);
             if let Some(first) = names.get(name) {
                 let problem = Problem::DuplicateName {
                     first: first.clone(),
@@ -249,11 +241,7 @@ impl Config {
 
         let mut http = Vec::with_capacity(raw.http.len());
         for (index, t) in raw.http.into_iter().enumerate() {
-            let target = TargetRef {
-                section: Section::Http,
-                index,
-                name: Some(t.name.clone()),
-            };
+            let target = TargetRef::named(Section::Http, index, &t.name);
             let ctx = Ctx { file: path, target };
             let t = validate_http(&ctx, t, base_dir)?;
             // Two targets claiming the same prefix would make resolution depend on file
@@ -268,11 +256,7 @@ impl Config {
         }
         let mut ssh = Vec::with_capacity(raw.ssh.len());
         for (index, t) in raw.ssh.into_iter().enumerate() {
-            let target = TargetRef {
-                section: Section::Ssh,
-                index,
-                name: Some(t.name.clone()),
-            };
+            let target = TargetRef::named(Section::Ssh, index, &t.name);
             ssh.push(validate_ssh(&Ctx { file: path, target }, t)?);
         }
         let witnesses = raw
@@ -285,11 +269,7 @@ impl Config {
         let names: Vec<&str> = http.iter().map(|t| t.name.as_str()).collect();
         let mut peers: Vec<peer::PeerConfig> = Vec::with_capacity(raw.peer.len());
         for (index, p) in raw.peer.into_iter().enumerate() {
-            let target = TargetRef {
-                section: Section::Peer,
-                index,
-                name: Some(p.name().to_string()),
-            };
+            let target = TargetRef::named(Section::Peer, index, p.name());
             let ctx = Ctx { file: path, target };
             let p = peer::PeerConfig::check(p, &names).map_err(|(field, problem)| {
                 use peer::PeerProblem as P;
@@ -314,11 +294,7 @@ impl Config {
             })?;
             if let Some(first) = peers.iter().position(|q| q.name == p.name) {
                 let problem = Problem::DuplicateName {
-                    first: TargetRef {
-                        section: Section::Peer,
-                        index: first,
-                        name: Some(p.name.clone()),
-                    },
+                    first: TargetRef::named(Section::Peer, first, &p.name),
                 };
                 return Err(ctx.err("name", problem));
             }
@@ -342,11 +318,7 @@ impl Config {
             let Some(path) = &t.ca_file else { continue };
             let ctx = Ctx {
                 file: &self.source,
-                target: TargetRef {
-                    section: Section::Http,
-                    index,
-                    name: Some(t.name.clone()),
-                },
+                target: TargetRef::named(Section::Http, index, &t.name),
             };
             check_ca_file(&ctx, path)?;
         }

@@ -39,6 +39,8 @@
 
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 
+use crate::canonical::signed_message;
+
 pub use crate::config::peer::Attempts;
 pub use crate::record::peer::{
     Attestation, AttestationKind, CallBinding, Incident, Owner, TransportFault, Verdict,
@@ -135,7 +137,7 @@ impl Statement {
     /// Signs the statement with the broker's key.
     pub fn sign(self, key: &SigningKey) -> Attestation {
         let digest = self.digest();
-        let signature = key.sign(&signed_message(&digest));
+        let signature = key.sign(&signed_message(SIGNING_CONTEXT, &digest));
         Attestation {
             kind: self.kind,
             peer: self.peer,
@@ -160,12 +162,6 @@ fn optional(field: &mut impl FnMut(&[u8]), value: Option<&[u8]>) {
             field(bytes);
         }
     }
-}
-
-fn signed_message(digest: &str) -> Vec<u8> {
-    let mut message = SIGNING_CONTEXT.to_vec();
-    message.extend_from_slice(digest.as_bytes());
-    message
 }
 
 /// Why an attestation is not accepted as the pinned peer's statement about this request.
@@ -229,7 +225,7 @@ impl Attestation {
             .ok_or(Unverified::MalformedSignature)?;
         pinned
             .verify_strict(
-                &signed_message(&self.digest),
+                &signed_message(SIGNING_CONTEXT, &self.digest),
                 &Signature::from_bytes(&bytes),
             )
             .map_err(|_| Unverified::BadSignature {

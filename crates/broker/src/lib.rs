@@ -67,6 +67,8 @@
 //! - [`display`]: agent-written text made safe to show (escaping, body previews).
 //! - [`clock`]: time passed in, so expiry and leases are deterministic in tests.
 //! - [`budget`]: bytes many holders share, bounding what untrusted peers make us hold.
+//! - `migrations`: what a SQLite file is, and its numbered migrations (one IMMEDIATE
+//!   transaction each), for the journal and a witness's store.
 //! - [`platform`]: what differs between Linux, macOS and Windows (the local socket or
 //!   pipe and its peer's identity, process facts, owner-only files, directory fsync,
 //!   default directories), behind one interface the other crates call too.
@@ -88,6 +90,7 @@ pub mod evidence;
 pub mod federation;
 pub mod invocation;
 pub mod journal;
+mod migrations;
 pub mod operations;
 pub mod pause;
 pub mod platform;

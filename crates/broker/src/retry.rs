@@ -8,6 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::canonical::signed_message;
 use crate::contract::{Code, Outcome, RemoteContract, Retry};
 
 /// The placeholder a member query's path carries.
@@ -314,7 +315,7 @@ pub fn manifest(
         for_generation,
         now_ms,
     );
-    let signature = key.sign(&signed_message(&digest));
+    let signature = key.sign(&signed_message(MANIFEST_SIGNING_CONTEXT, &digest));
     RetryManifest {
         invocation_id: record.invocation_id.clone(),
         for_generation,
@@ -347,12 +348,6 @@ fn members_line(members: &[MemberDisposition]) -> String {
         count(Outcome::Committed),
         count(Outcome::Rejected) + count(Outcome::NotAttempted),
     )
-}
-
-fn signed_message(digest: &str) -> Vec<u8> {
-    let mut message = MANIFEST_SIGNING_CONTEXT.to_vec();
-    message.extend_from_slice(digest.as_bytes());
-    message
 }
 
 /// Why a manifest does not check out.
@@ -413,8 +408,11 @@ pub fn verify_manifest(
         });
     }
     let signature = ed25519_dalek::Signature::from_bytes(&sig_bytes);
-    key.verify_strict(&signed_message(&m.digest), &signature)
-        .map_err(|_| ManifestError::BadSignature)
+    key.verify_strict(
+        &signed_message(MANIFEST_SIGNING_CONTEXT, &m.digest),
+        &signature,
+    )
+    .map_err(|_| ManifestError::BadSignature)
 }
 
 fn verdict_for(record: &RecordFacts, decision: Decision) -> (Verdict, &'static str) {

@@ -131,21 +131,26 @@ pub fn open_journal_read_only(data_dir: &Path) -> Result<(PathBuf, Connection), 
     Ok((db, conn))
 }
 
-/// The chosen keychain backend under a service name. The `file` keychain lives in
-/// `data_dir` and needs its key: `vault_key_file`, else systemd's credential directory.
-pub fn keychain(
-    backend: KeychainBackend,
-    service: &str,
-    data_dir: &Path,
-    vault_key_file: Option<&Path>,
-) -> Result<Keychain, Failure> {
+/// The keychain the command line chose: `--keychain`, `--keychain-service` and
+/// `--vault-key-file`.
+pub struct KeychainSpec<'a> {
+    pub backend: KeychainBackend,
+    pub service: &'a str,
+    /// The `file` keychain's key [default: systemd's credential directory].
+    pub vault_key_file: Option<&'a Path>,
+}
+
+/// The chosen keychain backend under its service name. The `file` keychain lives in
+/// `data_dir` and needs its key.
+pub fn keychain(spec: &KeychainSpec<'_>, data_dir: &Path) -> Result<Keychain, Failure> {
+    let service = spec.service;
     let named = |e| Failure::unavailable(format!("keychain service name `{service}`: {e}"));
-    if backend == KeychainBackend::File {
-        let key = postern_broker::sealed_store::load_key(vault_key_file)
+    if spec.backend == KeychainBackend::File {
+        let key = postern_broker::sealed_store::load_key(spec.vault_key_file)
             .map_err(|e| Failure::unavailable(e.to_string()))?;
         return Keychain::file(data_dir, &key, service).map_err(named);
     }
-    Keychain::new(backend, service).map_err(named)
+    Keychain::new(spec.backend, service).map_err(named)
 }
 
 /// The current time in unix milliseconds.
@@ -169,6 +174,28 @@ pub fn printable(text: &str) -> String {
             }
         })
         .collect()
+}
+
+/// A listing: with `--json` one object a line, else `empty` when there is nothing to
+/// list, else a table of `headers`.
+pub fn print_listing<T>(
+    items: &[T],
+    json: bool,
+    as_json: impl Fn(&T) -> serde_json::Value,
+    empty: &str,
+    headers: &[&str],
+    as_row: impl Fn(&T) -> Vec<String>,
+) {
+    if json {
+        for item in items {
+            println!("{}", as_json(item));
+        }
+    } else if items.is_empty() {
+        println!("{empty}");
+    } else {
+        let rows: Vec<Vec<String>> = items.iter().map(as_row).collect();
+        print_table(headers, &rows);
+    }
 }
 
 /// A left-aligned plain-text table; the last column is not padded.

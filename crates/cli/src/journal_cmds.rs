@@ -7,10 +7,10 @@ use ed25519_dalek::SigningKey;
 use postern_broker::audit::{self, AUDIT_KEY_ID, AuditError};
 use postern_broker::contract::{Code, Outcome, Phase};
 use postern_broker::journal::query::{self, Filter, InvocationRow};
-use postern_broker::vault::{CredentialId, KeychainBackend, VaultError, meta};
+use postern_broker::vault::{CredentialId, VaultError, meta};
 use serde_json::{Value, json};
 
-use crate::common::{self, Failure, print_table, printable};
+use crate::common::{self, Failure, KeychainSpec, print_listing, print_table, printable};
 use crate::timefmt;
 
 /// `--phase`: a wire name of [`Phase`].
@@ -94,19 +94,15 @@ pub fn log(data_dir: &Path, args: LogArgs) -> common::Outcome {
     let rows = query::list(&conn, &filter, now).map_err(|e| {
         Failure::unavailable(format!("{}: {e}", db.display())).with_json(args.json, "unreadable")
     })?;
-    if args.json {
-        for row in &rows {
-            println!("{}", row_json(row));
-        }
-        return Ok(());
-    }
-    if rows.is_empty() {
-        println!("no invocations match");
-        return Ok(());
-    }
-    let table: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| {
+    print_listing(
+        &rows,
+        args.json,
+        row_json,
+        "no invocations match",
+        &[
+            "ID", "ACCEPTED", "SESSION", "TARGET", "PHASE", "OUTCOME", "RETRY", "CODE", "SUMMARY",
+        ],
+        |r| {
             vec![
                 printable(&r.id),
                 timefmt::format_secs(r.accepted_at_ms),
@@ -118,13 +114,7 @@ pub fn log(data_dir: &Path, args: LogArgs) -> common::Outcome {
                 r.code.map_or_else(|| "-".into(), |c| c.to_string()),
                 printable(&r.summary),
             ]
-        })
-        .collect();
-    print_table(
-        &[
-            "ID", "ACCEPTED", "SESSION", "TARGET", "PHASE", "OUTCOME", "RETRY", "CODE", "SUMMARY",
-        ],
-        &table,
+        },
     );
     Ok(())
 }
@@ -141,21 +131,23 @@ pub fn stats(data_dir: &Path, json: bool) -> common::Outcome {
     }
     println!("invocations: {}", stats.invocations);
     // Phase and outcome are separate axes; each table sums to the total.
-    let count = |map: &std::collections::BTreeMap<String, u64>, key: &str| {
-        map.get(key).copied().unwrap_or(0).to_string()
+    let counts = |title: &str, names: &[&str], map: &std::collections::BTreeMap<String, u64>| {
+        let rows: Vec<Vec<String>> = names
+            .iter()
+            .map(|name| {
+                vec![
+                    name.to_string(),
+                    map.get(*name).copied().unwrap_or(0).to_string(),
+                ]
+            })
+            .collect();
+        println!();
+        print_table(&[title, "COUNT"], &rows);
     };
-    println!();
-    let phases: Vec<Vec<String>> = Phase::ALL
-        .iter()
-        .map(|p| vec![p.to_string(), count(&stats.by_phase, p.as_str())])
-        .collect();
-    print_table(&["PHASE", "COUNT"], &phases);
-    println!();
-    let outcomes: Vec<Vec<String>> = Outcome::ALL
-        .iter()
-        .map(|o| vec![o.to_string(), count(&stats.by_outcome, o.as_str())])
-        .collect();
-    print_table(&["OUTCOME", "COUNT"], &outcomes);
+    let phases: Vec<&str> = Phase::ALL.iter().map(|p| p.as_str()).collect();
+    counts("PHASE", &phases, &stats.by_phase);
+    let outcomes: Vec<&str> = Outcome::ALL.iter().map(|o| o.as_str()).collect();
+    counts("OUTCOME", &outcomes, &stats.by_outcome);
     println!();
     if stats.by_code.is_empty() {
         println!("no codes recorded");
@@ -176,13 +168,11 @@ pub fn stats(data_dir: &Path, json: bool) -> common::Outcome {
 /// values only; nothing is created or written.
 pub fn audit_key_print(
     data_dir: &Path,
-    backend: KeychainBackend,
-    service: &str,
-    vault_key_file: Option<&Path>,
+    keychain: &KeychainSpec<'_>,
     json: bool,
 ) -> common::Outcome {
     use postern_broker::transparency::note::{KeyAlg, VerifierKey};
-    let (_, _, key) = journal_and_audit_key(data_dir, backend, service, vault_key_file, json)?;
+    let (_, _, key) = journal_and_audit_key(data_dir, keychain, json)?;
     let key = key.verifying_key();
     let origin = audit::log_origin(&key);
     let vkey = VerifierKey::new(&origin, KeyAlg::Ed25519, key)
@@ -266,11 +256,12 @@ enum Signer {
 impl Signer {
     fn of(verifier: &Verifier<'_>) -> Signer {
         match verifier {
-            Verifier::Keychain {
-                backend: KeychainBackend::File,
-                ..
-            } => Signer::BrokerFile,
-            Verifier::Keychain { .. } => Signer::UserKeychain,
+            Verifier::Keychain(spec)
+                if spec.backend == postern_broker::vault::KeychainBackend::File =>
+            {
+                Signer::BrokerFile
+            }
+            Verifier::Keychain(_) => Signer::UserKeychain,
             Verifier::Public(_) => Signer::Given,
         }
     }
@@ -318,11 +309,7 @@ fn assurance(signer: Signer, witnesses: usize) -> Value {
 /// Where `audit verify` gets the key the journal's checkpoints are checked against.
 pub enum Verifier<'a> {
     /// The audit signing key in the keychain (its public half is what is used).
-    Keychain {
-        backend: KeychainBackend,
-        service: &'a str,
-        vault_key_file: Option<&'a Path>,
-    },
+    Keychain(KeychainSpec<'a>),
     /// A verifier key as `postern audit key` prints it: no keychain at all.
     Public(&'a str),
 }
@@ -346,15 +333,12 @@ fn public_verifier(text: &str) -> Result<ed25519_dalek::VerifyingKey, Failure> {
 /// The journal, opened read-only, and its audit key (see [`audit_key`]).
 fn journal_and_audit_key(
     data_dir: &Path,
-    backend: KeychainBackend,
-    service: &str,
-    vault_key_file: Option<&Path>,
+    keychain: &KeychainSpec<'_>,
     json: bool,
 ) -> Result<(std::path::PathBuf, rusqlite::Connection, SigningKey), Failure> {
     let (db, conn) =
         common::open_journal_read_only(data_dir).map_err(|f| f.with_json(json, "unreadable"))?;
-    let key = audit_key(&conn, &db, backend, service, vault_key_file)
-        .map_err(|f| f.with_json(json, "no_key"))?;
+    let key = audit_key(&conn, &db, keychain).map_err(|f| f.with_json(json, "no_key"))?;
     Ok((db, conn, key))
 }
 
@@ -364,9 +348,7 @@ fn journal_and_audit_key(
 fn audit_key(
     conn: &rusqlite::Connection,
     db: &Path,
-    backend: KeychainBackend,
-    service: &str,
-    vault_key_file: Option<&Path>,
+    keychain: &KeychainSpec<'_>,
 ) -> Result<SigningKey, Failure> {
     let id = CredentialId::new(AUDIT_KEY_ID)
         .map_err(|e| Failure::unavailable(format!("audit key id: {e}")))?;
@@ -384,14 +366,14 @@ fn audit_key(
         )));
     };
     let data_dir = db.parent().unwrap_or(Path::new("."));
-    let secret = common::keychain(backend, service, data_dir, vault_key_file)?
+    let secret = common::keychain(keychain, data_dir)?
         .get(&id, &recorded.version)
         .map_err(|e| match e {
             VaultError::Missing { .. } => Failure::unavailable(format!(
-                "the audit signing key `{AUDIT_KEY_ID}` version {} is not in the {backend} \
-                 keychain under service `{service}` (is --keychain/--keychain-service right?); \
+                "the audit signing key `{AUDIT_KEY_ID}` version {} is not in the {} \
+                 keychain under service `{}` (is --keychain/--keychain-service right?); \
                  nothing was created",
-                recorded.version
+                recorded.version, keychain.backend, keychain.service
             )),
             other => Failure::unavailable(format!("audit signing key: {other}")),
         })?;
@@ -416,13 +398,8 @@ pub fn audit_verify(
 ) -> common::Outcome {
     let signer = Signer::of(&verifier);
     let (db, conn, log_key) = match verifier {
-        Verifier::Keychain {
-            backend,
-            service,
-            vault_key_file,
-        } => {
-            let (db, conn, key) =
-                journal_and_audit_key(data_dir, backend, service, vault_key_file, json)?;
+        Verifier::Keychain(keychain) => {
+            let (db, conn, key) = journal_and_audit_key(data_dir, &keychain, json)?;
             (db, conn, key.verifying_key())
         }
         Verifier::Public(text) => {

@@ -250,6 +250,16 @@ impl KeychainArg {
     }
 }
 
+/// Where the broker keeps its state: the data directory, and the keychain that holds its
+/// secrets.
+#[derive(Args)]
+struct StateArgs {
+    #[command(flatten)]
+    data_dir: DataDirArg,
+    #[command(flatten)]
+    keychain: KeychainArgs,
+}
+
 #[derive(Args)]
 struct KeychainArgs {
     /// Which OS keychain holds the secrets.
@@ -262,6 +272,16 @@ struct KeychainArgs {
     /// [default: $CREDENTIALS_DIRECTORY/postern-vault-key].
     #[arg(long, value_name = "PATH")]
     vault_key_file: Option<PathBuf>,
+}
+
+impl KeychainArgs {
+    fn spec(&self) -> common::KeychainSpec<'_> {
+        common::KeychainSpec {
+            backend: self.keychain.backend(),
+            service: &self.keychain_service,
+            vault_key_file: self.vault_key_file.as_deref(),
+        }
+    }
 }
 
 /// Where the latest signed checkpoint is kept outside the data directory.
@@ -338,9 +358,7 @@ enum AuditCmd {
         postern witness add-log --data-dir W --origin ORIGIN --key KEY")]
     Key {
         #[command(flatten)]
-        data_dir: DataDirArg,
-        #[command(flatten)]
-        keychain: KeychainArgs,
+        state: StateArgs,
         /// Print {"origin": …, "key": …} as JSON.
         #[arg(long)]
         json: bool,
@@ -353,9 +371,7 @@ enum AuditCmd {
         printed), 2 the journal or the audit key cannot be read.")]
     Verify {
         #[command(flatten)]
-        data_dir: DataDirArg,
-        #[command(flatten)]
-        keychain: KeychainArgs,
+        state: StateArgs,
         #[command(flatten)]
         anchor: AnchorArg,
         /// The targets file: its [[witness]] keys check the cosignatures the journal
@@ -468,17 +484,13 @@ enum VaultCmd {
         #[arg(long, value_name = "PATH")]
         from_file: Option<PathBuf>,
         #[command(flatten)]
-        data_dir: DataDirArg,
-        #[command(flatten)]
-        keychain: KeychainArgs,
+        state: StateArgs,
     },
     /// List credentials: id, kind, version, created, rotated, last used. Never secrets.
     #[command(after_help = "Example:\n  postern vault list --data-dir ~/.local/share/postern")]
     List {
         #[command(flatten)]
-        data_dir: DataDirArg,
-        #[command(flatten)]
-        keychain: KeychainArgs,
+        state: StateArgs,
         /// One JSON object per line.
         #[arg(long)]
         json: bool,
@@ -494,9 +506,7 @@ enum VaultCmd {
         #[arg(long)]
         force: bool,
         #[command(flatten)]
-        data_dir: DataDirArg,
-        #[command(flatten)]
-        keychain: KeychainArgs,
+        state: StateArgs,
     },
 }
 
@@ -613,37 +623,24 @@ fn run(cli: Cli) -> common::Outcome {
             runtime.shutdown_background();
             result.map_err(|e| Failure::failed(format!("mcp: {e}")))
         }
-        Command::Audit(AuditCmd::Key {
-            data_dir,
-            keychain,
-            json,
-        }) => journal_cmds::audit_key_print(
-            &data_dir.resolve(),
-            keychain.keychain.backend(),
-            &keychain.keychain_service,
-            keychain.vault_key_file.as_deref(),
-            json,
-        ),
+        Command::Audit(AuditCmd::Key { state, json }) => {
+            journal_cmds::audit_key_print(&state.data_dir.resolve(), &state.keychain.spec(), json)
+        }
         Command::Audit(AuditCmd::VerifyManifest { key, file, json }) => {
             journal_cmds::verify_manifest(&key, &file, json)
         }
         Command::Audit(AuditCmd::Verify {
-            data_dir,
-            keychain,
+            state,
             anchor,
             config,
             ask_witnesses,
             key,
             json,
         }) => journal_cmds::audit_verify(
-            &data_dir.resolve(),
+            &state.data_dir.resolve(),
             match key.as_deref() {
                 Some(key) => journal_cmds::Verifier::Public(key),
-                None => journal_cmds::Verifier::Keychain {
-                    backend: keychain.keychain.backend(),
-                    service: &keychain.keychain_service,
-                    vault_key_file: keychain.vault_key_file.as_deref(),
-                },
+                None => journal_cmds::Verifier::Keychain(state.keychain.spec()),
             },
             &journal_cmds::VerifyAgainst {
                 anchor: anchor.anchor.as_deref(),
@@ -670,8 +667,7 @@ fn run(cli: Cli) -> common::Outcome {
             id,
             kind,
             from_file,
-            data_dir,
-            keychain,
+            state,
         }) => {
             let kind = match kind {
                 KindArg::Token => CredentialKind::Token,
@@ -682,30 +678,19 @@ fn run(cli: Cli) -> common::Outcome {
                 None => vault_cmd::Source::Stdin,
             };
             vault_cmd::set(
-                &data_dir.resolve(),
-                keychain.keychain.backend(),
-                &keychain.keychain_service,
-                keychain.vault_key_file.as_deref(),
+                &state.data_dir.resolve(),
+                &state.keychain.spec(),
                 &id,
                 kind,
                 &source,
             )
         }
-        Command::Vault(VaultCmd::List {
-            data_dir,
-            keychain: _,
-            json,
-        }) => vault_cmd::list(&data_dir.resolve(), json),
-        Command::Vault(VaultCmd::Rm {
-            id,
-            force,
-            data_dir,
-            keychain,
-        }) => vault_cmd::remove(
-            &data_dir.resolve(),
-            keychain.keychain.backend(),
-            &keychain.keychain_service,
-            keychain.vault_key_file.as_deref(),
+        Command::Vault(VaultCmd::List { state, json }) => {
+            vault_cmd::list(&state.data_dir.resolve(), json)
+        }
+        Command::Vault(VaultCmd::Rm { id, force, state }) => vault_cmd::remove(
+            &state.data_dir.resolve(),
+            &state.keychain.spec(),
             &id,
             force,
         ),

@@ -7,12 +7,10 @@ use std::path::{Path, PathBuf};
 
 use postern_broker::audit::AUDIT_KEY_ID;
 use postern_broker::ssh_keys::{ImportedKey, KeyImportError, import_private_key};
-use postern_broker::vault::{
-    CredentialId, CredentialKind, CredentialMeta, KeychainBackend, Secret, Vault, meta,
-};
+use postern_broker::vault::{CredentialId, CredentialKind, CredentialMeta, Secret, Vault, meta};
 use serde_json::json;
 
-use crate::common::{self, Failure, print_table};
+use crate::common::{self, Failure, KeychainSpec, print_listing};
 use crate::timefmt;
 
 /// Where `vault set` reads the secret from.
@@ -78,9 +76,7 @@ fn credential_id(id: &str) -> Result<CredentialId, Failure> {
 
 pub fn set(
     data_dir: &Path,
-    backend: KeychainBackend,
-    service: &str,
-    vault_key_file: Option<&Path>,
+    keychain: &KeychainSpec<'_>,
     id: &str,
     kind: CredentialKind,
     source: &Source,
@@ -99,7 +95,7 @@ pub fn set(
             "an SSH private key cannot be typed at a prompt; pass --from-file PATH or pipe the key on stdin",
         ));
     }
-    let keychain = common::keychain(backend, service, data_dir, vault_key_file)?;
+    let keychain = common::keychain(keychain, data_dir)?;
     let secret = read_secret(id, source)?;
     if secret.is_empty() {
         return Err(Failure::failed("the secret is empty; nothing was stored"));
@@ -192,19 +188,13 @@ pub fn list(data_dir: &Path, json: bool) -> common::Outcome {
     let (db, conn) = common::open_journal_read_only(data_dir)?;
     let all =
         meta::list(&conn).map_err(|e| Failure::unavailable(format!("{}: {e}", db.display())))?;
-    if json {
-        for m in &all {
-            println!("{}", meta_json(m));
-        }
-        return Ok(());
-    }
-    if all.is_empty() {
-        println!("no credentials stored");
-        return Ok(());
-    }
-    let rows: Vec<Vec<String>> = all
-        .iter()
-        .map(|m| {
+    print_listing(
+        &all,
+        json,
+        meta_json,
+        "no credentials stored",
+        &["ID", "KIND", "VERSION", "CREATED", "ROTATED", "LAST USED"],
+        |m| {
             vec![
                 m.id.to_string(),
                 m.kind.to_string(),
@@ -214,20 +204,14 @@ pub fn list(data_dir: &Path, json: bool) -> common::Outcome {
                 m.last_used_at_ms
                     .map_or_else(|| "never".into(), timefmt::format_secs),
             ]
-        })
-        .collect();
-    print_table(
-        &["ID", "KIND", "VERSION", "CREATED", "ROTATED", "LAST USED"],
-        &rows,
+        },
     );
     Ok(())
 }
 
 pub fn remove(
     data_dir: &Path,
-    backend: KeychainBackend,
-    service: &str,
-    vault_key_file: Option<&Path>,
+    keychain: &KeychainSpec<'_>,
     id: &str,
     force: bool,
 ) -> common::Outcome {
@@ -238,7 +222,7 @@ pub fn remove(
              longer be verified. Pass --force to remove it anyway"
         )));
     }
-    let keychain = common::keychain(backend, service, data_dir, vault_key_file)?;
+    let keychain = common::keychain(keychain, data_dir)?;
     let db = common::journal_path(data_dir);
     if !db.is_file() {
         return Err(Failure::failed(format!(

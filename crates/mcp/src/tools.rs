@@ -40,22 +40,26 @@ when that is provably safe, or ask a person to reconcile. Errors carry `error.co
 `error.outcome` and `error.retry` (never, after_correction, backoff, same_idempotency_key, \
 reconcile, fetch_result): follow `retry`, do not parse `message`.";
 
-fn schema(value: Value) -> Arc<JsonObject> {
-    match value {
-        Value::Object(map) => Arc::new(map),
-        _ => Arc::new(JsonObject::new()),
+/// A tool's input: an object with exactly these `properties` (an unknown field is
+/// refused), of which the `required` ones must be given.
+fn input(required: &[&str], properties: Value) -> Arc<JsonObject> {
+    let mut schema = JsonObject::new();
+    schema.insert("type".into(), json!("object"));
+    schema.insert("additionalProperties".into(), json!(false));
+    if !required.is_empty() {
+        schema.insert("required".into(), json!(required));
     }
+    schema.insert("properties".into(), properties);
+    Arc::new(schema)
 }
 
 fn invocation_schema() -> Arc<JsonObject> {
-    schema(json!({
-        "type": "object",
-        "additionalProperties": false,
-        "required": ["invocation_id"],
-        "properties": {
+    input(
+        &["invocation_id"],
+        json!({
             "invocation_id": {"type": "string", "description": "The id an earlier call returned."}
-        }
-    }))
+        }),
+    )
 }
 
 /// The tool list, in a stable order.
@@ -68,11 +72,9 @@ pub fn tools() -> Vec<Tool> {
                  never see it, and you must not send Authorization or similar headers yourself. \
                  Some targets need a person's approval first (the call waits). {OUTCOMES}"
             ),
-            schema(json!({
-                "type": "object",
-                "additionalProperties": false,
-                "required": ["url", "method"],
-                "properties": {
+            input(
+                &["url", "method"],
+                json!({
                     "url": {"type": "string", "description": "Absolute URL under a configured target, or peer://<peer>/<capability>/<path> for a capability another broker exports (see list_targets)."},
                     "method": {"type": "string", "description": "HTTP method, e.g. GET or POST."},
                     "headers": {"type": "object", "additionalProperties": {"type": "string"}, "description": "Extra request headers (not credentials, not framing)."},
@@ -81,8 +83,8 @@ pub fn tools() -> Vec<Tool> {
                     "body_base64": {"type": "string", "description": "Request body as base64 (instead of body)."},
                     "idempotency_key": {"type": "string", "description": "Your key for this logical operation; reusing it with a different request is refused."},
                     "timeout_ms": {"type": "integer", "minimum": 1, "description": "Give up waiting after this long (the remote may still act)."}
-                }
-            })),
+                }),
+            ),
         ),
         Tool::new(
             SSH_EXEC,
@@ -93,17 +95,15 @@ pub fn tools() -> Vec<Tool> {
                  command was sent, the outcome is `unknown` and the command may still be \
                  running. {OUTCOMES}"
             ),
-            schema(json!({
-                "type": "object",
-                "additionalProperties": false,
-                "required": ["host", "command"],
-                "properties": {
+            input(
+                &["host", "command"],
+                json!({
                     "host": {"type": "string", "description": "An SSH target name or its host (see list_targets)."},
                     "command": {"type": "string", "description": "The command line to run."},
                     "stdin": {"type": "string", "description": "Text sent to the command's standard input."},
                     "timeout_ms": {"type": "integer", "minimum": 1, "description": "Give up waiting after this long (the command may keep running)."}
-                }
-            })),
+                }),
+            ),
         ),
         Tool::new(
             FETCH_RESULT,
@@ -115,16 +115,14 @@ pub fn tools() -> Vec<Tool> {
              next piece. After a lost answer, resume with the cursor of the last piece you \
              verified. Only the last piece says `complete: true`. A result removed by the \
              retention policy answers RESULT_EXPIRED.",
-            schema(json!({
-                "type": "object",
-                "additionalProperties": false,
-                "required": ["invocation_id"],
-                "properties": {
+            input(
+                &["invocation_id"],
+                json!({
                     "invocation_id": {"type": "string", "description": "The id an earlier call returned."},
                     "cursor": {"type": "string", "description": "The `delivery.cursor` of an earlier answer, unchanged: where to continue."},
                     "max_bytes": {"type": "integer", "minimum": 1, "maximum": 1048576, "description": "At most this many result bytes in the piece (default and maximum 1 MiB)."}
-                }
-            })),
+                }),
+            ),
         ),
         Tool::new(
             GET_INVOCATION,
@@ -157,7 +155,7 @@ pub fn tools() -> Vec<Tool> {
             LIST_TARGETS,
             "List the targets you can call: name, base URL, allowed methods, which methods the \
              API declares idempotent, and whether calls need approval.",
-            schema(json!({"type": "object", "additionalProperties": false, "properties": {}})),
+            input(&[], json!({})),
         ),
     ]
 }

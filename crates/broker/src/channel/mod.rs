@@ -16,3 +16,18 @@ pub mod http;
 pub mod peer;
 pub mod redact;
 pub mod ssh;
+
+/// 16 fresh random bytes (an idempotency key, a peer auth's nonce). Without randomness
+/// they fall back to the time in nanoseconds, still unique within this process (a peer
+/// refuses a repeated nonce), rather than failing the request.
+pub(crate) fn random_16() -> [u8; 16] {
+    let mut bytes = [0u8; 16];
+    if getrandom::fill(&mut bytes).is_err() {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        bytes.copy_from_slice(&nanos.to_le_bytes());
+    }
+    bytes
+}

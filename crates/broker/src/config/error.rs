@@ -30,6 +30,17 @@ pub struct TargetRef {
     pub name: Option<String>,
 }
 
+impl TargetRef {
+    /// The target at `index` of `section`, by its name.
+    pub(super) fn named(section: Section, index: usize, name: &str) -> Self {
+        TargetRef {
+            section,
+            index,
+            name: Some(name.to_string()),
+        }
+    }
+}
+
 impl fmt::Display for TargetRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let section = match self.section {

@@ -39,11 +39,7 @@ impl Config {
             .filter(|(_, t)| t.host_key.is_none())
             .map(|(index, t)| ConfigWarning {
                 file: self.source.clone(),
-                target: TargetRef {
-                    section: Section::Ssh,
-                    index,
-                    name: Some(t.name.clone()),
-                },
+                target: TargetRef::named(Section::Ssh, index, &t.name),
                 field: "host_key".to_owned(),
                 caution: Caution::HostKeyNotPinned,
             })

@@ -31,6 +31,7 @@ use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 
 use super::Attestation;
+use crate::canonical::signed_message;
 use crate::contract::{Envelope, Outcome};
 
 /// B lists what it exports to A.
@@ -90,12 +91,6 @@ fn auth_digest(tool: &str, peer: &str, issued_at_ms: i64, nonce: &str, subject: 
     format!("blake3:{}", h.finalize().to_hex())
 }
 
-fn auth_message(digest: &str) -> Vec<u8> {
-    let mut message = AUTH_SIGNING_CONTEXT.to_vec();
-    message.extend_from_slice(digest.as_bytes());
-    message
-}
-
 impl PeerAuth {
     /// Signs a call to `tool` about `subject` as `peer` (this broker's name at the
     /// answering broker), with a fresh `nonce` (16 random bytes).
@@ -113,7 +108,10 @@ impl PeerAuth {
             peer: peer.to_string(),
             issued_at_ms,
             nonce,
-            signature: hex::encode(key.sign(&auth_message(&digest)).to_bytes()),
+            signature: hex::encode(
+                key.sign(&signed_message(AUTH_SIGNING_CONTEXT, &digest))
+                    .to_bytes(),
+            ),
         }
     }
 
@@ -141,7 +139,10 @@ impl PeerAuth {
             .ok_or(AuthRefused::MalformedSignature)?;
         let digest = auth_digest(tool, &self.peer, self.issued_at_ms, &self.nonce, subject);
         pinned
-            .verify_strict(&auth_message(&digest), &Signature::from_bytes(&bytes))
+            .verify_strict(
+                &signed_message(AUTH_SIGNING_CONTEXT, &digest),
+                &Signature::from_bytes(&bytes),
+            )
             .map_err(|_| AuthRefused::BadSignature {
                 peer: self.peer.clone(),
             })

@@ -89,6 +89,11 @@ impl Invalid {
             message: message.into(),
         }
     }
+
+    /// PAYLOAD_LIMIT on `field`: the request is larger than a limit allows.
+    pub fn too_large(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Invalid::new(Code::PayloadLimit, field, message)
+    }
 }
 
 /// A request as the channel validated it.

@@ -10,6 +10,7 @@ use std::time::Duration;
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 
 use super::store::JournalError;
+use crate::migrations::{Failed, Identified};
 use crate::vault::{Keychain, Vault};
 
 /// `PRAGMA application_id` of a Postern journal ("PSTN").
@@ -300,56 +301,27 @@ fn identify(conn: &Connection, path: &Path) -> Result<i64, JournalError> {
     // Reading the header turns "not a database" into an error before any write.
     conn.query_row("PRAGMA schema_version", [], |r| r.get::<_, i64>(0))
         .map_err(err)?;
-    let version: i64 = conn
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .map_err(err)?;
-    let app_id: i64 = conn
-        .query_row("PRAGMA application_id", [], |r| r.get(0))
-        .map_err(err)?;
-    let tables: i64 = conn
-        .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
-        .map_err(err)?;
-    if app_id != APPLICATION_ID && (app_id != 0 || tables > 0) {
-        return Err(JournalError::Foreign {
+    match crate::migrations::identify(conn, APPLICATION_ID, SCHEMA_VERSION).map_err(err)? {
+        Identified::Ours(version) => Ok(version),
+        Identified::Foreign => Err(JournalError::Foreign {
             path: path.to_path_buf(),
-        });
-    }
-    if version > SCHEMA_VERSION {
-        return Err(JournalError::NewerSchema {
+        }),
+        Identified::Newer(found) => Err(JournalError::NewerSchema {
             path: path.to_path_buf(),
-            found: version,
+            found,
             supported: SCHEMA_VERSION,
-        });
+        }),
     }
-    Ok(version)
 }
 
 fn migrate(conn: &Connection, path: &Path, version: i64) -> Result<(), JournalError> {
-    let err = |e: rusqlite::Error| classify(path, e);
-    for (index, sql) in MIGRATIONS
-        .iter()
-        .enumerate()
-        .skip(usize::try_from(version).unwrap_or(0))
-    {
-        let next = index as i64 + 1;
-        // One IMMEDIATE transaction per migration: a failure leaves the previous version
-        // intact, never a half-migrated file.
-        conn.execute_batch("BEGIN IMMEDIATE").map_err(err)?;
-        let applied = conn.execute_batch(sql).and_then(|_| {
-            conn.execute_batch(&format!(
-                "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {next};"
-            ))
-        });
-        match applied {
-            Ok(()) => conn.execute_batch("COMMIT").map_err(err)?,
-            Err(e) => {
-                let _ = conn.execute_batch("ROLLBACK");
-                return Err(JournalError::Open {
-                    path: path.to_path_buf(),
-                    detail: format!("migration {next} failed: {e}"),
-                });
-            }
+    crate::migrations::apply(conn, APPLICATION_ID, MIGRATIONS, version).map_err(|failed| {
+        match failed {
+            Failed::Transaction(e) => classify(path, e),
+            Failed::Migration { number, error } => JournalError::Open {
+                path: path.to_path_buf(),
+                detail: format!("migration {number} failed: {error}"),
+            },
         }
-    }
-    Ok(())
+    })
 }

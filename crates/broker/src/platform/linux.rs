@@ -41,14 +41,10 @@ pub(super) fn process_cwd(pid: u32) -> Option<String> {
 
 pub(super) fn process_command(pid: u32) -> String {
     let raw = std::fs::read(proc_dir(pid).join("cmdline")).unwrap_or_default();
-    raw.split(|b| *b == 0)
-        .filter(|part| !part.is_empty())
-        .map(|part| String::from_utf8_lossy(part).into_owned())
-        .collect::<Vec<_>>()
-        .join(" ")
-        .chars()
-        .take(200)
-        .collect()
+    super::unix::shown_command(
+        raw.split(|b| *b == 0)
+            .map(|part| String::from_utf8_lossy(part).into_owned()),
+    )
 }
 
 /// The effective uid (`/proc/PID/status`, `Uid:` field 2).

@@ -152,17 +152,12 @@ fn arguments(buf: &[u8]) -> Option<Vec<String>> {
 }
 
 pub(super) fn process_command(pid: u32) -> String {
-    procargs(pid)
-        .as_deref()
-        .and_then(arguments)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|a| !a.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ")
-        .chars()
-        .take(200)
-        .collect()
+    super::unix::shown_command(
+        procargs(pid)
+            .as_deref()
+            .and_then(arguments)
+            .unwrap_or_default(),
+    )
 }
 
 pub(super) fn process_uid(pid: u32) -> Option<u32> {

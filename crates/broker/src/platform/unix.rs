@@ -195,6 +195,18 @@ pub(super) fn free_bytes(dir: &Path) -> Option<u64> {
     Some(st.f_bavail.saturating_mul(st.f_frsize))
 }
 
+/// A process's command line as the session record shows it: its non-empty arguments
+/// joined by spaces, cut at 200 characters.
+pub(super) fn shown_command(args: impl IntoIterator<Item = String>) -> String {
+    args.into_iter()
+        .filter(|a| !a.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+        .chars()
+        .take(200)
+        .collect()
+}
+
 pub(super) fn default_endpoint(data_dir: &Path) -> PathBuf {
     data_dir.join("run").join("postern.sock")
 }

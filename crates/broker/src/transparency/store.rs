@@ -8,6 +8,7 @@ use std::time::Duration;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::note::{KeyAlg, VerifierKey};
+use crate::migrations::{Failed, Identified};
 
 /// `PRAGMA application_id` of a witness database ("PSWT").
 pub const APPLICATION_ID: i64 = 0x5053_5754;
@@ -49,27 +50,23 @@ pub fn open(path: &Path) -> Result<Connection, StoreError> {
     };
     let conn = Connection::open(path).map_err(open_err)?;
     // Identify before any write: switching to WAL rewrites the header.
-    let version: i64 = conn
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .map_err(open_err)?;
-    let app_id: i64 = conn
-        .query_row("PRAGMA application_id", [], |r| r.get(0))
-        .map_err(open_err)?;
-    let tables: i64 = conn
-        .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
-        .map_err(open_err)?;
-    if app_id != APPLICATION_ID && (app_id != 0 || tables > 0) {
-        return Err(StoreError::Foreign {
-            path: path.to_path_buf(),
-        });
-    }
-    if version > SCHEMA_VERSION {
-        return Err(StoreError::NewerSchema {
-            path: path.to_path_buf(),
-            found: version,
-            supported: SCHEMA_VERSION,
-        });
-    }
+    let version = match crate::migrations::identify(&conn, APPLICATION_ID, SCHEMA_VERSION)
+        .map_err(open_err)?
+    {
+        Identified::Ours(version) => version,
+        Identified::Foreign => {
+            return Err(StoreError::Foreign {
+                path: path.to_path_buf(),
+            });
+        }
+        Identified::Newer(found) => {
+            return Err(StoreError::NewerSchema {
+                path: path.to_path_buf(),
+                found,
+                supported: SCHEMA_VERSION,
+            });
+        }
+    };
     // FULL: a cosignature goes out only after the state it promises is on disk, even
     // across a power cut (NORMAL in WAL mode may lose the last commit).
     conn.execute_batch(
@@ -78,30 +75,15 @@ pub fn open(path: &Path) -> Result<Connection, StoreError> {
     .map_err(open_err)?;
     conn.busy_timeout(Duration::from_secs(5))
         .map_err(open_err)?;
-    for (index, sql) in MIGRATIONS
-        .iter()
-        .enumerate()
-        .skip(usize::try_from(version).unwrap_or(0))
-    {
-        let next = index as i64 + 1;
-        // One IMMEDIATE transaction per migration: never a half-migrated file.
-        conn.execute_batch("BEGIN IMMEDIATE").map_err(open_err)?;
-        let applied = conn.execute_batch(sql).and_then(|_| {
-            conn.execute_batch(&format!(
-                "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {next};"
-            ))
-        });
-        match applied {
-            Ok(()) => conn.execute_batch("COMMIT").map_err(open_err)?,
-            Err(e) => {
-                let _ = conn.execute_batch("ROLLBACK");
-                return Err(StoreError::Open {
-                    path: path.to_path_buf(),
-                    detail: format!("migration {next} failed: {e}"),
-                });
-            }
+    crate::migrations::apply(&conn, APPLICATION_ID, MIGRATIONS, version).map_err(|failed| {
+        match failed {
+            Failed::Transaction(e) => open_err(e),
+            Failed::Migration { number, error } => StoreError::Open {
+                path: path.to_path_buf(),
+                detail: format!("migration {number} failed: {error}"),
+            },
         }
-    }
+    })?;
     Ok(conn)
 }
 

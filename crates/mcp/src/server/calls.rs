@@ -22,6 +22,22 @@ use super::Session;
 use super::answers::{http_value, ssh_result_of};
 use crate::tools::{FetchResultArgs, HttpRequestArgs, InvocationArgs, SshExecArgs};
 
+/// How a tool call ends before its answer is made: with an answer the agent gets (the
+/// session's record was refused, or the invocation was never recorded), or an MCP error.
+pub(super) enum Early {
+    Answer(CallToolResult),
+    Error(McpError),
+}
+
+impl From<McpError> for Early {
+    fn from(e: McpError) -> Self {
+        Early::Error(e)
+    }
+}
+
+/// What a tool's method answers; `?` ends it early.
+pub(super) type Answered = Result<CallToolResult, Early>;
+
 /// The progress notifications of one call, if it asked for them; stopped by `abort`.
 struct Ticker(Option<tokio::task::JoinHandle<()>>);
 
@@ -38,16 +54,13 @@ impl Session {
         &self,
         args: HttpRequestArgs,
         context: &RequestContext<RoleServer>,
-    ) -> Result<CallToolResult, McpError> {
-        if let Err(refusal) = self.opened().await {
-            return Ok(refusal);
-        }
+    ) -> Answered {
+        self.opened().await.map_err(Early::Answer)?;
         let body = match (args.body, args.body_base64) {
             (Some(_), Some(_)) => {
-                return Err(McpError::invalid_params(
-                    "give body or body_base64, not both",
-                    None,
-                ));
+                return Err(
+                    McpError::invalid_params("give body or body_base64, not both", None).into(),
+                );
             }
             (Some(text), None) => text.into_bytes(),
             (None, Some(b64)) => base64::engine::general_purpose::STANDARD
@@ -105,10 +118,8 @@ impl Session {
         &self,
         args: SshExecArgs,
         context: &RequestContext<RoleServer>,
-    ) -> Result<CallToolResult, McpError> {
-        if let Err(refusal) = self.opened().await {
-            return Ok(refusal);
-        }
+    ) -> Answered {
+        self.opened().await.map_err(Early::Answer)?;
         let request = SshRequest {
             host: args.host,
             command: args.command,
@@ -138,36 +149,25 @@ impl Session {
 
     /// For a tool that may run something: this session's SESSION_OPENED on disk first
     /// (or its refusal), then [`Session::owned_or_unrecorded`].
-    async fn opened_and_owned(
-        &self,
-        invocation_id: &str,
-    ) -> Result<Result<Owned, CallToolResult>, McpError> {
-        if let Err(refusal) = self.opened().await {
-            return Ok(Err(refusal));
-        }
+    async fn opened_and_owned(&self, invocation_id: &str) -> Result<Owned, Early> {
+        self.opened().await.map_err(Early::Answer)?;
         self.owned_or_unrecorded(invocation_id)
     }
 
     /// The invocation's projection, or the answer for one that was never recorded.
-    fn owned_or_unrecorded(
-        &self,
-        invocation_id: &str,
-    ) -> Result<Result<Owned, CallToolResult>, McpError> {
-        match self.owned(invocation_id) {
-            Ok(p) => Ok(Ok(p)),
-            Err(e) => self.unrecorded(invocation_id).map(Err).ok_or(e),
-        }
+    fn owned_or_unrecorded(&self, invocation_id: &str) -> Result<Owned, Early> {
+        self.owned(invocation_id).map_err(|e| {
+            self.unrecorded(invocation_id)
+                .map_or(Early::Error(e), Early::Answer)
+        })
     }
 
     pub(super) fn fetch_result(
         &self,
         args: FetchResultArgs,
         context: &RequestContext<RoleServer>,
-    ) -> Result<CallToolResult, McpError> {
-        let owned = match self.owned_or_unrecorded(&args.invocation_id)? {
-            Ok(owned) => owned,
-            Err(answer) => return Ok(answer),
-        };
+    ) -> Answered {
+        let owned = self.owned_or_unrecorded(&args.invocation_id)?;
         let p = owned.projection();
         // A read of the record and its stored result, never a re-run.
         let unreadable = |e: postern_broker::journal::JournalError| {
@@ -197,7 +197,7 @@ impl Session {
                         "delivery": piece,
                     })))
                 }
-                Err(DeliveryError::Journal(e)) => Err(unreadable(e)),
+                Err(DeliveryError::Journal(e)) => Err(unreadable(e).into()),
                 Err(e) => Ok(refuse(&e)),
             };
         }
@@ -214,11 +214,8 @@ impl Session {
         Ok(answer)
     }
 
-    pub(super) fn get_invocation(&self, args: InvocationArgs) -> Result<CallToolResult, McpError> {
-        let owned = match self.owned_or_unrecorded(&args.invocation_id)? {
-            Ok(owned) => owned,
-            Err(answer) => return Ok(answer),
-        };
+    pub(super) fn get_invocation(&self, args: InvocationArgs) -> Answered {
+        let owned = self.owned_or_unrecorded(&args.invocation_id)?;
         let now = self.agents.now_ms();
         let events = self
             .agents
@@ -249,12 +246,9 @@ impl Session {
         &self,
         args: InvocationArgs,
         context: &RequestContext<RoleServer>,
-    ) -> Result<CallToolResult, McpError> {
+    ) -> Answered {
         // Only the agent's own submission or job is read.
-        let owned = match self.opened_and_owned(&args.invocation_id).await? {
-            Ok(owned) => owned,
-            Err(answer) => return Ok(answer),
-        };
+        let owned = self.opened_and_owned(&args.invocation_id).await?;
         let ctx = self.call_context(context);
         let (polled, receipt) = match self.agents.poll_job(&owned, &ctx).await {
             Ok(polled) => polled,
@@ -272,7 +266,7 @@ impl Session {
                     "outcome": Outcome::NotAttempted,
                 })));
             }
-            Err(e) => return Err(McpError::internal_error(e.to_string(), None)),
+            Err(e) => return Err(McpError::internal_error(e.to_string(), None).into()),
         };
         if let Some(receipt) = receipt {
             self.remember(context, receipt, true);
@@ -297,11 +291,8 @@ impl Session {
         &self,
         args: InvocationArgs,
         context: &RequestContext<RoleServer>,
-    ) -> Result<CallToolResult, McpError> {
-        let owned = match self.opened_and_owned(&args.invocation_id).await? {
-            Ok(owned) => owned,
-            Err(answer) => return Ok(answer),
-        };
+    ) -> Answered {
+        let owned = self.opened_and_owned(&args.invocation_id).await?;
         if owned.projection().channel == Some(Channel::Ssh) {
             // A shell command is never assumed safe to repeat; the record and its retry
             // advice are what the caller gets.

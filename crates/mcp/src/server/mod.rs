@@ -52,6 +52,7 @@ use postern_broker::provenance::BridgeReport;
 use crate::caller::AgentIdentity;
 use crate::tools::{self, NoArgs};
 pub use answers::{result_of, ssh_result_of};
+use calls::Early;
 use opening::Opening;
 pub use sessions::{SessionRecord, Sessions};
 
@@ -271,16 +272,16 @@ impl ServerHandler for Session {
         if starts_invocation(request.name.as_ref()) && self.agents.agents_paused() {
             return Ok(agents_paused().into());
         }
-        let result = match request.name.as_ref() {
-            tools::HTTP_REQUEST => self.http_request(parse(&request)?, &context).await?,
-            tools::SSH_EXEC => self.ssh_exec(parse(&request)?, &context).await?,
-            tools::FETCH_RESULT => self.fetch_result(parse(&request)?, &context)?,
-            tools::GET_INVOCATION => self.get_invocation(parse(&request)?)?,
-            tools::RETRY_INVOCATION => self.retry_invocation(parse(&request)?, &context).await?,
-            tools::POLL_JOB => self.poll_job(parse(&request)?, &context).await?,
+        let answered = match request.name.as_ref() {
+            tools::HTTP_REQUEST => self.http_request(parse(&request)?, &context).await,
+            tools::SSH_EXEC => self.ssh_exec(parse(&request)?, &context).await,
+            tools::FETCH_RESULT => self.fetch_result(parse(&request)?, &context),
+            tools::GET_INVOCATION => self.get_invocation(parse(&request)?),
+            tools::RETRY_INVOCATION => self.retry_invocation(parse(&request)?, &context).await,
+            tools::POLL_JOB => self.poll_job(parse(&request)?, &context).await,
             tools::LIST_TARGETS => {
                 let _: NoArgs = parse(&request)?;
-                self.list_targets().await
+                Ok(self.list_targets().await)
             }
             other => {
                 return Err(McpError::invalid_params(
@@ -289,7 +290,10 @@ impl ServerHandler for Session {
                 ));
             }
         };
-        Ok(result.into())
+        match answered {
+            Ok(result) | Err(Early::Answer(result)) => Ok(result.into()),
+            Err(Early::Error(e)) => Err(e),
+        }
     }
 
     async fn on_custom_notification(

@@ -24,7 +24,7 @@ pub mod status;
 pub mod transport;
 mod tunnel;
 pub(crate) mod validate;
-pub(crate) use validate::check_header_syntax;
+pub(crate) use validate::check_headers;
 
 use serde::{Deserialize, Serialize};
 

@@ -87,41 +87,23 @@ pub(super) fn validate(request: &HttpRequest, config: &Config) -> Result<Validat
         _ => None,
     };
     let idempotency_header = target.idempotency.as_ref().map(|c| c.header.as_str());
-    let mut header_bytes = 0usize;
-    for (i, (name, value)) in request.headers.iter().enumerate() {
-        let lower = name.to_ascii_lowercase();
-        if FORBIDDEN_HEADERS.contains(&lower.as_str())
-            || Some(lower.as_str()) == injection_header
-            || Some(lower.as_str()) == idempotency_header
-        {
-            return Err(Invalid::new(
-                Code::ForbiddenHeader,
-                format!("headers[{i}].name"),
-                if lower == "accept-encoding" {
-                    "The header accept-encoding is set by the broker, not the caller: it asks for identity and decodes gzip and deflate itself, so what it returns can be scrubbed.".to_string()
-                } else {
-                    format!("The header {lower} is set by the broker, not the caller.")
-                },
-            ));
-        }
-        // What the HTTP stack accepts, checked here so that nothing the caller sent
-        // can fail later, after the credential was read.
-        check_header_syntax(i, name, value)?;
-        header_bytes += name.len() + value.len();
-    }
-    if request.headers.len() > MAX_HEADERS || header_bytes > MAX_HEADER_BYTES {
-        return Err(Invalid::new(
-            Code::PayloadLimit,
-            "headers",
-            format!("Headers are limited to {MAX_HEADERS} entries and {MAX_HEADER_BYTES} bytes."),
-        ));
-    }
+    check_headers(request, |lower| {
+        let reserved = FORBIDDEN_HEADERS.contains(&lower)
+            || Some(lower) == injection_header
+            || Some(lower) == idempotency_header;
+        reserved.then(|| {
+            if lower == "accept-encoding" {
+                "The header accept-encoding is set by the broker, not the caller: it asks for identity and decodes gzip and deflate itself, so what it returns can be scrubbed.".to_string()
+            } else {
+                format!("The header {lower} is set by the broker, not the caller.")
+            }
+        })
+    })?;
     if let Injection::Query { param } = &target.inject {
         check_query_pollution(request, &action, param)?;
     }
     if request.body.len() as u64 > target.max_request_body_bytes {
-        return Err(Invalid::new(
-            Code::PayloadLimit,
+        return Err(Invalid::too_large(
             "body",
             format!(
                 "The body exceeds this target's limit of {} bytes.",
@@ -219,15 +201,13 @@ fn is_batch(target: &HttpTarget, batch: &BatchContract, action: &NormalizedHttp)
 /// Limits that need no parsing: a huge URL or query list is refused before any work.
 fn check_sizes_before_parsing(request: &HttpRequest) -> Result<(), Invalid> {
     if request.url.len() > MAX_URL_BYTES {
-        return Err(Invalid::new(
-            Code::PayloadLimit,
+        return Err(Invalid::too_large(
             "url",
             format!("The URL is limited to {MAX_URL_BYTES} bytes."),
         ));
     }
     if request.query.len() > MAX_QUERY_PAIRS {
-        return Err(Invalid::new(
-            Code::PayloadLimit,
+        return Err(Invalid::too_large(
             "query",
             format!("A request is limited to {MAX_QUERY_PAIRS} query parameters."),
         ));
@@ -244,15 +224,13 @@ fn check_assembled_url(request: &HttpRequest, action: &NormalizedHttp) -> Result
         "query"
     };
     if action.query.len() > MAX_QUERY_PAIRS {
-        return Err(Invalid::new(
-            Code::PayloadLimit,
+        return Err(Invalid::too_large(
             field,
             format!("A request is limited to {MAX_QUERY_PAIRS} query parameters."),
         ));
     }
     if action.url().len() > MAX_URL_BYTES {
-        return Err(Invalid::new(
-            Code::PayloadLimit,
+        return Err(Invalid::too_large(
             field,
             format!(
                 "The URL with its query parameters, percent-encoded, is limited to {MAX_URL_BYTES} bytes."
@@ -266,8 +244,7 @@ fn check_assembled_url(request: &HttpRequest, action: &NormalizedHttp) -> Result
 /// byte, so visible ASCII only, no whitespace, and bounded.
 fn check_idempotency_key(key: &str) -> Result<(), Invalid> {
     if key.len() > MAX_IDEMPOTENCY_KEY_BYTES {
-        return Err(Invalid::new(
-            Code::PayloadLimit,
+        return Err(Invalid::too_large(
             "idempotency_key",
             format!("An idempotency key is limited to {MAX_IDEMPOTENCY_KEY_BYTES} bytes."),
         ));
@@ -398,21 +375,41 @@ pub(crate) fn summary(request: &HttpRequest) -> String {
 }
 
 fn generated_key() -> String {
-    let mut bytes = [0u8; 16];
-    // Without randomness the key would collide; fall back to a time-based key that is
-    // still unique within this process rather than failing the request.
-    if getrandom::fill(&mut bytes).is_err() {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        bytes.copy_from_slice(&nanos.to_le_bytes());
+    format!("pstn_{}", hex::encode(crate::channel::random_16()))
+}
+
+/// The caller's headers: none that `reserved` answers with a reason (given the lower-case
+/// name), each one the HTTP stack accepts, and within the count and size limits.
+pub(crate) fn check_headers(
+    request: &HttpRequest,
+    reserved: impl Fn(&str) -> Option<String>,
+) -> Result<(), Invalid> {
+    let mut header_bytes = 0usize;
+    for (i, (name, value)) in request.headers.iter().enumerate() {
+        let lower = name.to_ascii_lowercase();
+        if let Some(reason) = reserved(&lower) {
+            return Err(Invalid::new(
+                Code::ForbiddenHeader,
+                format!("headers[{i}].name"),
+                reason,
+            ));
+        }
+        // What the HTTP stack accepts, checked here so that nothing the caller sent
+        // can fail later, after the credential was read.
+        check_header_syntax(i, name, value)?;
+        header_bytes += name.len() + value.len();
     }
-    format!("pstn_{}", hex::encode(bytes))
+    if request.headers.len() > MAX_HEADERS || header_bytes > MAX_HEADER_BYTES {
+        return Err(Invalid::too_large(
+            "headers",
+            format!("Headers are limited to {MAX_HEADERS} entries and {MAX_HEADER_BYTES} bytes."),
+        ));
+    }
+    Ok(())
 }
 
 /// Header `i` is a field name and value the HTTP stack accepts (RFC 9110 §5.1, §5.5).
-pub(crate) fn check_header_syntax(i: usize, name: &str, value: &str) -> Result<(), Invalid> {
+fn check_header_syntax(i: usize, name: &str, value: &str) -> Result<(), Invalid> {
     if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
         return Err(Invalid::new(
             Code::InvalidRequest,

@@ -5,10 +5,11 @@
 
 use std::time::Duration;
 
+use super::Peer;
 use super::answer::{Classified, Received, classify_answer, received_call, retry_here};
 use super::listing::Listings;
-use super::{Peer, nonce};
 use crate::channel::http::HttpOutcome;
+use crate::channel::random_16;
 use crate::contract::{Code, ConfidenceSource, Outcome as Settled, Phase, Retry};
 use crate::federation::client::Session;
 use crate::federation::record::{Budget, PeerAnswer, PeerIncident, PeerOperation, PeerStage};
@@ -191,7 +192,7 @@ impl<'a, 'b> Run<'a, 'b> {
                 self.op.policy_version.as_deref(),
             ),
             journal.now_ms(),
-            nonce(),
+            random_16(),
         );
         let call = CallBinding::of(&auth, Some(&id), Some(generation));
         let args = CallArgs {

@@ -175,7 +175,7 @@ impl Listings {
             TOOL_CAPABILITIES,
             "",
             self.journal.now_ms(),
-            super::nonce(),
+            crate::channel::random_16(),
         );
         let call = federation::CallBinding::of(&auth, None, None);
         let args = serde_json::to_value(CapabilitiesArgs { auth }).unwrap_or_default();

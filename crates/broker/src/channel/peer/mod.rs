@@ -162,7 +162,7 @@ impl Channel for Peer {
                 .ok()
                 .filter(|(peer, _, _)| config.peer(peer).is_some())
                 .map(|(peer, capability, _)| target_name(&peer, &capability)),
-            summary: validate::summary(request),
+            summary: crate::channel::http::validate::summary(request),
             idempotency_key: request.idempotency_key.clone(),
         }
     }
@@ -312,20 +312,6 @@ impl Channel for Peer {
     fn stored_result(stored: &StoredResult) -> Option<HttpResponse> {
         stored_response(stored)
     }
-}
-
-/// 16 fresh random bytes for a peer auth.
-pub(super) fn nonce() -> [u8; 16] {
-    let mut bytes = [0u8; 16];
-    if getrandom::fill(&mut bytes).is_err() {
-        // Unique within this process without randomness: the peer refuses repeats.
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        bytes.copy_from_slice(&nanos.to_le_bytes());
-    }
-    bytes
 }
 
 impl Pipeline<Peer> {

@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::Peer;
 use super::answer::{Received, classify_answer, received_call};
-use super::{Peer, nonce};
 use crate::channel::http::HttpOutcome;
 use crate::channel::http::stored_request;
+use crate::channel::random_16;
 use crate::contract::{ConfidenceSource, Outcome as Settled};
 use crate::federation::client::Session;
 use crate::federation::record::{PeerStage, SignatureCheck, VerdictKind};
@@ -146,7 +147,7 @@ impl Pipeline<Peer> {
                     TOOL_RECONCILE,
                     &wire::reconcile_subject(&peer_invocation, &op.capability, &fingerprint),
                     journal.now_ms(),
-                    nonce(),
+                    random_16(),
                 );
                 let call = CallBinding::of(&auth, None, None);
                 (
@@ -180,7 +181,7 @@ impl Pipeline<Peer> {
                         op.policy_version.as_deref(),
                     ),
                     journal.now_ms(),
-                    nonce(),
+                    random_16(),
                 );
                 let call = CallBinding::of(&auth, Some(&p.invocation_id), Some(generation));
                 (

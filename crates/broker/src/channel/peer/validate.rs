@@ -18,7 +18,7 @@ use crate::invocation::{Invalid, Validated};
 // The same limits and broker-owned headers as a local target: the peer broker owns
 // credentials, routing and framing, and the agent cannot set them here either.
 use crate::channel::http::validate::{
-    FORBIDDEN_HEADERS, MAX_HEADER_BYTES, MAX_HEADERS, MAX_IDEMPOTENCY_KEY_BYTES, MAX_QUERY_PAIRS,
+    FORBIDDEN_HEADERS, MAX_IDEMPOTENCY_KEY_BYTES, MAX_QUERY_PAIRS, summary,
 };
 const MAX_PATH_BYTES: usize = 8 * 1024;
 /// The largest body sent to a peer: it travels base64 inside one MCP message.
@@ -75,18 +75,12 @@ pub(super) fn parse(url: &str) -> Result<(String, String, String), Invalid> {
         return Err(bad("A peer path may not hold `.` or `..` segments."));
     }
     if path.len() > MAX_PATH_BYTES {
-        return Err(Invalid::new(
-            Code::PayloadLimit,
+        return Err(Invalid::too_large(
             "url",
             format!("A peer path is limited to {MAX_PATH_BYTES} bytes."),
         ));
     }
     Ok((peer.to_string(), capability.to_string(), path))
-}
-
-pub(super) fn summary(request: &HttpRequest) -> String {
-    let url: String = request.url.chars().take(512).collect();
-    format!("{} {url}", request.method)
 }
 
 pub(super) fn validate(
@@ -136,36 +130,19 @@ pub(super) fn validate(
         }
         idempotent = cap.idempotent_methods.contains(&method);
     }
-    let mut header_bytes = 0usize;
-    for (i, (name, value)) in request.headers.iter().enumerate() {
-        let lower = name.to_ascii_lowercase();
-        if FORBIDDEN_HEADERS.contains(&lower.as_str()) {
-            return Err(Invalid::new(
-                Code::ForbiddenHeader,
-                format!("headers[{i}].name"),
-                format!("The header {lower} is set by the peer broker, not the caller."),
-            ));
-        }
-        crate::channel::http::check_header_syntax(i, name, value)?;
-        header_bytes += name.len() + value.len();
-    }
-    if request.headers.len() > MAX_HEADERS || header_bytes > MAX_HEADER_BYTES {
-        return Err(Invalid::new(
-            Code::PayloadLimit,
-            "headers",
-            format!("Headers are limited to {MAX_HEADERS} entries and {MAX_HEADER_BYTES} bytes."),
-        ));
-    }
+    crate::channel::http::check_headers(request, |lower| {
+        FORBIDDEN_HEADERS
+            .contains(&lower)
+            .then(|| format!("The header {lower} is set by the peer broker, not the caller."))
+    })?;
     if request.query.len() > MAX_QUERY_PAIRS {
-        return Err(Invalid::new(
-            Code::PayloadLimit,
+        return Err(Invalid::too_large(
             "query",
             format!("At most {MAX_QUERY_PAIRS} query parameters."),
         ));
     }
     if request.body.len() > MAX_BODY_BYTES {
-        return Err(Invalid::new(
-            Code::PayloadLimit,
+        return Err(Invalid::too_large(
             "body",
             format!("A body sent to a peer is limited to {MAX_BODY_BYTES} bytes."),
         ));

@@ -232,8 +232,7 @@ impl Channel for Ssh {
             ));
         }
         if request.command.len() > MAX_COMMAND_BYTES {
-            return Err(Invalid::new(
-                Code::PayloadLimit,
+            return Err(Invalid::too_large(
                 "command",
                 format!(
                     "The command is {} bytes; commands are limited to {MAX_COMMAND_BYTES} bytes (send a longer script on stdin).",
@@ -243,8 +242,7 @@ impl Channel for Ssh {
         }
         let stdin = request.stdin.clone().unwrap_or_default();
         if stdin.len() > MAX_STDIN_BYTES {
-            return Err(Invalid::new(
-                Code::PayloadLimit,
+            return Err(Invalid::too_large(
                 "stdin",
                 format!("stdin is limited to {MAX_STDIN_BYTES} bytes."),
             ));

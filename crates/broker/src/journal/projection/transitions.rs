@@ -110,8 +110,6 @@ impl Projection {
     /// Acceptance and binding: ACTION_ACCEPTED once, then the configuration snapshot
     /// (PREFLIGHT_VALIDATED) bound once, before the invocation ends.
     fn apply_binding(&mut self, step: &Step<'_>) -> Result<(), ProjectionError> {
-        let refuse = |p: &Projection, reason| step.refuse(p, reason);
-        let accepted = step.accepted;
         match step.body {
             EventBody::ActionAccepted {
                 channel,
@@ -120,8 +118,8 @@ impl Projection {
                 session,
                 parent,
             } => {
-                if accepted {
-                    return refuse(self, "an invocation is accepted once");
+                if step.accepted {
+                    return step.refuse(self, "an invocation is accepted once");
                 }
                 self.parent = parent.clone();
                 self.channel = Some(*channel);
@@ -136,10 +134,10 @@ impl Projection {
             } => {
                 // Bound values never change: a changed request is a new invocation.
                 if self.fingerprint.is_some() {
-                    return refuse(self, "the configuration snapshot is bound once");
+                    return step.refuse(self, "the configuration snapshot is bound once");
                 }
                 if self.terminal {
-                    return refuse(self, "the invocation already ended");
+                    return step.refuse(self, "the invocation already ended");
                 }
                 self.fingerprint = Some(fingerprint.clone());
                 self.operation = Some(operation.clone());
@@ -156,7 +154,7 @@ impl Projection {
                         .collect();
                 }
             }
-            _ => return refuse(self, MISROUTED),
+            _ => return step.refuse(self, MISROUTED),
         }
         Ok(())
     }
@@ -164,26 +162,24 @@ impl Projection {
     /// Approval: requested, granted or denied, always naming the bound fingerprint, and
     /// before any dispatch.
     fn apply_approval(&mut self, step: &Step<'_>) -> Result<(), ProjectionError> {
-        let refuse = |p: &Projection, reason| step.refuse(p, reason);
-        let body = step.body;
-        match body {
+        match step.body {
             EventBody::ApprovalRequested { fingerprint, .. }
             | EventBody::ApprovalGranted { fingerprint, .. }
             | EventBody::ApprovalDenied { fingerprint, .. } => {
                 if self.fingerprint.as_deref() != Some(fingerprint.as_str()) {
-                    return refuse(self, "an approval must name the bound fingerprint");
+                    return step.refuse(self, "an approval must name the bound fingerprint");
                 }
                 if self.ever_dispatched {
-                    return refuse(self, "approval comes before dispatch");
+                    return step.refuse(self, "approval comes before dispatch");
                 }
                 self.phase = Phase::CredentialInjection;
-                match body {
+                match step.body {
                     EventBody::ApprovalGranted { .. } => self.approved = true,
                     EventBody::ApprovalDenied { .. } => self.denied = true,
                     _ => {}
                 }
             }
-            _ => return refuse(self, MISROUTED),
+            _ => return step.refuse(self, MISROUTED),
         }
         Ok(())
     }
@@ -192,21 +188,19 @@ impl Projection {
     /// ATTEMPT_STARTED under the next generation (after an ended invocation only with a
     /// retry manifest that allows it).
     fn apply_lease(&mut self, step: &Step<'_>) -> Result<(), ProjectionError> {
-        let refuse = |p: &Projection, reason| step.refuse(p, reason);
-        let attempt_open = step.attempt_open;
         match step.body {
             EventBody::CredentialAuthorized {
                 credential_id,
                 credential_version,
             } => {
                 if self.fingerprint.is_none() {
-                    return refuse(self, "credentials are authorized after preflight");
+                    return step.refuse(self, "credentials are authorized after preflight");
                 }
                 if self.denied {
-                    return refuse(self, "the invocation was denied");
+                    return step.refuse(self, "the invocation was denied");
                 }
                 if self.terminal && self.authorized_generation.is_none() {
-                    return refuse(self, "the invocation already ended");
+                    return step.refuse(self, "the invocation already ended");
                 }
                 if self.phase < Phase::CredentialInjection {
                     self.phase = Phase::CredentialInjection;
@@ -217,20 +211,20 @@ impl Projection {
                 // A channel without a credential of its own (a peer: the peer holds
                 // it) starts attempts without one.
                 if self.credential.is_none() && self.channel != Some(Channel::Peer) {
-                    return refuse(self, "an attempt needs an authorized credential");
+                    return step.refuse(self, "an attempt needs an authorized credential");
                 }
-                if attempt_open {
-                    return refuse(self, "the previous attempt is still open");
+                if step.attempt_open {
+                    return step.refuse(self, "the previous attempt is still open");
                 }
                 if *generation != self.attempt.generation + 1 {
-                    return refuse(self, "attempt generations increase by one");
+                    return step.refuse(self, "attempt generations increase by one");
                 }
                 if self.outcome == Outcome::Committed {
-                    return refuse(self, "a committed invocation is never attempted again");
+                    return step.refuse(self, "a committed invocation is never attempted again");
                 }
                 // Once the invocation has ended, only a manifest can reopen it.
                 if self.terminal && self.authorized_generation != Some(*generation) {
-                    return refuse(self, "a retry needs a retry manifest that allows it");
+                    return step.refuse(self, "a retry needs a retry manifest that allows it");
                 }
                 if self.attempt.dispatched {
                     self.last_dispatched = Some(self.attempt.clone());
@@ -248,7 +242,7 @@ impl Projection {
                     peer.last_in_attempt = false;
                 }
             }
-            _ => return refuse(self, MISROUTED),
+            _ => return step.refuse(self, MISROUTED),
         }
         Ok(())
     }
@@ -257,9 +251,6 @@ impl Projection {
     /// not_attempted), DISPATCH_STARTED once with the bound fingerprint (the outcome
     /// becomes unknown), and the request and response markers after it.
     fn apply_exchange(&mut self, step: &Step<'_>) -> Result<(), ProjectionError> {
-        let refuse = |p: &Projection, reason| step.refuse(p, reason);
-        let seq = step.seq;
-        let attempt_open = step.attempt_open;
         match step.body {
             EventBody::ConnectionAttempt {
                 n,
@@ -268,14 +259,14 @@ impl Projection {
                 code,
                 via,
             } => {
-                if !attempt_open {
-                    return refuse(self, "connection attempts belong to an open attempt");
+                if !step.attempt_open {
+                    return step.refuse(self, "connection attempts belong to an open attempt");
                 }
                 if self.attempt.dispatched {
-                    return refuse(self, "connection setup ends before dispatch");
+                    return step.refuse(self, "connection setup ends before dispatch");
                 }
                 if *outcome != Outcome::NotAttempted {
-                    return refuse(self, "connection setup can only prove not_attempted");
+                    return step.refuse(self, "connection setup can only prove not_attempted");
                 }
                 self.phase = Phase::ConnectionSetup;
                 self.attempts.push(AttemptEvidence {
@@ -292,14 +283,14 @@ impl Projection {
                 connection_id,
                 peer_identity,
             } => {
-                if !attempt_open || *generation != self.attempt.generation {
-                    return refuse(self, "dispatch belongs to the current open attempt");
+                if !step.attempt_open || *generation != self.attempt.generation {
+                    return step.refuse(self, "dispatch belongs to the current open attempt");
                 }
                 if self.attempt.dispatched {
-                    return refuse(self, "an attempt dispatches once");
+                    return step.refuse(self, "an attempt dispatches once");
                 }
                 if self.fingerprint.as_deref() != Some(fingerprint.as_str()) {
-                    return refuse(self, "dispatch must carry the bound fingerprint");
+                    return step.refuse(self, "dispatch must carry the bound fingerprint");
                 }
                 self.phase = Phase::RemoteExecution;
                 self.outcome = Outcome::Unknown;
@@ -314,7 +305,7 @@ impl Projection {
                 self.result_id = None;
                 self.result_facts = None;
                 self.attempt.dispatched = true;
-                self.attempt.dispatch_seq = Some(seq);
+                self.attempt.dispatch_seq = Some(step.seq);
                 self.attempt.connection_id = connection_id.clone();
                 self.attempt.peer_identity = peer_identity.clone();
             }
@@ -322,8 +313,8 @@ impl Projection {
                 headers_sent,
                 body_complete,
             } => {
-                if !attempt_open || !self.attempt.dispatched {
-                    return refuse(self, "request markers follow dispatch");
+                if !step.attempt_open || !self.attempt.dispatched {
+                    return step.refuse(self, "request markers follow dispatch");
                 }
                 self.attempt.headers_sent |= *headers_sent;
                 self.attempt.request_complete |= *body_complete;
@@ -332,27 +323,27 @@ impl Projection {
                 http_status,
                 remote_request_id,
             } => {
-                if !attempt_open || !self.attempt.dispatched {
-                    return refuse(self, "a response follows dispatch");
+                if !step.attempt_open || !self.attempt.dispatched {
+                    return step.refuse(self, "a response follows dispatch");
                 }
                 if self.attempt.response_headers_received {
-                    return refuse(self, "the final response starts once");
+                    return step.refuse(self, "the final response starts once");
                 }
                 if http_status.is_some_and(|s| s < 200) {
-                    return refuse(self, "1xx responses never settle anything");
+                    return step.refuse(self, "1xx responses never settle anything");
                 }
                 self.attempt.response_headers_received = true;
                 self.attempt.http_status = *http_status;
                 self.attempt.remote_request_id = remote_request_id.clone();
             }
             EventBody::RemoteResponseComplete { digest } => {
-                if !attempt_open || !self.attempt.response_headers_received {
-                    return refuse(self, "a response completes after it started");
+                if !step.attempt_open || !self.attempt.response_headers_received {
+                    return step.refuse(self, "a response completes after it started");
                 }
                 self.attempt.response_complete = true;
                 self.attempt.response_digest = Some(digest.clone());
             }
-            _ => return refuse(self, MISROUTED),
+            _ => return step.refuse(self, MISROUTED),
         }
         Ok(())
     }
@@ -361,8 +352,6 @@ impl Projection {
     /// rejected), a result lost after a complete response, or a failure (after dispatch it
     /// leaves the outcome unknown; before, it proves not_attempted).
     fn apply_settlement(&mut self, step: &Step<'_>) -> Result<(), ProjectionError> {
-        let refuse = |p: &Projection, reason| step.refuse(p, reason);
-        let attempt_open = step.attempt_open;
         match step.body {
             EventBody::ResultCommitted {
                 outcome,
@@ -374,11 +363,11 @@ impl Projection {
                 redactions,
                 ..
             } => {
-                if !attempt_open || !self.attempt.response_complete {
-                    return refuse(self, "only a complete response settles an attempt");
+                if !step.attempt_open || !self.attempt.response_complete {
+                    return step.refuse(self, "only a complete response settles an attempt");
                 }
                 if !matches!(outcome, Outcome::Committed | Outcome::Rejected) {
-                    return refuse(self, "a stored result is committed or rejected");
+                    return step.refuse(self, "a stored result is committed or rejected");
                 }
                 self.outcome = *outcome;
                 self.recorded_retry = Some(*retry);
@@ -388,7 +377,7 @@ impl Projection {
                         let ids =
                             |m: &[MemberState]| m.iter().map(|m| m.id.clone()).collect::<Vec<_>>();
                         if ids(&batch.members) != ids(&self.members) {
-                            return refuse(self, "a batch result reports the bound members");
+                            return step.refuse(self, "a batch result reports the bound members");
                         }
                         self.members = batch.members.clone();
                     }
@@ -418,11 +407,11 @@ impl Projection {
                 // A complete response whose result could not be stored: the recorded
                 // completion supports the outcome the response settles (committed or
                 // rejected); only the result itself is lost.
-                if !attempt_open || !self.attempt.response_complete {
-                    return refuse(self, "a result is lost only after a complete response");
+                if !step.attempt_open || !self.attempt.response_complete {
+                    return step.refuse(self, "a result is lost only after a complete response");
                 }
                 if !matches!(outcome, Outcome::Committed | Outcome::Rejected) {
-                    return refuse(self, "a complete response settles committed or rejected");
+                    return step.refuse(self, "a complete response settles committed or rejected");
                 }
                 self.outcome = *outcome;
                 self.phase = Phase::ResultDelivery;
@@ -443,28 +432,30 @@ impl Projection {
                 message,
                 field,
             } => {
-                if self.terminal && !attempt_open && self.authorized_generation.is_none() {
-                    return refuse(self, "the invocation already ended");
+                if self.terminal && !step.attempt_open && self.authorized_generation.is_none() {
+                    return step.refuse(self, "the invocation already ended");
                 }
-                if attempt_open && self.attempt.dispatched {
+                if step.attempt_open && self.attempt.dispatched {
                     // After dispatch only a stored, complete result may settle; a
                     // failure leaves the outcome unknown.
                     if *outcome != Outcome::Unknown {
-                        return refuse(self, "a failure after dispatch leaves the outcome unknown");
+                        return step
+                            .refuse(self, "a failure after dispatch leaves the outcome unknown");
                     }
                     if *phase != Phase::RemoteExecution {
-                        return refuse(self, "a failure after dispatch is in remote_execution");
+                        return step
+                            .refuse(self, "a failure after dispatch is in remote_execution");
                     }
                 } else if *outcome != Outcome::NotAttempted {
-                    return refuse(self, "a failure before dispatch proves not_attempted");
+                    return step.refuse(self, "a failure before dispatch proves not_attempted");
                 } else if matches!(phase, Phase::RemoteExecution | Phase::ResultDelivery) {
-                    return refuse(self, "nothing was dispatched in this attempt");
+                    return step.refuse(self, "nothing was dispatched in this attempt");
                 }
                 // An earlier attempt's dispatch keeps the invocation unknown (or its
                 // settled rejection): this attempt's not_attempted cannot undo it.
                 if !self.ever_dispatched {
                     self.outcome = Outcome::NotAttempted;
-                } else if self.attempt.dispatched && attempt_open {
+                } else if self.attempt.dispatched && step.attempt_open {
                     self.outcome = Outcome::Unknown;
                 }
                 self.phase = *phase;
@@ -473,13 +464,13 @@ impl Projection {
                 self.code = Some(*code);
                 self.message = Some(message.clone());
                 self.confidence = Some(ConfidenceSource::TransportObserved);
-                if attempt_open {
+                if step.attempt_open {
                     self.attempt.closed = true;
                 }
                 self.authorized_generation = None;
                 self.terminal = true;
             }
-            _ => return refuse(self, MISROUTED),
+            _ => return step.refuse(self, MISROUTED),
         }
         Ok(())
     }
@@ -487,19 +478,17 @@ impl Projection {
     /// Delivery of an ended invocation's result, its failure, and the stored result's
     /// expiry.
     fn apply_delivery(&mut self, step: &Step<'_>) -> Result<(), ProjectionError> {
-        let refuse = |p: &Projection, reason| step.refuse(p, reason);
-        let seq = step.seq;
         match step.body {
             EventBody::ResultDelivered => {
                 if !self.terminal {
-                    return refuse(self, "only an ended invocation is delivered");
+                    return step.refuse(self, "only an ended invocation is delivered");
                 }
                 self.delivered = true;
                 self.delivery_failed = false;
             }
             EventBody::DeliveryFailed { code, message } => {
                 if !self.terminal || self.result_id.is_none() {
-                    return refuse(self, "only a stored result can fail delivery");
+                    return step.refuse(self, "only a stored result can fail delivery");
                 }
                 self.delivery_failed = true;
                 self.phase = Phase::ResultDelivery;
@@ -515,12 +504,12 @@ impl Projection {
                 // An earlier attempt's result may expire too; it changes nothing here.
                 if self.result_id.as_deref() == Some(result_id.as_str()) {
                     if self.result_expired.is_some() {
-                        return refuse(self, "a result expires once");
+                        return step.refuse(self, "a result expires once");
                     }
-                    self.result_expired = Some((seq, *reason, *bytes));
+                    self.result_expired = Some((step.seq, *reason, *bytes));
                 }
             }
-            _ => return refuse(self, MISROUTED),
+            _ => return step.refuse(self, MISROUTED),
         }
         Ok(())
     }
@@ -528,23 +517,21 @@ impl Projection {
     /// After an attempt ended: the retry manifest that authorizes (or withdraws) the next
     /// generation, and the reconciliation of an unknown outcome, whole or one batch member.
     fn apply_reconciliation(&mut self, step: &Step<'_>) -> Result<(), ProjectionError> {
-        let refuse = |p: &Projection, reason| step.refuse(p, reason);
-        let attempt_open = step.attempt_open;
         match step.body {
             EventBody::RetryManifest {
                 for_generation,
                 decision,
                 ..
             } => {
-                if attempt_open {
-                    return refuse(self, "a retry manifest follows an ended attempt");
+                if step.attempt_open {
+                    return step.refuse(self, "a retry manifest follows an ended attempt");
                 }
                 if *for_generation != self.attempt.generation + 1 {
-                    return refuse(self, "a manifest authorizes the next generation");
+                    return step.refuse(self, "a manifest authorizes the next generation");
                 }
                 if decision.starts_attempt() {
                     if self.outcome == Outcome::Committed {
-                        return refuse(self, "a committed invocation is never retried");
+                        return step.refuse(self, "a committed invocation is never retried");
                     }
                     self.authorized_generation = Some(*for_generation);
                 } else {
@@ -558,8 +545,8 @@ impl Projection {
                 note,
                 ..
             } => {
-                if self.outcome != Outcome::Unknown || attempt_open {
-                    return refuse(
+                if self.outcome != Outcome::Unknown || step.attempt_open {
+                    return step.refuse(
                         self,
                         "only an ended attempt with an unknown outcome is reconciled",
                     );
@@ -568,7 +555,7 @@ impl Projection {
                     source,
                     ConfidenceSource::RemoteQuery | ConfidenceSource::OperatorAttested
                 ) {
-                    return refuse(self, "reconciliation comes from a query or an operator");
+                    return step.refuse(self, "reconciliation comes from a query or an operator");
                 }
                 let (outcome, code, retry) = match settlement {
                     Settlement::Committed => {
@@ -604,20 +591,21 @@ impl Projection {
                 settlement,
                 ..
             } => {
-                if attempt_open {
-                    return refuse(self, "a member is reconciled after its attempt ended");
+                if step.attempt_open {
+                    return step.refuse(self, "a member is reconciled after its attempt ended");
                 }
                 if !matches!(
                     source,
                     ConfidenceSource::RemoteQuery | ConfidenceSource::OperatorAttested
                 ) {
-                    return refuse(self, "reconciliation comes from a query or an operator");
+                    return step.refuse(self, "reconciliation comes from a query or an operator");
                 }
                 let Some(m) = self.members.iter_mut().find(|m| m.id == *member) else {
-                    return refuse(self, "only a member of the batch is reconciled");
+                    return step.refuse(self, "only a member of the batch is reconciled");
                 };
                 if m.outcome != Outcome::Unknown {
-                    return refuse(self, "only a member whose outcome is unknown is reconciled");
+                    return step
+                        .refuse(self, "only a member whose outcome is unknown is reconciled");
                 }
                 m.outcome = match settlement {
                     Settlement::Committed => Outcome::Committed,
@@ -625,7 +613,7 @@ impl Projection {
                 };
                 m.settled_by = Some(*source);
             }
-            _ => return refuse(self, MISROUTED),
+            _ => return step.refuse(self, MISROUTED),
         }
         Ok(())
     }
@@ -633,7 +621,6 @@ impl Projection {
     /// A job invocation: the submission's job tracked once, right after acceptance, then
     /// what its status resource answers.
     fn apply_job(&mut self, step: &Step<'_>) -> Result<(), ProjectionError> {
-        let refuse = |p: &Projection, reason| step.refuse(p, reason);
         match step.body {
             EventBody::JobTracked {
                 submission,
@@ -646,10 +633,10 @@ impl Projection {
                     .as_ref()
                     .is_some_and(|l| l.relation == Relation::Job && l.invocation_id == *submission);
                 if !is_job {
-                    return refuse(self, "only a job invocation tracks its submission's job");
+                    return step.refuse(self, "only a job invocation tracks its submission's job");
                 }
                 if self.job.is_some() || self.fingerprint.is_some() || self.terminal {
-                    return refuse(self, "a job is tracked once, right after acceptance");
+                    return step.refuse(self, "a job is tracked once, right after acceptance");
                 }
                 self.job = Some(JobFacts {
                     submission: submission.clone(),
@@ -675,10 +662,10 @@ impl Projection {
                 state,
             } => {
                 let Some(job) = self.job.as_mut() else {
-                    return refuse(self, "job status belongs to a tracked job");
+                    return step.refuse(self, "job status belongs to a tracked job");
                 };
                 if self.outcome != Outcome::Unknown {
-                    return refuse(self, "a settled job is not read again");
+                    return step.refuse(self, "a settled job is not read again");
                 }
                 job.polls += 1;
                 job.state = *state;
@@ -703,7 +690,7 @@ impl Projection {
                     self.confidence = Some(ConfidenceSource::RemoteQuery);
                 }
             }
-            _ => return refuse(self, MISROUTED),
+            _ => return step.refuse(self, MISROUTED),
         }
         Ok(())
     }
@@ -711,27 +698,25 @@ impl Projection {
     /// A call through a peer broker: its numbered answers, its signed "did not run", and an
     /// incident.
     fn apply_peer(&mut self, step: &Step<'_>) -> Result<(), ProjectionError> {
-        let refuse = |p: &Projection, reason| step.refuse(p, reason);
-        let attempt_open = step.attempt_open;
         match step.body {
             EventBody::PeerAnswer(answer) => {
                 if self.channel != Some(Channel::Peer) {
-                    return refuse(self, "only a call through a peer has peer answers");
+                    return step.refuse(self, "only a call through a peer has peer answers");
                 }
                 let ok = match answer.stage {
-                    PeerStage::Setup => attempt_open && !self.attempt.dispatched,
-                    PeerStage::Call => attempt_open && self.attempt.dispatched,
-                    PeerStage::Reconcile => !attempt_open && self.ever_dispatched,
+                    PeerStage::Setup => step.attempt_open && !self.attempt.dispatched,
+                    PeerStage::Call => step.attempt_open && self.attempt.dispatched,
+                    PeerStage::Reconcile => !step.attempt_open && self.ever_dispatched,
                 };
                 if !ok {
-                    return refuse(
+                    return step.refuse(
                         self,
                         "a peer answer belongs to an open attempt (setup before dispatch, the call after) or to a reconciliation after one",
                     );
                 }
                 let state = self.peer.get_or_insert_with(PeerState::default);
                 if answer.n != state.answers + 1 {
-                    return refuse(self, "peer answers are numbered one after another");
+                    return step.refuse(self, "peer answers are numbered one after another");
                 }
                 state.answers = answer.n;
                 match answer.spent {
@@ -751,8 +736,8 @@ impl Projection {
                 message,
                 attestation_digest,
             } => {
-                if !attempt_open || !self.attempt.dispatched {
-                    return refuse(
+                if !step.attempt_open || !self.attempt.dispatched {
+                    return step.refuse(
                         self,
                         "a peer's not-run attestation ends a dispatched attempt",
                     );
@@ -768,7 +753,7 @@ impl Projection {
                         })
                 });
                 if !proved {
-                    return refuse(
+                    return step.refuse(
                         self,
                         "not_attempted after dispatch needs the peer's verified attestation, recorded just before, that it did not run the call",
                     );
@@ -788,11 +773,11 @@ impl Projection {
             }
             EventBody::PeerIncident(incident) => {
                 if self.channel != Some(Channel::Peer) {
-                    return refuse(self, "only a call through a peer raises a peer incident");
+                    return step.refuse(self, "only a call through a peer raises a peer incident");
                 }
                 self.peer.get_or_insert_with(PeerState::default).incident = Some(incident.incident);
             }
-            _ => return refuse(self, MISROUTED),
+            _ => return step.refuse(self, MISROUTED),
         }
         Ok(())
     }
