@@ -840,16 +840,13 @@ fn vault_set_from_file_and_empty_secret() {
     assert!(row.contains("ssh_key") && row.contains("v1-"), "{row}");
 }
 
-#[test]
-fn audit_verify_passes_then_reports_the_tampered_sequence() {
-    if !has_secret_service() {
-        eprintln!("skipped: no DBUS_SESSION_BUS_ADDRESS (no Secret Service)");
-        return;
-    }
+/// A journal of the usual invocations, signed with an audit key kept in a keychain
+/// service of its own (removed with the returned cleanup).
+fn signed_journal() -> (tempfile::TempDir, String, Cleanup) {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("journal.db");
     let service = unique("postern-test");
-    let _cleanup = Cleanup {
+    let cleanup = Cleanup {
         data_dir: dir.path().to_path_buf(),
         service: service.clone(),
         ids: vec![postern_broker::audit::AUDIT_KEY_ID],
@@ -867,6 +864,17 @@ fn audit_verify_passes_then_reports_the_tampered_sequence() {
     let journal = open_journal(&db, &clock, key);
     populate(&journal, &clock);
     journal.close().unwrap();
+    (dir, service, cleanup)
+}
+
+#[test]
+fn audit_verify_passes_then_reports_the_tampered_sequence() {
+    if !has_secret_service() {
+        eprintln!("skipped: no DBUS_SESSION_BUS_ADDRESS (no Secret Service)");
+        return;
+    }
+    let (dir, service, _cleanup) = signed_journal();
+    let db = dir.path().join("journal.db");
 
     let data = dir_str(dir.path());
     let verify = |json: bool| {
@@ -951,27 +959,8 @@ fn audit_verify_with_the_public_key_alone_needs_no_keychain_and_still_catches_a_
         eprintln!("skipped: no DBUS_SESSION_BUS_ADDRESS (no Secret Service)");
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, service, _cleanup) = signed_journal();
     let db = dir.path().join("journal.db");
-    let service = unique("postern-test");
-    let _cleanup = Cleanup {
-        data_dir: dir.path().to_path_buf(),
-        service: service.clone(),
-        ids: vec![postern_broker::audit::AUDIT_KEY_ID],
-    };
-    let now = SystemClock.now_ms();
-    let key = {
-        let vault = Vault::open(
-            Keychain::new(KeychainBackend::SecretService, &service).unwrap(),
-            &db,
-        )
-        .unwrap();
-        postern_broker::audit::signing_key_from_vault(&vault, now).unwrap()
-    };
-    let clock = ManualClock::new(now - 2 * 3_600_000);
-    let journal = open_journal(&db, &clock, key);
-    populate(&journal, &clock);
-    journal.close().unwrap();
     let printed = postern(&[
         "audit",
         "key",

@@ -194,6 +194,19 @@ impl World {
     }
 }
 
+/// An origin behind a target that takes calls only from confined sessions, and a world
+/// whose daemon serves it.
+async fn confined_target() -> (Adversary, World) {
+    let server = Adversary::start(Behavior::ok_json("{\"items\":[1]}"))
+        .await
+        .unwrap();
+    let config = format!(
+        "{}require_confined = true\n",
+        support::config(&server.base_url())
+    );
+    (server, World::new(&config))
+}
+
 fn open_routes(routes: &BTreeMap<String, Value>) -> Vec<String> {
     routes
         .iter()
@@ -293,14 +306,7 @@ async fn a_shielded_session_is_recorded_as_confined_and_only_it_may_call_a_requi
     if !shields_available() {
         return;
     }
-    let server = Adversary::start(Behavior::ok_json("{\"items\":[1]}"))
-        .await
-        .unwrap();
-    let config = format!(
-        "{}require_confined = true\n",
-        support::config(&server.base_url())
-    );
-    let world = World::new(&config);
+    let (server, world) = confined_target().await;
     let request = json!({"url": server.url("/v1/items"), "method": "GET"});
 
     // Unconfined: refused at validation, nothing sent.
@@ -440,14 +446,7 @@ async fn a_process_outside_the_sandbox_cannot_pass_as_confined_through_the_shiel
     if !shields_available() {
         return;
     }
-    let server = Adversary::start(Behavior::ok_json("{\"items\":[1]}"))
-        .await
-        .unwrap();
-    let config = format!(
-        "{}require_confined = true\n",
-        support::config(&server.base_url())
-    );
-    let world = World::new(&config);
+    let (server, world) = confined_target().await;
     // A shield whose agent just waits; its socket is visible outside, to this user.
     let mut shield = world
         .postern()
