@@ -585,6 +585,8 @@ pub struct TargetCard {
     pub credential: String,
     /// `none`, `session` or `per_call`.
     pub approval: String,
+    /// Only confined sessions (agents started with `postern shield`) may call it.
+    pub require_confined: bool,
     /// The normalized-config digest bound into fingerprints: changes with every edit.
     pub version: String,
     /// The target's table as written in the config file, for editing.

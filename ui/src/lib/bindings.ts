@@ -471,6 +471,10 @@ location: string, credential: string,
  */
 approval: string, 
 /**
+ * Only confined sessions (agents started with `postern shield`) may call it.
+ */
+require_confined: boolean, 
+/**
  * The normalized-config digest bound into fingerprints: changes with every edit.
  */
 version: string, 

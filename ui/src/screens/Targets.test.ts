@@ -12,6 +12,7 @@ const ORDERS: TargetCard = {
   location: "https://api.example.com/",
   credential: "orders-token",
   approval: "per_call",
+  require_confined: false,
   version: "9f8e7d6c5b4a39281706f5e4d3c2b1a0",
   toml: '[[http]]\nname = "orders-api"\nbase_url = "https://api.example.com/"\n',
 };
@@ -30,6 +31,17 @@ describe("Targets", () => {
     expect(target.textContent).toContain("per call");
     expect(target.textContent).toContain("9f8e7d6c5b4a");
     expect(target.textContent).not.toContain(ORDERS.version);
+  });
+
+  test("a target that takes only confined agents says so", async () => {
+    mockBackend({
+      list_targets: { config_path: "/c.toml", targets: [ORDERS, { ...ORDERS, name: "prod", require_confined: true }] },
+    });
+    render(Targets);
+    await settle();
+    const [orders, prod] = screen.getAllByTestId("target");
+    expect(within(orders).queryByTestId("target-confined")).toBeNull();
+    expect(within(prod).getByTestId("target-confined").textContent).toBe("confined agents only");
   });
 
   test("Edit prefills the TOML and Save sends it under the target's name", async () => {

@@ -26,6 +26,7 @@ impl Console {
                 location: t.base_url.to_string(),
                 credential: t.credential.as_str().to_string(),
                 approval: t.approval.as_str().into(),
+                require_confined: t.require_confined,
                 version: t.version().to_string(),
                 toml: text_of(&t.name),
             })
@@ -36,6 +37,7 @@ impl Console {
             location: format!("{}@{}:{}", t.user, t.host, t.port),
             credential: t.credential.as_str().to_string(),
             approval: t.approval.as_str().into(),
+            require_confined: t.require_confined,
             version: t.version().to_string(),
             toml: text_of(&t.name),
         }));
