@@ -343,8 +343,12 @@ async fn run_shield(
                         .is_ok()
                     {
                         // Held until the shield goes: its end is the connection's.
-                        let mut rest = Vec::new();
-                        let _ = tokio::io::AsyncReadExt::read_to_end(&mut lines, &mut rest).await;
+                        // Whatever it still sends is read and dropped, never kept.
+                        let mut sink = [0u8; 512];
+                        while matches!(
+                            tokio::io::AsyncReadExt::read(&mut lines, &mut sink).await,
+                            Ok(n) if n > 0
+                        ) {}
                     }
                 }
                 Err(reason) => {
