@@ -291,12 +291,18 @@ fn every_route_out_of_a_shield_is_closed_though_each_is_open_without_one() {
     let (routes, _) = world.attack(Some(&["--network", "broker-only"]));
     let open = open_routes(&routes);
     assert!(open.is_empty(), "open in broker-only: {open:#?}");
-    // The shields' sockets are gone with them.
+    // The shields' sockets go with them (once the broker has seen each shield leave).
     let shields = world.daemon.dir.path().join("run/shields");
-    let left: Vec<_> = std::fs::read_dir(&shields)
-        .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
-        .unwrap_or_default();
-    assert!(left.is_empty(), "{left:?}");
+    let left = || -> Vec<PathBuf> {
+        std::fs::read_dir(&shields)
+            .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
+            .unwrap_or_default()
+    };
+    let waited = std::time::Instant::now();
+    while !left().is_empty() && waited.elapsed() < std::time::Duration::from_secs(5) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(left().is_empty(), "{:?}", left());
     drop(world.base);
 }
 
@@ -428,6 +434,27 @@ fn bad_input_fails_before_the_agent_starts_and_names_the_fix() {
     let out = run(&["--rw", "/nonexistent/dir"], &world.project);
     assert_eq!(out.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--rw"));
+    // --print shows the sandbox and starts nothing.
+    let out = run(&["--print", "--network", "broker-only"], &world.project);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["profile"]["network"], "broker_only");
+    assert!(
+        shown["profile_digest"]
+            .as_str()
+            .unwrap()
+            .starts_with("blake3:")
+    );
+    let bwrap = shown["bwrap"].to_string();
+    assert!(
+        bwrap.contains("--unshare-net") && bwrap.contains("--die-with-parent"),
+        "{bwrap}"
+    );
     // No broker: named, with what to start.
     let out = world
         .postern()

@@ -277,12 +277,10 @@ pub fn start(
 /// (so it cannot push keystrokes into the user's terminal), which also means the
 /// terminal's SIGWINCH reaches this process and not the agent: each one is sent on to the
 /// process group of the sandbox's command, the child of its first process `sandbox`.
-pub async fn forward_resizes(sandbox: u32) {
-    let Ok(mut resized) =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change())
-    else {
-        return;
-    };
+///
+/// `resized` is made before the sandbox is released, so no resize falls between the
+/// command starting and this listening.
+pub async fn forward_resizes(sandbox: u32, mut resized: tokio::signal::unix::Signal) {
     while resized.recv().await.is_some() {
         if let Some(group) = command_group(sandbox) {
             signal_group(group, libc::SIGWINCH);

@@ -52,6 +52,10 @@ pub struct ShieldCmd {
     /// Let in ~/.ssh and the user's SSH agent (hidden by default).
     #[arg(long)]
     ssh_agent_ok: bool,
+    /// Print the sandbox this would start (the profile the broker checks and records,
+    /// its digest, and bubblewrap's arguments) as JSON, and start nothing.
+    #[arg(long)]
+    print: bool,
     /// The agent and its arguments.
     #[arg(required = true, last = true, value_name = "COMMAND")]
     command: Vec<OsString>,
@@ -230,6 +234,16 @@ mod linux {
             };
             let plan =
                 plan::plan(&host, &options, &kind_of).map_err(|e| shield_failure(e.to_string()))?;
+            if cmd.print {
+                let shown = serde_json::json!({
+                    "profile": plan.profile,
+                    "profile_digest": plan.profile.digest(),
+                    "bwrap": plan.args.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>(),
+                    "command": cmd.command.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>(),
+                });
+                println!("{shown:#}");
+                return Ok(());
+            }
             let held = confine::start(&bwrap, &plan.args, &cmd.command)
                 .map_err(|e| shield_failure(e.to_string()))?;
             let confinement = match control.register(held.sandbox_pid, &plan.profile).await {
@@ -245,15 +259,20 @@ mod linux {
                 confinement.shield, confinement.network
             );
             let sandbox = held.sandbox_pid;
+            let resized =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change());
             let mut child = held
                 .release()
                 .map_err(|e| shield_failure(format!("the sandbox could not be released: {e}")))?;
-            let resizes = tokio::spawn(confine::forward_resizes(sandbox));
+            let resizes =
+                resized.map(|signal| tokio::spawn(confine::forward_resizes(sandbox, signal)));
             let status = tokio::task::spawn_blocking(move || child.wait())
                 .await
                 .map_err(|e| shield_failure(e.to_string()))?
                 .map_err(|e| shield_failure(format!("waiting for the sandbox: {e}")))?;
-            resizes.abort();
+            if let Ok(resizes) = resizes {
+                resizes.abort();
+            }
             // The broker removes the shield's socket when this goes.
             drop(control);
             exit_of(status)
