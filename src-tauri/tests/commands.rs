@@ -627,6 +627,11 @@ fn the_integrity_banner_reports_verification_and_the_first_bad_sequence() {
     // Verified means signed: every commit carried a checkpoint.
     assert!(state["checkpoints"].as_u64().unwrap() >= 1, "{state}");
     assert_eq!(state["unsigned_events"], 0);
+    // And it says what that proves: a keychain key, no witness.
+    let assurance = state["assurance"].as_str().unwrap_or_default();
+    assert!(assurance.contains("could read and re-sign with"), "{state}");
+    assert!(assurance.contains("no witness's cosignature"), "{state}");
+    assert_eq!(state["witnesses"], 0);
     assert_eq!(
         f.ok("integrity", json!({"recheck": false}))["state"],
         "verified"

@@ -242,70 +242,6 @@ pub fn verify_manifest(key: &str, file: &Path, json: bool) -> common::Outcome {
     }
 }
 
-/// Who could have made the signatures `audit verify` checked: what its assurance says.
-#[derive(Clone, Copy)]
-enum Signer {
-    /// The key is in the user's keychain: any process of that user could read it.
-    UserKeychain,
-    /// The key is in the `file` store: only the broker's own user reads it.
-    BrokerFile,
-    /// A public key was given; where its private half lives is not known here.
-    Given,
-}
-
-impl Signer {
-    fn of(verifier: &Verifier<'_>) -> Signer {
-        match verifier {
-            Verifier::Keychain(spec)
-                if spec.backend == postern_broker::vault::KeychainBackend::File =>
-            {
-                Signer::BrokerFile
-            }
-            Verifier::Keychain(_) => Signer::UserKeychain,
-            Verifier::Public(_) => Signer::Given,
-        }
-    }
-}
-
-/// What a verified journal proves, and against whom: who could have signed it, and how
-/// many witnesses hold a cosigned tree head it was checked against.
-fn assurance(signer: Signer, witnesses: usize) -> Value {
-    let (key, signed) = match signer {
-        Signer::UserKeychain => (
-            "user_keychain",
-            "signed with a key in the user's keychain, which any process of that user \
-             could read and re-sign with",
-        ),
-        Signer::BrokerFile => (
-            "broker_file",
-            "signed with a key only the broker's own user can read (the \
-             privilege-separated install)",
-        ),
-        Signer::Given => (
-            "given",
-            "checked against the public key given; how its private half is kept is not \
-             known here",
-        ),
-    };
-    let witnessed = match witnesses {
-        0 => "no witness's cosignature was checked: whoever holds the signing key could \
-              rewrite the journal and re-sign it"
-            .to_string(),
-        1 => "cosigned by 1 witness: a rewrite behind what it holds fails even with the \
-              signing key"
-            .to_string(),
-        n => format!(
-            "cosigned by {n} witnesses: a rewrite behind what they hold fails even with the \
-             signing key"
-        ),
-    };
-    json!({
-        "signing_key": key,
-        "witnesses": witnesses,
-        "statement": format!("{signed}; {witnessed}"),
-    })
-}
-
 /// Where `audit verify` gets the key the journal's checkpoints are checked against.
 pub enum Verifier<'a> {
     /// The audit signing key in the keychain (its public half is what is used).
@@ -396,7 +332,10 @@ pub fn audit_verify(
     against: &VerifyAgainst<'_>,
     json: bool,
 ) -> common::Outcome {
-    let signer = Signer::of(&verifier);
+    let signer = match &verifier {
+        Verifier::Keychain(spec) => audit::Assurance::signer_of(spec.backend),
+        Verifier::Public(_) => audit::Signer::Given,
+    };
     let (db, conn, log_key) = match verifier {
         Verifier::Keychain(keychain) => {
             let (db, conn, key) = journal_and_audit_key(data_dir, &keychain, json)?;
@@ -438,8 +377,7 @@ pub fn audit_verify(
                     Err(e) => return Err(Failure::unavailable(e).with_json(json, "witness")),
                 }
             }
-            let witnessed: std::collections::BTreeSet<String> =
-                heads.iter().filter_map(|h| h.witness.clone()).collect();
+            let witnesses = audit::assurance::witnesses_in(&heads);
             let outside = audit::Outside {
                 anchor: against
                     .anchor
@@ -447,17 +385,20 @@ pub fn audit_verify(
                     .or_else(|| audit::default_anchor(data_dir)),
                 heads,
             };
-            audit::verify_file_with(&db, &log_key, &outside).map(|r| (r, witnessed.len()))
+            audit::verify_file_with(&db, &log_key, &outside).map(|r| (r, witnesses))
         }
     };
     match result {
         Ok((report, witnesses)) => {
-            let assurance = assurance(signer, witnesses);
+            let assurance = audit::Assurance::of(signer, witnesses);
             if json {
                 let mut value = serde_json::to_value(&report).unwrap_or(Value::Null);
                 if let Value::Object(map) = &mut value {
                     map.insert("ok".into(), Value::Bool(true));
-                    map.insert("assurance".into(), assurance.clone());
+                    map.insert(
+                        "assurance".into(),
+                        serde_json::to_value(&assurance).unwrap_or(Value::Null),
+                    );
                 }
                 println!("{value}");
             } else {
@@ -474,10 +415,7 @@ pub fn audit_verify(
                         report.root_hex
                     );
                 }
-                println!(
-                    "assurance: {}",
-                    assurance["statement"].as_str().unwrap_or_default()
-                );
+                println!("assurance: {}", assurance.statement);
                 for late in &report.signed_late {
                     println!(
                         "note: events {}..={} were signed only when the broker next started \

@@ -636,6 +636,11 @@ pub struct IntegrityState {
     /// `full` (the whole file, with the anchor outside the data dir) or `incremental`
     /// (only what came since the last full check).
     pub scope: String,
+    /// Witnesses whose cosigned tree heads the last full check held the journal to.
+    pub witnesses: u32,
+    /// What a verified journal proves and against whom (who could have signed it, how
+    /// many witnesses hold it); absent until it verifies.
+    pub assurance: Option<String>,
 }
 
 impl IntegrityState {
@@ -651,6 +656,8 @@ impl IntegrityState {
             unsigned_events: 0,
             notes: Vec::new(),
             scope: "full".into(),
+            witnesses: 0,
+            assurance: None,
         }
     }
 }

@@ -15,6 +15,20 @@ describe("Integrity banner", () => {
     expect(banner.dataset.state).toBe("verified");
     expect(banner.textContent).toMatch(/Audit chain verified through sequence\s+1234\s+at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d/);
     expect(banner.textContent).toContain("12 checkpoints");
+    expect(screen.getByTestId("integrity-assurance").textContent).toContain("could read and re-sign with");
+  });
+
+  test("a witnessed journal says how many witnesses hold it", async () => {
+    mockBackend({
+      integrity: integrity({
+        witnesses: 2,
+        assurance:
+          "signed with a key in the user's keychain, which any process of that user could read and re-sign with; cosigned by 2 witnesses: a rewrite behind what they hold fails even with the signing key",
+      }),
+    });
+    render(IntegrityBanner);
+    await settle();
+    expect(screen.getByTestId("integrity-assurance").textContent).toContain("cosigned by 2 witnesses");
   });
 
   test("a failed chain is an alarm with the exact failure and first bad sequence", async () => {

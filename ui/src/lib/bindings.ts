@@ -517,7 +517,16 @@ notes: Array<string>,
  * `full` (the whole file, with the anchor outside the data dir) or `incremental`
  * (only what came since the last full check).
  */
-scope: string, };
+scope: string, 
+/**
+ * Witnesses whose cosigned tree heads the last full check held the journal to.
+ */
+witnesses: number, 
+/**
+ * What a verified journal proves and against whom (who could have signed it, how
+ * many witnesses hold it); absent until it verifies.
+ */
+assurance: string | null, };
 
 export type ErrorCode = "INVALID_INPUT" | "JOURNAL_UNREADABLE" | "JOURNAL_REFUSED" | "NOT_PENDING" | "CARD_CHANGED" | "UNKNOWN_INVOCATION" | "NOT_UNKNOWN" | "NO_RECONCILE_QUERY" | "RECONCILE_INCONCLUSIVE" | "EXPORT_FAILED" | "CONFIG_UNREADABLE" | "CONFIG_INVALID" | "INTERNAL" | "UNKNOWN_COMMAND" | "OPERATOR_REFUSED" | "OPERATOR_UNREACHABLE" | Code;
 

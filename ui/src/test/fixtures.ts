@@ -203,6 +203,9 @@ export function integrity(overrides: Partial<IntegrityState> = {}): IntegritySta
     unsigned_events: 0,
     notes: [],
     scope: "full",
+    witnesses: 0,
+    assurance:
+      "signed with a key in the user's keychain, which any process of that user could read and re-sign with; no witness's cosignature was checked: whoever holds the signing key could rewrite the journal and re-sign it",
     ...overrides,
   };
 }

@@ -43,12 +43,14 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod assurance;
 mod key;
 mod outside;
 mod scan;
 mod verify;
 pub mod witnessing;
 
+pub use assurance::{Assurance, Signer};
 pub use key::{
     AUDIT_KEY_ID, AuditKeyError, last_checkpoint_key, signing_key_from_secret,
     signing_key_from_vault,

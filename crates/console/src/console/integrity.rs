@@ -34,10 +34,11 @@ impl Console {
             .open_verifier(&db)
             .map(|conn| audit::witnessing::cosigned_heads(&conn, &key, &witnesses))
         {
-            Some(Err(e)) => return self.store_integrity(Err(e), "full"),
+            Some(Err(e)) => return self.store_integrity(Err(e), "full", 0),
             Some(Ok(heads)) => heads,
             None => Vec::new(),
         };
+        let witnesses = audit::assurance::witnesses_in(&heads);
         let outside = audit::Outside {
             anchor: audit::default_anchor(&self.paths.data_dir),
             heads,
@@ -47,7 +48,7 @@ impl Console {
         if let Ok(mut p) = self.verified_prefix.lock() {
             *p = result.as_ref().ok().map(|(_, prefix)| prefix.clone());
         }
-        self.store_integrity(result.map(|(r, _)| r), "full")
+        self.store_integrity(result.map(|(r, _)| r), "full", witnesses)
     }
 
     /// Verifies only what the journal gained since the last check (a full one when
@@ -66,7 +67,9 @@ impl Console {
         if let Ok(mut p) = self.verified_prefix.lock() {
             *p = result.as_ref().ok().map(|(_, prefix)| prefix.clone());
         }
-        self.store_integrity(result.map(|(r, _)| r), "incremental")
+        // What the witnesses hold was checked by the last full check.
+        let witnesses = usize::try_from(self.integrity().witnesses).unwrap_or(0);
+        self.store_integrity(result.map(|(r, _)| r), "incremental", witnesses)
     }
 
     fn open_verifier(&self, db: &Path) -> Option<Connection> {
@@ -77,7 +80,15 @@ impl Console {
         &self,
         result: Result<audit::VerifyReport, audit::AuditError>,
         scope: &str,
+        witnesses: usize,
     ) -> IntegrityState {
+        let signer = if self.paths.keychain == "file" {
+            audit::Signer::BrokerFile
+        } else {
+            audit::Signer::UserKeychain
+        };
+        let assurance = audit::Assurance::of(signer, witnesses).statement;
+        let witnesses = u32::try_from(witnesses).unwrap_or(u32::MAX);
         let checked_at_ms = Some(self.now());
         // A witness that refused the journal's history outranks a local pass.
         let result = match (result, self.engine.witnessing().alarms().first()) {
@@ -113,6 +124,8 @@ impl Console {
                     })
                     .collect(),
                 scope: scope.into(),
+                witnesses,
+                assurance: Some(assurance),
             },
             Err(e) => match e.unsigned_events() {
                 Some(n) => IntegrityState {
