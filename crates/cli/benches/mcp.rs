@@ -3,7 +3,7 @@
 //! in flight. Run under the test services (`scripts/bench.sh`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::process::{Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -12,9 +12,13 @@ use rmcp::model::CallToolRequestParams;
 use rmcp::transport::TokioChildProcess;
 use serde_json::{Value, json};
 
-use postern_broker::vault::{CredentialKind, Keychain, KeychainBackend, Secret, Vault};
+use postern_broker::vault::KeychainBackend;
 use postern_tests::adversary::{Adversary, Behavior};
-use postern_tests::fixture::test_service;
+
+#[path = "support/daemon.rs"]
+mod daemon;
+
+use daemon::BenchDaemon;
 
 const POSTERN: &str = env!("CARGO_BIN_EXE_postern");
 
@@ -25,9 +29,9 @@ fn bench(c: &mut Criterion) {
 }
 
 fn bench_backend(c: &mut Criterion, backend: KeychainBackend) {
-    let (label, flag) = match backend {
-        KeychainBackend::Keyutils => ("keyutils", "keyutils"),
-        _ => ("secret_service", "secret-service"),
+    let label = match backend {
+        KeychainBackend::Keyutils => "keyutils",
+        _ => "secret_service",
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -38,42 +42,8 @@ fn bench_backend(c: &mut Criterion, backend: KeychainBackend) {
         .block_on(Adversary::start(Behavior::ok_json("{\"ok\":true}")))
         .unwrap();
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let service = test_service();
-    let db = dir.path().join("journal.db");
-    let vault = Vault::open(Keychain::new(backend, &service).unwrap(), &db).unwrap();
-    vault
-        .set(
-            "api-key",
-            CredentialKind::Token,
-            &Secret::from("bench-secret".to_string()),
-            1,
-        )
-        .unwrap();
-    let config = dir.path().join("postern.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[[http]]\nname = \"api\"\nbase_url = \"{}/v1\"\nmethods = [\"GET\"]\ncredential = \"api-key\"\n\
-             inject = {{ header = \"Authorization\", format = \"Bearer {{secret}}\" }}\napproval = \"none\"\n\
-             idempotent_methods = [\"GET\"]\n",
-            server.base_url()
-        ),
-    )
-    .unwrap();
-    let socket = dir.path().join("run").join("postern.sock");
-    let mut daemon = Command::new(POSTERN)
-        .args(["daemon", "--data-dir"])
-        .arg(dir.path())
-        .arg("--config")
-        .arg(&config)
-        .args(["--keychain-service", &service, "--keychain", flag])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    while !socket.exists() {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let daemon = BenchDaemon::start(Path::new(POSTERN), dir.path(), backend, &server.base_url());
+    let socket = daemon.socket.clone();
     let client = rt.block_on(async {
         let mut command = tokio::process::Command::new(POSTERN);
         command.arg("mcp").arg("--socket").arg(&socket);
@@ -129,10 +99,7 @@ fn bench_backend(c: &mut Criterion, backend: KeychainBackend) {
     group.finish();
 
     drop(client);
-    let _ = daemon.kill();
-    let _ = daemon.wait();
-    let _ = vault.remove("api-key");
-    let _ = vault.remove("postern-audit-signing");
+    drop(daemon);
 }
 
 criterion_group!(benches, bench);

@@ -15,9 +15,13 @@ use rmcp::service::{RoleClient, RunningService};
 use rmcp::transport::TokioChildProcess;
 use serde_json::{Value, json};
 
-use postern_broker::vault::{CredentialKind, Keychain, KeychainBackend, Secret, Vault};
+use postern_broker::vault::KeychainBackend;
 use postern_tests::adversary::{Adversary, Behavior};
-use postern_tests::fixture::test_service;
+
+#[path = "support/daemon.rs"]
+mod daemon;
+
+use daemon::BenchDaemon;
 
 const POSTERN: &str = env!("CARGO_BIN_EXE_postern");
 
@@ -45,45 +49,13 @@ fn bench(c: &mut Criterion) {
     let data = base.path().join("state/data");
     std::fs::create_dir_all(&project).unwrap();
     std::fs::create_dir_all(&data).unwrap();
-    let service = test_service();
-    let vault = Vault::open(
-        Keychain::new(KeychainBackend::Keyutils, &service).unwrap(),
-        &data.join("journal.db"),
-    )
-    .unwrap();
-    vault
-        .set(
-            "api-key",
-            CredentialKind::Token,
-            &Secret::from("bench-secret".to_string()),
-            1,
-        )
-        .unwrap();
-    let config = data.join("postern.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[[http]]\nname = \"api\"\nbase_url = \"{}/v1\"\nmethods = [\"GET\"]\ncredential = \"api-key\"\n\
-             inject = {{ header = \"Authorization\", format = \"Bearer {{secret}}\" }}\napproval = \"none\"\n\
-             idempotent_methods = [\"GET\"]\n",
-            server.base_url()
-        ),
-    )
-    .unwrap();
-    let socket = data.join("run").join("postern.sock");
-    let mut daemon = Command::new(&postern)
-        .args(["daemon", "--data-dir"])
-        .arg(&data)
-        .arg("--config")
-        .arg(&config)
-        .args(["--keychain-service", &service, "--keychain", "keyutils"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    while !socket.exists() {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let daemon = BenchDaemon::start(
+        &postern,
+        &data,
+        KeychainBackend::Keyutils,
+        &server.base_url(),
+    );
+    let socket = daemon.socket.clone();
     let shield = |args: &[&str]| {
         let mut command = Command::new(&postern);
         command
@@ -146,10 +118,7 @@ fn bench(c: &mut Criterion) {
     }
     group.finish();
 
-    let _ = daemon.kill();
-    let _ = daemon.wait();
-    let _ = vault.remove("api-key");
-    let _ = vault.remove("postern-audit-signing");
+    drop(daemon);
 }
 
 criterion_group!(benches, bench);
