@@ -321,52 +321,65 @@ async fn run_shield(
             .collect(),
     };
     if answer(&mut write, &opened).await.is_ok() {
-        let registered = tokio::time::timeout(REGISTER_TIMEOUT, read_request(&mut lines)).await;
-        if let Ok(Some(ControlRequest::Sandbox { pid, profile })) = registered {
-            let inspected = bound
-                .ok_or_else(|| "the shield's socket is gone".to_string())
-                .and_then(|socket_id| inspect(pid, &profile, &setup.guarded, socket_id));
-            match inspected {
-                Ok(ns) => {
-                    let confinement = ShieldConfinement {
-                        shield: id.clone(),
-                        profile_digest: profile.digest(),
-                        network: profile.network.as_str().to_string(),
-                        ssh_agent: profile.ssh_agent,
-                        writable: profile.writable.clone(),
-                    };
-                    let _ = gate
-                        .registered
-                        .set((ns, Confinement::Shield(confinement.clone())));
-                    if answer(&mut write, &ControlAnswer::Confined { confinement })
-                        .await
-                        .is_ok()
-                    {
-                        // Held until the shield goes: its end is the connection's.
-                        // Whatever it still sends is read and dropped, never kept.
-                        let mut sink = [0u8; 512];
-                        while matches!(
-                            tokio::io::AsyncReadExt::read(&mut lines, &mut sink).await,
-                            Ok(n) if n > 0
-                        ) {}
-                    }
-                }
-                Err(reason) => {
-                    let _ = answer(&mut write, &refused(&reason)).await;
-                }
-            }
-        } else {
-            let _ = answer(
-                &mut write,
-                &refused("expected `sandbox` with the sandbox's pid and profile"),
-            )
-            .await;
-        }
+        confine(&mut lines, &mut write, setup, &id, bound, &gate).await;
     }
     let _ = stop_tx.send(true);
     let _ = serving.await;
     if bound.is_some() && file_identity(&socket) == bound {
         let _ = std::fs::remove_file(&socket);
+    }
+}
+
+/// Waits for the shield to register its sandbox, inspects it, opens `gate` to it, and
+/// holds until the shield goes (its end is the connection's). A sandbox that fails
+/// inspection is refused with the reason and the gate stays shut.
+async fn confine<R, W>(
+    lines: &mut R,
+    write: &mut W,
+    setup: &ShieldSetup,
+    id: &str,
+    bound: Option<(u64, u64)>,
+    gate: &ShieldGate,
+) where
+    R: tokio::io::AsyncBufRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    let registered = tokio::time::timeout(REGISTER_TIMEOUT, read_request(lines)).await;
+    let Ok(Some(ControlRequest::Sandbox { pid, profile })) = registered else {
+        let why = "expected `sandbox` with the sandbox's pid and profile";
+        let _ = answer(write, &refused(why)).await;
+        return;
+    };
+    let inspected = bound
+        .ok_or_else(|| "the shield's socket is gone".to_string())
+        .and_then(|socket_id| inspect(pid, &profile, &setup.guarded, socket_id));
+    let ns = match inspected {
+        Ok(ns) => ns,
+        Err(reason) => {
+            let _ = answer(write, &refused(&reason)).await;
+            return;
+        }
+    };
+    let confinement = ShieldConfinement {
+        shield: id.to_string(),
+        profile_digest: profile.digest(),
+        network: profile.network.as_str().to_string(),
+        ssh_agent: profile.ssh_agent,
+        writable: profile.writable.clone(),
+    };
+    let _ = gate
+        .registered
+        .set((ns, Confinement::Shield(confinement.clone())));
+    if answer(write, &ControlAnswer::Confined { confinement })
+        .await
+        .is_ok()
+    {
+        // Whatever the shield still sends is read and dropped, never kept.
+        let mut sink = [0u8; 512];
+        while matches!(
+            tokio::io::AsyncReadExt::read(lines, &mut sink).await,
+            Ok(n) if n > 0
+        ) {}
     }
 }
 
