@@ -133,25 +133,20 @@ impl<T: Channel> Pipeline<T> {
         request: &T::Request,
         ctx: &CallContext,
     ) -> Outcome<T::Result> {
-        let validated = match self
-            .inner
-            .channel
-            .validate(request, &self.inner.config.current())
-        {
+        // One snapshot for validation and the policy checked with it.
+        let config = self.inner.config.current();
+        let validated = match self.inner.channel.validate(request, &config) {
             Ok(v) => v,
             Err(invalid) => return self.reject(&rec, &invalid),
         };
-        if let Some(invalid) = unconfined_refusal(&self.inner.config.current(), &validated, ctx) {
+        if let Some(invalid) = unconfined_refusal(&config, &validated, ctx) {
             return self.reject(&rec, &invalid);
         }
         // A target that asks nobody gets its secret read while the binding is recorded
         // (the two wait on different things: the keychain, the journal's commit). One
         // that asks a person is read only after the grant.
-        let early = self
-            .inner
-            .channel
-            .approval_mode(&self.inner.config.current(), &validated.target)
-            == ApprovalMode::None;
+        let early =
+            self.inner.channel.approval_mode(&config, &validated.target) == ApprovalMode::None;
         let (bound, read) = match self.bind_reading(&rec, validated, early).await {
             Ok(b) => b,
             Err(outcome) => return *outcome,

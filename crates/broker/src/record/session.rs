@@ -167,7 +167,7 @@ impl Confinement {
                 "shield {} (network {}, profile {})",
                 s.shield,
                 s.network,
-                &s.profile_digest[..s.profile_digest.len().min(19)]
+                s.profile_digest.chars().take(19).collect::<String>()
             ),
         }
     }
